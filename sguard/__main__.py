@@ -1,0 +1,3 @@
+from sguard.cli import main
+
+raise SystemExit(main())
