@@ -1,0 +1,37 @@
+"""mmm — the Memory Management Middleware of SGuard (paper §4).
+
+Operator state lives in fixed-size pages whose bytes in memory are exactly
+their bytes on disk, so a checkpoint needs no serialization, and copy-on-write
+lets the operator run while its pages are written.
+
+Glossary
+--------
+page        a fixed-size block (power of two, 4 KiB-1 MiB, default 64 KiB): a
+            64-byte header and a record area viewed as a numpy array
+frame       the slot of the pool's buffer that currently holds a page
+page set    the pages of one data structure, named by a PSID (an integer)
+page_id     ``(psid << 32) | seq``; seq 0 is the set's super page (metadata)
+pin         a snapshot's hold on a frame: a pinned frame is never written in place
+snapshot    a frozen, consistent set of pages (the paper's checkpoint request)
+epoch       the snapshot counter; a page's modification epoch tells whether it
+            changed since the last completed snapshot (incremental checkpoints)
+persisted   a page whose bytes are durable: its pin is dropped
+generation  bumped when pages change underneath structures (rollback, load):
+            structures rebuild their in-memory indexes lazily
+"""
+from mmm.errors import (MmmError, PageFormatError, PageNotFoundError, PageSetNotFoundError,
+                        PageSizeError, PoolExhaustedError, PoolFileError, RecordTypeError,
+                        SchemaError, SchemaMismatchError, SnapshotStateError,
+                        StructureNotFoundError)
+from mmm.manager import Loader, PageManager, PageSet
+from mmm.page import Layout, make_page_id, split_page_id
+from mmm.pool import PagePool
+from mmm.snapshot import Snapshot, SnapshotState
+
+__all__ = [
+    "PageManager", "PageSet", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
+    "make_page_id", "split_page_id",
+    "MmmError", "PageFormatError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
+    "PoolExhaustedError", "PoolFileError", "RecordTypeError", "SchemaError",
+    "SchemaMismatchError", "SnapshotStateError", "StructureNotFoundError",
+]

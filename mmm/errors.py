@@ -1,0 +1,65 @@
+"""Every mmm exception, in one hierarchy.
+
+Each error also subclasses the built-in exception a caller would naturally
+catch (``KeyError`` for a missing page, ``MemoryError`` for an exhausted pool,
+``TypeError``/``ValueError`` for bad input), and its message names the thing at
+fault. Every operation that raises leaves the state it was called on unchanged.
+"""
+from __future__ import annotations
+
+
+class MmmError(Exception):
+    """Base class for mmm errors."""
+
+
+class PageSizeError(MmmError, ValueError):
+    """A page size that is not a power of two between 4 KiB and 1 MiB."""
+
+
+class SchemaError(MmmError, TypeError):
+    """A record schema mmm cannot store (object fields, unsized or non-numpy types)."""
+
+
+class SchemaMismatchError(MmmError, ValueError):
+    """A structure reopened by name with a different kind or schema."""
+
+
+class RecordTypeError(MmmError, TypeError):
+    """Keys or values of the wrong dtype or shape for the structure's schema."""
+
+
+class StructureNotFoundError(MmmError, KeyError):
+    """An unknown structure name (or one that a rollback or load removed)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class PageSetNotFoundError(MmmError, KeyError):
+    """A page set id (PSID) that does not exist."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class PageNotFoundError(MmmError, KeyError):
+    """A PageID that does not exist."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class PoolExhaustedError(MmmError, MemoryError):
+    """The page pool has no free frame left."""
+
+
+class PoolFileError(MmmError, OSError):
+    """A pool backing file that is missing, foreign or of another geometry."""
+
+
+class SnapshotStateError(MmmError, RuntimeError):
+    """A snapshot used in a state that does not allow the operation."""
+
+
+class PageFormatError(MmmError, ValueError):
+    """Page bytes handed to ``load`` that are not a valid mmm page."""

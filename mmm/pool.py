@@ -1,0 +1,292 @@
+"""PagePool: fixed-size page frames carved out of one large numpy buffer.
+
+The buffer is either anonymous memory (``np.zeros``: the OS commits pages only
+when touched, so a large ``capacity_bytes`` costs nothing up front) or a
+memory-mapped file, e.g. under ``/dev/shm``, so that a new process can
+re-attach the state a crashed process left behind (`PagePool.attach`).
+
+File layout (also mirrored for anonymous pools)::
+
+    [pool header: one page]  magic, format version, page_bytes, n_frames
+    [frame state table]      one byte per frame: FREE, LIVE or ORPHAN; padded to pages
+    [frames]                 n_frames * page_bytes
+
+Invariants (checked by `_check`):
+
+* a frame is FREE, LIVE (in exactly one page table) or ORPHAN (replaced or
+  released while a snapshot still pins it);
+* the free stack, the never-used tail and the used frames partition the pool;
+* an ORPHAN frame is pinned; it is freed when its last pin goes.
+
+Thread safety: allocation, freeing and unpinning take one lock, so I/O
+threads may unpin (and thereby free) frames while the operator thread
+allocates. Only the operator thread pins.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from mmm.errors import PageSizeError, PoolExhaustedError, PoolFileError
+from mmm.page import (DEFAULT_PAGE_BYTES, HEADER_BYTES, HEADER_DTYPE, MAX_PAGE_BYTES,
+                      MIN_PAGE_BYTES)
+
+__all__ = ["PagePool", "FREE", "LIVE", "ORPHAN"]
+
+FREE, LIVE, ORPHAN = 0, 1, 2
+_POOL_MAGIC = b"SGUARDPOOL\x00\x01"
+_FORMAT_VERSION = 1
+_POOL_HEADER = np.dtype([("magic", "S12"), ("format_version", "<u4"), ("page_bytes", "<u8"),
+                         ("n_frames", "<u8")])
+DEFAULT_CAPACITY_BYTES = 1 << 30
+
+
+def check_page_bytes(page_bytes: int) -> int:
+    """Validate a page size: a power of two in [4 KiB, 1 MiB].
+
+    Raises
+    ------
+    PageSizeError
+        Otherwise.
+    """
+    if (not isinstance(page_bytes, (int, np.integer)) or isinstance(page_bytes, bool)
+            or page_bytes < MIN_PAGE_BYTES or page_bytes > MAX_PAGE_BYTES
+            or page_bytes & (page_bytes - 1)):
+        raise PageSizeError(
+            f"page_bytes={page_bytes!r}: must be a power of two between {MIN_PAGE_BYTES} "
+            f"and {MAX_PAGE_BYTES}")
+    return int(page_bytes)
+
+
+class PagePool:
+    """A pool of ``n_frames`` page frames of ``page_bytes`` each.
+
+    Parameters
+    ----------
+    page_bytes : int
+        Page size, a power of two between 4 KiB and 1 MiB (default 64 KiB).
+    capacity_bytes : int
+        Upper bound of the memory the frames may use; ``n_frames`` is
+        ``capacity_bytes // page_bytes``. Exceeding it raises `PoolExhaustedError`.
+    path : str, optional
+        Back the pool by this file (created, or truncated if it exists).
+        Use `attach` to open an existing one.
+
+    Raises
+    ------
+    PageSizeError
+        If ``page_bytes`` is not a valid page size.
+    ValueError
+        If the capacity holds no frame.
+    """
+
+    def __init__(self, page_bytes: int = DEFAULT_PAGE_BYTES,
+                 capacity_bytes: int = DEFAULT_CAPACITY_BYTES, path: str | None = None,
+                 *, _attach: bool = False) -> None:
+        self.page_bytes = check_page_bytes(page_bytes)
+        n_frames = int(capacity_bytes) // self.page_bytes
+        if n_frames < 2 and not _attach:
+            raise ValueError(f"capacity_bytes={capacity_bytes} holds fewer than 2 pages "
+                             f"of {self.page_bytes} bytes")
+        self.path = path
+        self._lock = threading.Lock()
+        if _attach:
+            assert path is not None
+            self._raw = self._open_file(path)
+        else:
+            self.n_frames = n_frames
+            total = self._total_bytes(n_frames)
+            if path is None:
+                self._raw = np.zeros(total, dtype=np.uint8)
+            else:
+                self._raw = np.memmap(path, dtype=np.uint8, mode="w+", shape=(total,))
+            hdr = self._raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)
+            hdr[0] = (_POOL_MAGIC, _FORMAT_VERSION, self.page_bytes, n_frames)
+        self._bind_views()
+        self.pins = np.zeros(self.n_frames, dtype=np.int32)
+        self._free: list[int] = []
+        self._watermark = 0
+        self._used = 0
+        self.clock = 1
+        if _attach:
+            self._rebuild_allocation()
+
+    # -- geometry -----------------------------------------------------------------
+    def _state_pages(self, n_frames: int) -> int:
+        return -(-n_frames // self.page_bytes)
+
+    def _total_bytes(self, n_frames: int) -> int:
+        return self.page_bytes * (1 + self._state_pages(n_frames) + n_frames)
+
+    def _bind_views(self) -> None:
+        pb = self.page_bytes
+        st0 = pb
+        fr0 = pb * (1 + self._state_pages(self.n_frames))
+        self.state = self._raw[st0:st0 + self.n_frames]
+        self.frames = self._raw[fr0:fr0 + self.n_frames * pb].reshape(self.n_frames, pb)
+        self.headers = self.frames[:, :HEADER_BYTES].view(HEADER_DTYPE)[:, 0]
+
+    def _open_file(self, path: str) -> Any:
+        try:
+            size = os.path.getsize(path)
+        except OSError as exc:
+            raise PoolFileError(f"pool file {path!r}: {exc.strerror}") from None
+        if size < _POOL_HEADER.itemsize:
+            raise PoolFileError(f"pool file {path!r} is too small to be an sguard pool")
+        raw = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
+        hdr = raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)[0]
+        if bytes(hdr["magic"]) != _POOL_MAGIC:
+            raise PoolFileError(f"pool file {path!r} is not an sguard pool (bad magic)")
+        if int(hdr["format_version"]) != _FORMAT_VERSION:
+            raise PoolFileError(f"pool file {path!r}: format version {int(hdr['format_version'])}"
+                                f" is not {_FORMAT_VERSION}")
+        if int(hdr["page_bytes"]) != self.page_bytes:
+            raise PoolFileError(f"pool file {path!r} has page_bytes={int(hdr['page_bytes'])}, "
+                                f"not {self.page_bytes}")
+        self.n_frames = int(hdr["n_frames"])
+        if size < self._total_bytes(self.n_frames):
+            raise PoolFileError(f"pool file {path!r} is truncated ({size} bytes)")
+        return raw
+
+    @classmethod
+    def attach(cls, path: str, page_bytes: int = DEFAULT_PAGE_BYTES) -> "PagePool":
+        """Open the pool file a previous (possibly crashed) process left behind.
+
+        Raises
+        ------
+        PoolFileError
+            If the file is missing, is not a pool, or has another page size.
+        """
+        return cls(page_bytes, 0, path, _attach=True)
+
+    def _rebuild_allocation(self) -> None:
+        state = self.state
+        orphans = np.flatnonzero(state == ORPHAN)
+        state[orphans] = FREE  # snapshots died with the process that held them
+        self.headers["magic"][orphans] = 0
+        live = np.flatnonzero(state == LIVE)
+        self._used = len(live)
+        self._watermark = int(live.max()) + 1 if len(live) else 0
+        used = np.zeros(self._watermark, dtype=bool)
+        used[live] = True
+        self._free = np.flatnonzero(~used).tolist()[::-1]
+        if len(live):
+            self.clock = int(self.headers["version"][live].max()) + 1
+
+    # -- allocation ---------------------------------------------------------------
+    @property
+    def used_frames(self) -> int:
+        """Frames not free (live or orphaned)."""
+        return self._used
+
+    @property
+    def free_frames(self) -> int:
+        """Frames available to `allocate`."""
+        return self.n_frames - self._used
+
+    def allocate(self, n: int = 1) -> np.ndarray:
+        """Take ``n`` free frames; they are marked LIVE and zeroed.
+
+        Raises
+        ------
+        PoolExhaustedError
+            If fewer than ``n`` frames are free; nothing is allocated.
+        """
+        with self._lock:
+            if n > self.n_frames - self._used:
+                raise PoolExhaustedError(
+                    f"page pool exhausted: {n} page(s) of {self.page_bytes} bytes requested, "
+                    f"{self.n_frames - self._used} of {self.n_frames} free "
+                    f"(capacity {self.n_frames * self.page_bytes} bytes)")
+            take = min(n, len(self._free))
+            out = np.empty(n, dtype=np.int64)
+            if take:
+                out[:take] = self._free[len(self._free) - take:]
+                del self._free[len(self._free) - take:]
+            rest = n - take
+            if rest:
+                out[take:] = np.arange(self._watermark, self._watermark + rest)
+                self._watermark += rest
+            self._used += n
+            self.state[out] = LIVE
+        if take:
+            self.frames[out[:take]] = 0  # recycled frames; fresh ones are already zero
+        return out
+
+    def free(self, frames: np.ndarray) -> None:
+        """Return LIVE frames to the pool; pinned ones become ORPHAN until unpinned."""
+        frames = np.asarray(frames, dtype=np.int64).reshape(-1)
+        with self._lock:
+            pinned = self.pins[frames] > 0
+            self.state[frames[pinned]] = ORPHAN
+            self._release_locked(frames[~pinned])
+
+    def _release_locked(self, frames: np.ndarray) -> None:
+        if len(frames) == 0:
+            return
+        self.headers["magic"][frames] = 0
+        self.state[frames] = FREE
+        self._free.extend(frames.tolist())
+        self._used -= len(frames)
+
+    def orphan(self, frames: np.ndarray) -> None:
+        """Mark pinned frames as no longer live (replaced by a clone)."""
+        with self._lock:
+            pinned = self.pins[frames] > 0
+            self.state[frames[pinned]] = ORPHAN
+            self._release_locked(frames[~pinned])
+
+    def pin(self, frames: np.ndarray) -> None:
+        """Pin frames for a snapshot (operator thread only)."""
+        with self._lock:
+            np.add.at(self.pins, frames, 1)
+
+    def unpin(self, frames: np.ndarray) -> None:
+        """Drop one pin from each frame; orphans whose last pin goes are freed."""
+        frames = np.asarray(frames, dtype=np.int64).reshape(-1)
+        with self._lock:
+            np.subtract.at(self.pins, frames, 1)
+            done = frames[(self.pins[frames] == 0) & (self.state[frames] == ORPHAN)]
+            self._release_locked(np.unique(done))
+
+    def tick(self) -> int:
+        """Advance and return the pool clock (page versions)."""
+        self.clock += 1
+        return self.clock
+
+    def flush(self) -> None:
+        """Write a file-backed pool's dirty pages to its file (no-op in memory)."""
+        if isinstance(self._raw, np.memmap):
+            self._raw.flush()
+
+    def stats(self) -> dict[str, int]:
+        """Frame counts: total, used, free, pinned, orphan; and bytes."""
+        with self._lock:
+            wm = self._watermark
+            return {
+                "page_bytes": self.page_bytes,
+                "n_frames": self.n_frames,
+                "used_frames": self._used,
+                "free_frames": self.n_frames - self._used,
+                "pinned_frames": int(np.count_nonzero(self.pins[:wm])),
+                "orphan_frames": int(np.count_nonzero(self.state[:wm] == ORPHAN)),
+                "used_bytes": self._used * self.page_bytes,
+                "capacity_bytes": self.n_frames * self.page_bytes,
+            }
+
+    def _check(self) -> None:
+        """Assert every pool invariant (O(frames))."""
+        wm = self._watermark
+        assert np.all(self.state[wm:] == FREE)
+        free = np.asarray(self._free, dtype=np.int64)
+        assert len(np.unique(free)) == len(free), "duplicate frame in free list"
+        assert np.all(free < wm)
+        assert np.all(self.state[free] == FREE), "free-listed frame not FREE"
+        assert np.count_nonzero(self.state[:wm] != FREE) == self._used
+        assert len(free) + self._used == wm
+        orphans = self.state[:wm] == ORPHAN
+        assert np.all(self.pins[:wm][orphans] > 0), "orphan frame without pin"
+        assert np.all(self.pins >= 0)

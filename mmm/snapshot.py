@@ -1,0 +1,195 @@
+"""Copy-on-write snapshots: the "checkpoint request" of the paper (§4.4).
+
+`PageManager.chkpt` freezes pages by *pinning* their frames: it copies the
+page table of each chosen page set (O(pages), independent of the bytes) and
+returns a `Snapshot`. While a frame is pinned the operator never writes it:
+the write barrier (`PageManager.writable`) clones it first. I/O threads read
+the pinned frames and call `Snapshot.mark_persisted`, which unpins them:
+unchanged pages become writable in place again, replaced ones are freed.
+
+Lifecycle (`SnapshotState`): ACTIVE -> COMPLETED (every page persisted, or
+`complete` called), CANCELLED (`cancel`: a failed checkpoint), RELEASED
+(`release`, or consumed by `PageManager.rollback`). Only a COMPLETED snapshot
+advances the base that later snapshots' ``changed`` flags are relative to, so
+the pages of a cancelled checkpoint are written by the next one. A snapshot that is not ACTIVE refuses further use.
+"""
+from __future__ import annotations
+
+import enum
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from mmm.errors import SnapshotStateError
+
+if TYPE_CHECKING:
+    from mmm.manager import PageManager
+
+__all__ = ["Snapshot", "SnapshotState"]
+
+SnapshotState = enum.Enum("SnapshotState", "ACTIVE COMPLETED CANCELLED RELEASED")
+
+
+class Snapshot:
+    """A frozen, consistent set of pages of one page manager.
+
+    Attributes
+    ----------
+    snapshot_id : int
+        Increasing per page manager.
+    page_bytes : int
+        Size of every page.
+    page_ids : ndarray of uint64
+        PageID of each frozen page (super pages included), sorted.
+    changed : ndarray of bool
+        True where the page changed since the previous completed snapshot of
+        its page set (or was never in one): what an incremental checkpoint writes.
+    psids : tuple of int
+        The page sets the snapshot covers.
+    structures : dict
+        ``name -> psid`` of the structures it covers.
+    """
+
+    def __init__(self, pm: "PageManager", snapshot_id: int, psids: tuple[int, ...],
+                 page_ids: npt.NDArray[np.uint64], frames: npt.NDArray[np.int64],
+                 changed: npt.NDArray[np.bool_], structures: dict[str, int]) -> None:
+        self._pm = pm
+        self.snapshot_id = snapshot_id
+        self.page_bytes = pm.page_bytes
+        self.psids = psids
+        self.page_ids = page_ids
+        self._frames = frames
+        self.changed = changed
+        self.structures = structures
+        self.covers_all = False
+        self._persisted = np.zeros(len(page_ids), dtype=bool)
+        self._n_persisted = 0
+        self._lock = threading.Lock()
+        self.state = SnapshotState.ACTIVE
+
+    # -- introspection --------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.page_ids)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all frozen pages."""
+        return len(self.page_ids) * self.page_bytes
+
+    @property
+    def n_changed(self) -> int:
+        """Pages an incremental checkpoint must write."""
+        return int(np.count_nonzero(self.changed))
+
+    @property
+    def persisted(self) -> npt.NDArray[np.bool_]:
+        """Copy of the per-page persisted flags."""
+        with self._lock:
+            return self._persisted.copy()
+
+    def __repr__(self) -> str:
+        return (f"<Snapshot {self.snapshot_id} {self.state.name} pages={len(self)} "
+                f"changed={self.n_changed} persisted={self._n_persisted}>")
+
+    def _require_active(self, what: str) -> None:
+        if self.state is not SnapshotState.ACTIVE:
+            raise SnapshotStateError(
+                f"snapshot {self.snapshot_id} is {self.state.name}: cannot {what}")
+
+    # -- reading frozen pages (any thread) -------------------------------------------
+    def page(self, i: int) -> npt.NDArray[np.uint8]:
+        """Read-only view of frozen page ``i`` (valid until it is marked persisted).
+
+        Raises
+        ------
+        SnapshotStateError
+            If the snapshot is not ACTIVE or the page was already persisted
+            (its frame may have been reused).
+        """
+        self._require_active(f"read page {i}")
+        if self._persisted[i]:
+            raise SnapshotStateError(
+                f"snapshot {self.snapshot_id}: page {int(self.page_ids[i]):#x} was already "
+                f"persisted and released")
+        view = self._pm.pool.frames[self._frames[i]]
+        view = view.view()
+        view.flags.writeable = False
+        return view
+
+    def copy_pages(self, indices: npt.ArrayLike, out: npt.NDArray[np.uint8] | None = None
+                   ) -> npt.NDArray[np.uint8]:
+        """Gather frozen pages ``indices`` into one contiguous ``(n, page_bytes)`` buffer.
+
+        This is the I/O threads' way to turn scattered pages into one large
+        sequential write. Pages copied: ``len(indices)``.
+
+        Raises
+        ------
+        SnapshotStateError
+            As `page`.
+        """
+        self._require_active("copy pages")
+        idx = np.asarray(indices, dtype=np.int64)
+        if self._persisted[idx].any():
+            bad = idx[self._persisted[idx]][0]
+            raise SnapshotStateError(
+                f"snapshot {self.snapshot_id}: page {int(self.page_ids[bad]):#x} was already "
+                f"persisted and released")
+        if out is None:
+            out = np.empty((len(idx), self.page_bytes), dtype=np.uint8)
+        np.take(self._pm.pool.frames, self._frames[idx], axis=0, out=out[:len(idx)])
+        return out
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def mark_persisted(self, indices: npt.ArrayLike) -> None:
+        """Record that pages ``indices`` are durable: unpin them (thread-safe).
+
+        The operator may then write those pages in place again; frames that
+        only this snapshot still held are freed. When every page is persisted
+        the snapshot becomes COMPLETED.
+        """
+        idx = np.unique(np.asarray(indices, dtype=np.int64))
+        with self._lock:
+            self._require_active("mark pages persisted")
+            idx = idx[~self._persisted[idx]]
+            self._persisted[idx] = True
+            self._n_persisted += len(idx)
+            self._pm.pool.unpin(self._frames[idx])
+            if self._n_persisted == len(self.page_ids):
+                self._finish(SnapshotState.COMPLETED)
+
+    def complete(self) -> None:
+        """Declare the snapshot durable (e.g. an incremental checkpoint that
+        references unchanged pages written earlier): unpin the rest."""
+        with self._lock:
+            self._require_active("complete")
+            self._unpin_rest()
+            self._finish(SnapshotState.COMPLETED)
+
+    def cancel(self) -> None:
+        """Abandon a failed checkpoint: unpin every page. The pages it would have
+        written stay "changed" for the next snapshot."""
+        with self._lock:
+            self._require_active("cancel")
+            self._unpin_rest()
+            self._finish(SnapshotState.CANCELLED)
+
+    def release(self) -> None:
+        """Drop a snapshot kept only as a rollback point. Idempotent."""
+        with self._lock:
+            if self.state is not SnapshotState.ACTIVE:
+                return
+            self._unpin_rest()
+            self._finish(SnapshotState.RELEASED)
+
+    def _unpin_rest(self) -> None:
+        rest = np.flatnonzero(~self._persisted)
+        self._persisted[rest] = True
+        self._n_persisted = len(self.page_ids)
+        self._pm.pool.unpin(self._frames[rest])
+
+    def _finish(self, state: Any) -> None:
+        self.state = state
+        self._pm._snapshot_done(self)
