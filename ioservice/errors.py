@@ -1,0 +1,82 @@
+"""Every ioservice exception, in one hierarchy.
+
+All errors derive from `IOServiceError` and also from the built-in exception a
+caller would naturally catch, so ``except ValueError`` around a bad URI and
+``except OSError`` around storage I/O keep working::
+
+    IOServiceError
+    ├── InvalidURIError (ValueError)
+    │   └── UnsupportedURIError
+    ├── InvalidNameError (ValueError)
+    ├── InvalidPathError (ValueError)
+    ├── StorageIOError (OSError)
+    ├── StorageNotFoundError (FileNotFoundError)
+    ├── StoragePermissionError (PermissionError)
+    │   └── RootNotWritableError
+    ├── StorageUnreachableError (ConnectionError)
+    └── BackendUnavailableError (OSError)
+
+Messages name the URI, path and backend at fault.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "IOServiceError",
+    "InvalidNameError",
+    "InvalidPathError",
+    "InvalidURIError",
+    "RootNotWritableError",
+    "StorageIOError",
+    "StorageNotFoundError",
+    "StoragePermissionError",
+    "StorageUnreachableError",
+    "UnsupportedURIError",
+]
+
+
+class IOServiceError(Exception):
+    """Base class for ioservice errors."""
+
+
+class InvalidURIError(IOServiceError, ValueError):
+    """A storage URI is malformed (e.g. ``s3://`` without a bucket)."""
+
+
+class UnsupportedURIError(InvalidURIError):
+    """A storage URI has a scheme ioservice does not support (only file, s3, hdfs)."""
+
+
+class InvalidNameError(IOServiceError, ValueError):
+    """An HA-unit name (or other path component) is empty, contains ``/``, ``..``,
+    control characters, or characters outside the portable set."""
+
+
+class InvalidPathError(IOServiceError, ValueError):
+    """A relative path would escape the storage root or is otherwise malformed."""
+
+
+class StorageIOError(IOServiceError, OSError):
+    """A storage operation failed for a reason not covered by a narrower class."""
+
+
+class StorageNotFoundError(IOServiceError, FileNotFoundError):
+    """A file, directory or bucket does not exist."""
+
+
+class StoragePermissionError(IOServiceError, PermissionError):
+    """The storage refused an operation for lack of permission."""
+
+
+class RootNotWritableError(StoragePermissionError):
+    """The storage root cannot be created or written (read-only, a file in the way,
+    missing permission, missing bucket)."""
+
+
+class StorageUnreachableError(IOServiceError, ConnectionError):
+    """The storage endpoint cannot be reached (connection refused, timeout, DNS)."""
+
+
+class BackendUnavailableError(IOServiceError, OSError):
+    """The client side of a backend cannot be loaded (e.g. libhdfs or the JVM is missing)."""
