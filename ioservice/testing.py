@@ -584,13 +584,17 @@ class SeaweedCluster:
                 *make_args(port, grpc_port)]
         log_path = self.workdir / "logs" / f"{name}.out"
         proc = SeaweedProcess(name, args, port, grpc_port, log_path)
-        with open(log_path, "ab") as log:
-            proc.popen = subprocess.Popen(
-                args, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
-        logger.debug("started SeaweedFS %s (pid %d): %s", name, proc.popen.pid, " ".join(args))
+        self._launch(proc)
         return proc
+
+    def _launch(self, proc: SeaweedProcess) -> None:
+        """(Re)start the process of `proc` with its recorded arguments."""
+        with open(proc.log_path, "ab") as log:
+            proc.popen = subprocess.Popen(
+                proc.args, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        logger.debug("started SeaweedFS %s (pid %d): %s", proc.name, proc.popen.pid, " ".join(proc.args))
 
     def _fail(self, what: str) -> RuntimeError:
         """A RuntimeError naming `what`, with the tail of every server log."""
@@ -601,17 +605,18 @@ class SeaweedCluster:
         )
         return RuntimeError(f"SeaweedFS cluster in {self.workdir}: {what}\n{tails}")
 
-    def _check_alive(self) -> None:
-        """Raise if any started server has exited."""
-        for p in self.processes:
+    def _check_alive(self, watch: list[SeaweedProcess] | None = None) -> None:
+        """Raise if a watched server (default: every server) has exited."""
+        for p in self.processes if watch is None else watch:
             if not p.alive():
                 raise self._fail(f"{p.name} exited during startup")
 
-    def _poll(self, what: str, deadline: float, probe: Any) -> Any:
+    def _poll(self, what: str, deadline: float, probe: Any,
+              watch: list[SeaweedProcess] | None = None) -> Any:
         """Call `probe` until it returns a truthy value or `deadline` passes."""
         last: BaseException | None = None
         while True:
-            self._check_alive()
+            self._check_alive(watch)
             try:
                 result = probe()
                 if result:
@@ -622,7 +627,8 @@ class SeaweedCluster:
                 raise self._fail(f"{what} not ready after {self.start_timeout_s} s (last error: {last!r})")
             time.sleep(0.05)
 
-    def _wait_http(self, proc: SeaweedProcess, path: str, deadline: float) -> None:
+    def _wait_http(self, proc: SeaweedProcess, path: str, deadline: float,
+                   watch: list[SeaweedProcess] | None = None) -> None:
         """Wait until `proc` answers an HTTP GET on `path` (any status)."""
 
         def probe() -> bool:
@@ -632,9 +638,10 @@ class SeaweedCluster:
             except urllib.error.HTTPError:
                 return True  # it answered
 
-        self._poll(proc.name, deadline, probe)
+        self._poll(proc.name, deadline, probe, watch)
 
-    def _wait_data_nodes(self, count: int, deadline: float) -> None:
+    def _wait_data_nodes(self, count: int, deadline: float,
+                         watch: list[SeaweedProcess] | None = None) -> None:
         """Wait until the master's topology lists `count` volume servers."""
         assert self.master is not None
 
@@ -650,7 +657,7 @@ class SeaweedCluster:
             ]
             return len(nodes) >= count
 
-        self._poll(f"{count} volume servers", deadline, probe)
+        self._poll(f"{count} volume servers", deadline, probe, watch)
 
     def _wait_s3(self, deadline: float) -> None:
         """Wait until the S3 gateway lists buckets with the admin credentials."""
@@ -687,13 +694,40 @@ class SeaweedCluster:
     # ----------------------------------------------------------------- operations
 
     def kill_volume(self, index: int) -> None:
-        """SIGKILL volume server `index` (its whole process group) and reap it."""
+        """SIGKILL volume server `index` (its whole process group) and reap it.
+
+        Notes
+        -----
+        Reads of replicated data keep working at once. Writes that need the
+        dead server (with ``010`` and the default racks, killing the only rack2
+        server blocks *every* new write: no other rack can hold the copy) stall
+        in the gateway until the client's timeout (about 20 s with the
+        ``open_root`` defaults) and then fail; `restart_volume` heals it.
+        """
         proc = self.volumes[index]
         if proc.popen is None:
             raise RuntimeError(f"volume{index} was never started")
         _signal_group(proc, signal.SIGKILL)
         proc.popen.wait(timeout=5.0)
         logger.info("killed SeaweedFS volume%d (rack %s)", index, self.racks[index])
+
+    def restart_volume(self, index: int, *, timeout_s: float = 15.0) -> None:
+        """Start volume server `index` again (same ports and directory) and wait
+        until the master lists all volume servers.
+
+        Raises
+        ------
+        RuntimeError
+            If it is still running, or does not rejoin within `timeout_s`.
+        """
+        proc = self.volumes[index]
+        if proc.alive():
+            raise RuntimeError(f"volume{index} is still running")
+        self._launch(proc)
+        deadline = time.monotonic() + timeout_s
+        self._wait_http(proc, "/status", deadline, watch=[proc])
+        self._wait_data_nodes(len(self.volumes), deadline, watch=[proc])
+        logger.info("restarted SeaweedFS volume%d (rack %s)", index, self.racks[index])
 
     def filesystem(
         self, *, connect_timeout_s: float = 2.0, request_timeout_s: float = 10.0
@@ -719,6 +753,22 @@ class SeaweedCluster:
         fs = self.filesystem()
         fs.create_dir(name)
         return f"s3://{name}"
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGKILL it when the parent dies.
+
+    So a SIGKILLed test run leaves no SeaweedFS server behind. The signal fires
+    when the *thread* that started the server exits: start clusters from a
+    thread that outlives them (pytest fixtures run in the main thread).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
 
 
 def _signal_group(proc: SeaweedProcess, sig: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import os
 import socket
 import threading
@@ -26,7 +27,10 @@ from ioservice import (
     open_root,
     validate_name,
 )
-from ioservice.testing import FaultyFS, SeaweedCluster
+import ioservice.errors
+import ioservice.fs
+import ioservice.testing
+from ioservice.testing import FaultyFS, SeaweedCluster, find_weed_binary
 
 MIB = 1 << 20
 
@@ -444,6 +448,38 @@ def test_file_survives_killing_a_volume_server() -> None:
         assert not cluster.volumes[2].alive()
         assert root.read_bytes("u-1/w0.pages") == data
         assert root.read_bytes("u-1/manifest.json") == b'{"format_version": 1}'
+        cluster.restart_volume(2)
+        root.write_atomic("u-2/manifest.json", b"after restart")
+        assert root.read_bytes("u-2/manifest.json") == b"after restart"
         procs = cluster.processes
     assert all(not p.alive() for p in procs)
     assert not cluster.workdir.exists()
+
+
+def test_cluster_start_failure_reports_the_log_tail(tmp_path: os.PathLike[str]) -> None:
+    """A server that dies at startup raises RuntimeError with its log, and nothing is left running."""
+    fake = os.path.join(tmp_path, "weed")
+    with open(fake, "w") as f:
+        f.write("#!/bin/sh\necho 'fake weed: boom' >&2\nexit 3\n")
+    os.chmod(fake, 0o755)
+    cluster = SeaweedCluster(weed_binary=fake, start_timeout_s=5.0)
+    with pytest.raises(RuntimeError, match="(?s)master exited during startup.*fake weed: boom"):
+        cluster.start()
+    assert all(not p.alive() for p in cluster.processes)
+    assert not cluster.workdir.exists()
+
+
+def test_missing_weed_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: os.PathLike[str]) -> None:
+    """A bad SGUARD_WEED_BINARY raises FileNotFoundError naming it."""
+    bad = os.path.join(tmp_path, "nope")
+    monkeypatch.setenv("SGUARD_WEED_BINARY", bad)
+    with pytest.raises(FileNotFoundError, match="nope"):
+        find_weed_binary()
+
+
+@pytest.mark.parametrize("module", [ioservice.errors, ioservice.fs, ioservice.testing])
+def test_docstring_examples_run(module: object) -> None:
+    """The Examples sections of the public modules are correct doctests."""
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
+    assert result.failed == 0
