@@ -1,0 +1,616 @@
+"""Algorithm 1 of the paper: the Peace chunk scheduler, one timestep at a time.
+
+For each request ``(w, r, k)`` (in order) and each of its chunks, each of the
+``r`` replicas takes a *randomized shortest path* (RSP) from the current source
+``z`` (first the writer, then the previous replica: the replicas form a chain,
+i.e. an HDFS pipeline) to a server allowed by the replica's constraint template,
+on the residual graph. A chunk is scheduled only if all its replicas are; the
+capacity a partially placed chunk took is given back, and the rest of the
+request waits for the next timestep (``W'``).
+
+Randomization is explicit: among all eligible destinations whose path cost is
+minimal, one is drawn uniformly; among the minimal-cost paths to it, one is
+drawn uniformly (by counting shortest paths). networkx alone would break ties
+deterministically.
+
+Two RSP implementations give the same distribution:
+
+* ``"networkx"``: Dijkstra on the whole graph with a weight function that hides
+  saturated edges (returns ``None``), so no residual graph is ever copied;
+* ``"fast"`` (default): the same search exploiting the model's structure
+  (server -> rack switch -> switch graph -> rack switch -> server): Dijkstra on
+  the small switch graph, then one vectorized pass over the servers. This is
+  what keeps a 1000-server decision well under a millisecond.
+
+The residual of a timestep is one int64 vector indexed by edge id
+(:meth:`peace.model.Network.new_residual`). Unlike a textbook SSP residual there
+are no reverse edges: a placed chunk is never re-routed.
+
+Invariants: every placement's ``servers`` starts with the writer, holds ``r``
+distinct replicas different from the writer, hop ``i`` goes from ``servers[i]``
+to ``servers[i + 1]``; the residual never goes negative. Check schedules with
+:func:`peace.validate.validate_schedule`.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import networkx as nx
+import numpy as np
+import numpy.typing as npt
+
+from peace.errors import (InfeasibleRequestError, InvalidRequestError, ScheduleInfeasibleError,
+                          TemplateError, UnknownServerError)
+from peace.model import Network, Topology, Vertex, build_network
+
+__all__ = [
+    "ReplicaTemplate",
+    "RACK_AWARE",
+    "UNCONSTRAINED",
+    "WriteRequest",
+    "ChunkPlacement",
+    "TimestepPlan",
+    "Schedule",
+    "SchedulerStats",
+    "PeaceScheduler",
+    "check_templates",
+]
+
+logger = logging.getLogger(__name__)
+
+Residual = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaTemplate:
+    """Constraint template for one replica index (paper: "constraint templates").
+
+    Indexes refer to the chunk's path ``p`` so far: ``0`` is the writer, ``1``
+    the first replica, ...; negative indexes count from the end (``-1`` is the
+    current source). Every replica must also differ from every node on ``p``.
+
+    >>> ReplicaTemplate(same_rack_as=(0,))   # same rack as the writer
+    ReplicaTemplate(same_rack_as=(0,), other_rack_than=())
+    """
+
+    same_rack_as: tuple[int, ...] = ()
+    other_rack_than: tuple[int, ...] = ()
+
+
+#: first replica in the writer's rack, second in another rack, third beside the second
+#: (HDFS's rack-aware policy with the local disk excluded, as the paper's modified HDFS).
+RACK_AWARE: tuple[ReplicaTemplate, ...] = (
+    ReplicaTemplate(same_rack_as=(0,)),
+    ReplicaTemplate(other_rack_than=(0,)),
+    ReplicaTemplate(same_rack_as=(2,)),
+)
+#: only "distinct from every node already on the chain".
+UNCONSTRAINED: tuple[ReplicaTemplate, ...] = ()
+
+
+def check_templates(templates: Sequence[ReplicaTemplate], replication: int) -> None:
+    """Check every index of the templates used for ``replication`` replicas.
+
+    Raises
+    ------
+    TemplateError
+        If the template of replica ``i`` names a path position that does not
+        exist when replica ``i`` is placed (the path then holds ``i + 1`` nodes).
+    """
+    for i, tpl in enumerate(templates[:replication]):
+        if not isinstance(tpl, ReplicaTemplate):
+            raise TemplateError(f"template {i} is not a ReplicaTemplate: {tpl!r}")
+        for idx in tpl.same_rack_as + tpl.other_rack_than:
+            if isinstance(idx, bool) or not isinstance(idx, int) or not -(i + 1) <= idx <= i:
+                raise TemplateError(f"template of replica {i} names path position {idx!r}; "
+                                    f"only {-(i + 1)}..{i} exist then")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRequest:
+    """A write request ``(w, r, k)``: ``chunks`` chunks from ``writer``, ``replication`` copies."""
+
+    writer: str
+    replication: int
+    chunks: int
+    request_id: int = 0
+    first_chunk: int = 0
+    """Index of the first chunk still to place (a deferred request keeps its numbering)."""
+
+    def __post_init__(self) -> None:
+        for what in ("replication", "chunks"):
+            v = getattr(self, what)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                raise InvalidRequestError(
+                    f"request {self.request_id} from {self.writer!r}: {what} must be a positive "
+                    f"integer, got {v!r}")
+        if not isinstance(self.writer, str):
+            raise InvalidRequestError(f"request {self.request_id}: writer must be a server name")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlacement:
+    """Where and when one chunk goes: its replication pipeline and the graph path of each hop."""
+
+    request_id: int
+    chunk_index: int
+    timestep: int
+    servers: tuple[str, ...]
+    """Writer first, then the replicas in pipeline order."""
+    hops: tuple[tuple[Vertex, ...], ...]
+    """Vertex path of hop ``i``, from ``("snd", servers[i])`` to ``("rcv", servers[i + 1])``."""
+    cost: int
+    """Sum of the edge costs of all hops."""
+    edge_ids: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    """All edge ids the chain uses (with repetition), for fast residual bookkeeping."""
+
+    @property
+    def writer(self) -> str:
+        """The chunk's writer."""
+        return self.servers[0]
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        """The replica servers in pipeline order."""
+        return self.servers[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class TimestepPlan:
+    """Algorithm 1's output ``(P, G, W')`` for one timestep."""
+
+    timestep: int
+    placements: tuple[ChunkPlacement, ...]
+    deferred: tuple[WriteRequest, ...]
+    """Requests (with their remaining chunks) left for the next timestep, in order."""
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A complete offline schedule: every chunk of every request, timestep by timestep."""
+
+    requests: tuple[WriteRequest, ...]
+    placements: tuple[ChunkPlacement, ...]
+    timesteps: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """Counters of a :class:`PeaceScheduler` (decisions = RSP calls)."""
+
+    decisions: int
+    failed_decisions: int
+    decision_time_s: float
+    chunks_placed: int
+
+    @property
+    def ms_per_decision(self) -> float:
+        """Mean wall time of one replica placement decision, in milliseconds."""
+        return 1000.0 * self.decision_time_s / self.decisions if self.decisions else 0.0
+
+
+class PeaceScheduler:
+    """Algorithm 1 over a :class:`~peace.model.Network`.
+
+    Parameters
+    ----------
+    network
+        A compiled network, or a :class:`~peace.model.Topology` to compile.
+    templates
+        One :class:`ReplicaTemplate` per replica index; replicas beyond the last
+        template are only required to be distinct. Default :data:`RACK_AWARE`.
+    seed
+        Seed or ``numpy.random.Generator`` for the randomized shortest paths.
+    method
+        ``"fast"`` (structured search) or ``"networkx"`` (Dijkstra on the graph).
+    lookahead
+        Also exclude destinations from which the remaining templates cannot be
+        met at all (e.g. a rack with one server for a replica whose successor
+        must share its rack). The published algorithm has no look-ahead
+        (``False``) and can then stall forever on such racks; on topologies
+        whose racks all hold more than ``r`` servers both settings behave the same.
+
+    Examples
+    --------
+    >>> from peace.model import figure5_topology
+    >>> s = PeaceScheduler(figure5_topology(), seed=1)
+    >>> plan = s.schedule_timestep([WriteRequest("svr1.1", 2, 1)], s.network.new_residual())
+    >>> plan.placements[0].servers[:2]
+    ('svr1.1', 'svr1.2')
+    """
+
+    def __init__(self, network: Network | Topology, templates: Sequence[ReplicaTemplate] = RACK_AWARE,
+                 *, seed: int | np.random.Generator | None = None,
+                 method: Literal["fast", "networkx"] = "fast", lookahead: bool = True) -> None:
+        self.network = network if isinstance(network, Network) else build_network(network)
+        self.templates = tuple(templates)
+        check_templates(self.templates, len(self.templates))
+        self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        if method not in ("fast", "networkx"):
+            raise ValueError(f"unknown RSP method {method!r}")
+        self.method = method
+        self.lookahead = lookahead
+        self._rack_sizes = tuple(len(m) for m in self.network.rack_members)
+        self._rack_ok_cache: dict[tuple[tuple[int, ...], int], npt.NDArray[np.bool_]] = {}
+        self._completable_cache: dict[tuple[tuple[int, ...], int], bool] = {}
+        self._decisions = 0
+        self._failed = 0
+        self._decision_time = 0.0
+        self._placed = 0
+        net = self.network
+        self._server_switch = net.rack_of  # rack r hangs under switch index r
+        self._all_true = np.ones(net.n_servers, dtype=bool)
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> SchedulerStats:
+        """Decision counters since construction."""
+        return SchedulerStats(self._decisions, self._failed, self._decision_time, self._placed)
+
+    # ------------------------------------------------------------- validation
+    def check_request(self, request: WriteRequest) -> None:
+        """Reject a request that can never be scheduled, even on an empty network.
+
+        Raises
+        ------
+        UnknownServerError
+            If the writer is not a server of the topology.
+        TemplateError
+            If the templates are inconsistent for ``request.replication``.
+        InfeasibleRequestError
+            If no chain of ``r`` distinct servers satisfies the templates
+            within the full capacities (e.g. ``r`` larger than the eligible nodes).
+        """
+        net = self.network
+        w = net.index(request.writer)
+        r = request.replication
+        if r > net.n_servers - 1:
+            raise InfeasibleRequestError(
+                f"request {request.request_id} from {request.writer!r}: replication {r} exceeds "
+                f"the {net.n_servers - 1} servers other than the writer")
+        check_templates(self.templates, r)
+        if self._find_chain_exhaustive(w, r) is None:
+            raise InfeasibleRequestError(
+                f"request {request.request_id} from {request.writer!r}: no chain of {r} replicas "
+                f"satisfies the constraint templates {self.templates[:r]}")
+
+    def _find_chain_exhaustive(self, w: int, r: int) -> list[int] | None:
+        """Depth-first search for one feasible chain on the empty network (rack-level pruning)."""
+        net = self.network
+        residual = net.new_residual()
+
+        def dfs(path: list[int]) -> list[int] | None:
+            i = len(path) - 1
+            if i == r:
+                return path
+            allowed = self._allowed(path, i, r)
+            tried_racks: set[int] = set()
+            for j in np.flatnonzero(allowed).tolist():
+                # servers of one rack are interchangeable at this depth unless a later
+                # template distinguishes them (it cannot: templates are rack-based)
+                key = int(net.rack_of[j])
+                if key in tried_racks:
+                    continue
+                q = self._rsp_fast(path[-1], _single(net.n_servers, j), residual)
+                if q is None:
+                    continue
+                tried_racks.add(key)
+                _, eids, _ = q
+                for e in eids:
+                    residual[e] -= 1
+                found = dfs(path + [j])
+                for e in eids:
+                    residual[e] += 1
+                if found is not None:
+                    return found
+            return None
+
+        return dfs([w])
+
+    # -------------------------------------------------------------- Algorithm 1
+    def _allowed(self, path: Sequence[int], replica: int, replication: int = 0
+                 ) -> npt.NDArray[np.bool_]:
+        """Boolean mask of servers allowed for ``replica`` given the path so far (constraint c)."""
+        net = self.network
+        mask = self._all_true.copy()
+        mask[list(path)] = False
+        if replica < len(self.templates):
+            tpl = self.templates[replica]
+            rack_of = net.rack_of
+            for idx in tpl.same_rack_as:
+                mask &= rack_of == rack_of[path[idx]]
+            for idx in tpl.other_rack_than:
+                mask &= rack_of != rack_of[path[idx]]
+        if self.lookahead and replica + 1 < replication:
+            racks = tuple(int(net.rack_of[i]) for i in path)
+            key = (racks, replication)
+            rack_ok = self._rack_ok_cache.get(key)
+            if rack_ok is None:
+                rack_ok = np.array([self._completable(racks + (r,), replication)
+                                    for r in range(net.n_racks)], dtype=bool)
+                self._rack_ok_cache[key] = rack_ok
+            mask &= rack_ok[net.rack_of]
+        return mask
+
+    def _template_ok(self, racks: tuple[int, ...]) -> bool:
+        """Whether the last rack of ``racks`` meets its replica's template (rack level)."""
+        i = len(racks) - 2
+        if i >= len(self.templates):
+            return True
+        tpl = self.templates[i]
+        mine = racks[-1]
+        prefix = racks[:-1]
+        return (all(mine == prefix[idx] for idx in tpl.same_rack_as)
+                and all(mine != prefix[idx] for idx in tpl.other_rack_than))
+
+    def _completable(self, racks: tuple[int, ...], replication: int) -> bool:
+        """Whether a chain whose path so far sits in ``racks`` can get all its replicas."""
+        key = (racks, replication)
+        hit = self._completable_cache.get(key)
+        if hit is not None:
+            return hit
+        if racks.count(racks[-1]) > self._rack_sizes[racks[-1]] or not self._template_ok(racks):
+            ok = False
+        elif len(racks) - 1 >= replication:
+            ok = True
+        else:
+            ok = any(self._completable(racks + (r,), replication) for r in range(len(self._rack_sizes)))
+        self._completable_cache[key] = ok
+        return ok
+
+    def schedule_timestep(self, requests: Iterable[WriteRequest], residual: Residual,
+                          timestep: int = 0) -> TimestepPlan:
+        """Run Algorithm 1 once: place what fits into ``residual`` (updated in place).
+
+        Parameters
+        ----------
+        requests
+            Requests in priority order (earlier requests first).
+        residual
+            Residual capacity per edge for this timestep; decremented for every
+            scheduled chunk (``G <- G'``), untouched by chunks that did not fit.
+        timestep
+            Stamped on the placements.
+
+        Returns
+        -------
+        TimestepPlan
+            The placements ``P`` and the deferred requests ``W'``.
+
+        Raises
+        ------
+        UnknownServerError
+            If a writer is not in the topology.
+
+        Notes
+        -----
+        Runtime complexity: O(chunks * r * (switches log switches + servers)).
+        """
+        net = self.network
+        placements: list[ChunkPlacement] = []
+        deferred: list[WriteRequest] = []
+        rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
+        servers = net.servers
+        for req in requests:
+            w = net.index(req.writer)
+            k = req.chunks
+            idx = req.first_chunk
+            r = req.replication
+            while k > 0:
+                z = w
+                p = [w]
+                used: list[int] = []
+                hops: list[tuple[int, ...]] = []
+                cost = 0
+                ok = True
+                for rp in range(r):
+                    allowed = self._allowed(p, rp, r)
+                    t0 = time.perf_counter()
+                    q = rsp(z, allowed, residual)
+                    self._decision_time += time.perf_counter() - t0
+                    self._decisions += 1
+                    if q is None:
+                        self._failed += 1
+                        ok = False
+                        break
+                    dest, eids, c = q
+                    for e in eids:
+                        residual[e] -= 1
+                    used.extend(eids)
+                    hops.append(eids)
+                    cost += c
+                    z = dest
+                    p.append(dest)
+                if not ok:
+                    for e in used:
+                        residual[e] += 1
+                    deferred.append(replace(req, chunks=k, first_chunk=idx))
+                    break
+                placements.append(ChunkPlacement(
+                    request_id=req.request_id, chunk_index=idx, timestep=timestep,
+                    servers=tuple(servers[i] for i in p),
+                    hops=tuple(net.path_vertices(h) for h in hops), cost=cost,
+                    edge_ids=tuple(used)))
+                k -= 1
+                idx += 1
+        self._placed += len(placements)
+        logger.debug("timestep %d: %d chunks placed, %d requests deferred", timestep,
+                     len(placements), len(deferred))
+        return TimestepPlan(timestep, tuple(placements), tuple(deferred))
+
+    def schedule(self, requests: Sequence[WriteRequest], *, max_timesteps: int = 100_000) -> Schedule:
+        """Schedule every chunk offline: timestep after timestep, fresh capacity each time.
+
+        Raises
+        ------
+        ScheduleInfeasibleError
+            If a timestep on the empty network places nothing while requests remain.
+        InfeasibleRequestError, UnknownServerError
+            See :meth:`check_request`.
+        """
+        for req in requests:
+            self.check_request(req)
+        pending: Sequence[WriteRequest] = list(requests)
+        placements: list[ChunkPlacement] = []
+        t = 0
+        stalls = 0
+        while pending:
+            if t >= max_timesteps:
+                raise ScheduleInfeasibleError(f"not done after {max_timesteps} timesteps")
+            plan = self.schedule_timestep(pending, self.network.new_residual(), t)
+            if not plan.placements:
+                stalls += 1
+                if stalls > 32:
+                    raise ScheduleInfeasibleError(
+                        f"timestep {t}: nothing placed on an empty network for "
+                        f"{len(plan.deferred)} requests (first: {plan.deferred[0]})")
+                continue
+            stalls = 0
+            placements.extend(plan.placements)
+            pending = plan.deferred
+            t += 1
+        return Schedule(tuple(requests), tuple(placements), t)
+
+    # ------------------------------------------------------ randomized shortest path
+    def _rsp_fast(self, z: int, allowed: npt.NDArray[np.bool_], residual: Residual
+                  ) -> tuple[int, tuple[int, ...], int] | None:
+        """RSP exploiting the rack structure; returns (destination, edge ids, cost) or None."""
+        net = self.network
+        e_up = int(net.e_snd_up[z])
+        e_sw = int(net.e_up_sw[z])
+        if residual[e_up] <= 0 or residual[e_sw] <= 0:
+            return None
+        src_sw = int(self._server_switch[z])
+        dist, preds = self._switch_dijkstra(src_sw, residual)
+        ok = allowed & (residual[net.e_sw_dn] > 0) & (residual[net.e_dn_rcv] > 0)
+        if not ok.any():
+            return None
+        sw_cost = dist[self._server_switch]
+        cand_cost = np.where(ok, sw_cost, np.inf)
+        best = cand_cost.min()
+        if not np.isfinite(best):
+            return None
+        cands = np.flatnonzero(cand_cost == best)
+        j = int(cands[self.rng.integers(len(cands))]) if len(cands) > 1 else int(cands[0])
+        sw_path = self._random_switch_path(src_sw, int(self._server_switch[j]), preds)
+        eids = (e_up, e_sw, *sw_path, int(net.e_sw_dn[j]), int(net.e_dn_rcv[j]))
+        total = net.up_cost + int(best) + net.down_cost
+        return j, eids, total
+
+    def _switch_dijkstra(self, src: int, residual: Residual
+                         ) -> tuple[npt.NDArray[np.float64], list[list[tuple[int, int]]]]:
+        """Dijkstra on the switch graph; returns distances and all shortest-path predecessors."""
+        net = self.network
+        n = len(net.switches)
+        dist = np.full(n, np.inf)
+        dist[src] = 0.0
+        preds: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        if n == 1:
+            return dist, preds
+        best = [float("inf")] * n
+        best[src] = 0
+        done = [False] * n
+        heap = [(0, src)]
+        adj = net.switch_adj
+        while heap:
+            d, u = heapq.heappop(heap)
+            if done[u]:
+                continue
+            done[u] = True
+            for v, e, c in adj[u]:
+                if residual[e] <= 0 or done[v]:
+                    continue
+                nd = d + c
+                if nd < best[v]:
+                    best[v] = nd
+                    preds[v] = [(u, e)]
+                    heapq.heappush(heap, (nd, v))
+                elif nd == best[v]:
+                    preds[v].append((u, e))
+        dist[:] = best
+        return dist, preds
+
+    def _random_switch_path(self, src: int, dst: int, preds: list[list[tuple[int, int]]]
+                            ) -> list[int]:
+        """A uniformly random shortest switch path src -> dst, as edge ids."""
+        if src == dst:
+            return []
+        sigma: dict[int, int] = {src: 1}
+
+        def count(v: int) -> int:
+            if v not in sigma:
+                sigma[v] = sum(count(u) for u, _ in preds[v])
+            return sigma[v]
+
+        count(dst)
+        path: list[int] = []
+        v = dst
+        while v != src:
+            options = preds[v]
+            if len(options) == 1:
+                u, e = options[0]
+            else:
+                weights = np.array([sigma[u] for u, _ in options], dtype=float)
+                u, e = options[int(self.rng.choice(len(options), p=weights / weights.sum()))]
+            path.append(e)
+            v = u
+        path.reverse()
+        return path
+
+    def _rsp_networkx(self, z: int, allowed: npt.NDArray[np.bool_], residual: Residual
+                      ) -> tuple[int, tuple[int, ...], int] | None:
+        """RSP by Dijkstra on the whole graph; saturated edges are hidden by the weight function."""
+        net = self.network
+        g = net.graph
+        src: Vertex = ("snd", net.servers[z])
+
+        def weight(u: Vertex, v: Vertex, d: dict[str, int]) -> int | None:
+            return None if residual[d["eid"]] <= 0 else d["weight"]
+
+        pred, dist = nx.dijkstra_predecessor_and_distance(g, src, weight=weight)
+        best = None
+        cands: list[int] = []
+        for j in np.flatnonzero(allowed).tolist():
+            dj = dist.get(("rcv", net.servers[j]))
+            if dj is None:
+                continue
+            if best is None or dj < best:
+                best, cands = dj, [j]
+            elif dj == best:
+                cands.append(j)
+        if best is None:
+            return None
+        j = cands[int(self.rng.integers(len(cands)))] if len(cands) > 1 else cands[0]
+        sigma: dict[Vertex, int] = {src: 1}
+
+        def count(v: Vertex) -> int:
+            if v not in sigma:
+                sigma[v] = sum(count(u) for u in pred[v])
+            return sigma[v]
+
+        target: Vertex = ("rcv", net.servers[j])
+        count(target)
+        vertices = [target]
+        v = target
+        while v != src:
+            options = pred[v]
+            if len(options) == 1:
+                u = options[0]
+            else:
+                weights = np.array([sigma[u] for u in options], dtype=float)
+                u = options[int(self.rng.choice(len(options), p=weights / weights.sum()))]
+            vertices.append(u)
+            v = u
+        vertices.reverse()
+        eids = tuple(net.edge_index[(a, b)] for a, b in zip(vertices, vertices[1:]))
+        return j, eids, int(best)
+
+
+def _single(n: int, j: int) -> npt.NDArray[np.bool_]:
+    mask = np.zeros(n, dtype=bool)
+    mask[j] = True
+    return mask
