@@ -240,8 +240,10 @@ class StorageRoot:
         self.filesystem: Final = filesystem
         self.base_path: Final = base
         self.uri: Final = uri if uri is not None else f"{filesystem.type_name}:{base}"
-        kind = self.backend.rsplit("+", 1)[-1]
-        self.atomic_rename: Final = atomic_rename if atomic_rename is not None else kind in ("local", "hdfs")
+        self._kind: Final = self.backend.rsplit("+", 1)[-1]  # FaultyFS: "py::faulty+s3" -> "s3"
+        self.atomic_rename: Final = (
+            atomic_rename if atomic_rename is not None else self._kind in ("local", "hdfs")
+        )
         self._native_local: Final = isinstance(filesystem, pafs.LocalFileSystem)
 
     @property
@@ -459,6 +461,14 @@ class StorageRoot:
             A writable stream; its ``write`` releases the GIL. Its errors are
             raw `OSError`: wrap them where the caller knows the page and epoch.
 
+        Notes
+        -----
+        A stream cannot be aborted: closing it after a failed ``write`` — which
+        a ``with`` block does, and so does garbage collection — publishes the
+        bytes written so far (on S3 as a complete object). Never treat the mere
+        existence of a data file as proof it is complete: the manifest, written
+        last with `write_atomic`, is what makes a checkpoint exist.
+
         Raises
         ------
         InvalidPathError, StoragePermissionError, StorageUnreachableError, StorageIOError
@@ -472,7 +482,7 @@ class StorageRoot:
 
     def _create_parent(self, relpath: str) -> None:
         """Create the parent directory of `relpath` where directories are real."""
-        if "/" in relpath and self.backend.rsplit("+", 1)[-1] != "s3":
+        if "/" in relpath and self._kind != "s3":
             self.filesystem.create_dir(self.full_path(relpath.rsplit("/", 1)[0]), recursive=True)
 
     def write_atomic(self, relpath: str, data: bytes | bytearray | memoryview) -> None:
@@ -487,7 +497,11 @@ class StorageRoot:
           is missing; manifests are written once, so this does not arise).
         - *S3*: one direct write. An S3 object appears only when its PUT (or
           multipart upload) completes, so readers never see a partial object,
-          and S3 has no rename to use anyway.
+          and S3 has no rename to use anyway. pyarrow cannot abort an upload
+          (closing a stream after a failed ``write`` publishes the bytes
+          written so far), so on failure the target is deleted: a failed
+          write leaves the target *absent*, not partial — a previous version
+          is lost, which is fine for manifests, written once per checkpoint.
 
         Parameters
         ----------
@@ -499,9 +513,9 @@ class StorageRoot:
         Raises
         ------
         InvalidPathError, StoragePermissionError, StorageUnreachableError, StorageIOError
-            On failure; the target is then unchanged (the temp file is removed
-            when possible; a crash may leave a ``.tmp-`` file, never a partial
-            target).
+            On failure; the target is then unchanged on local/HDFS (the temp
+            file is removed when possible; a crash may leave a ``.tmp-`` file)
+            and absent on S3 — never partial.
         """
         path = self.full_path(relpath)
         if self._native_local:
@@ -511,21 +525,44 @@ class StorageRoot:
         with self._translating("atomic write", relpath):
             self._create_parent(relpath)
             if not self.atomic_rename:
-                with self.filesystem.open_output_stream(path) as out:
-                    out.write(data)
+                self._put_or_remove(path, data)
                 return
             parent, _, name = path.rpartition("/")
             tmp = f"{parent}/{_TMP_PREFIX}{uuid.uuid4().hex}-{name}"
             try:
                 with self.filesystem.open_output_stream(tmp) as out:
                     out.write(data)
-                if self.backend.rsplit("+", 1)[-1] == "hdfs":
+                if self._kind == "hdfs":
                     if self.filesystem.get_file_info(path).type != pafs.FileType.NotFound:
                         self.filesystem.delete_file(path)
                 self.filesystem.move(tmp, path)
             except BaseException:
                 _delete_quietly(self.filesystem, tmp)
                 raise
+
+    def _put_or_remove(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        """Write `data` to `path` in one go; on any failure make sure `path` is absent.
+
+        pyarrow cannot abort an S3 upload: closing (or garbage-collecting) a
+        stream after a failed ``write`` completes the upload with the bytes
+        written so far. Deleting the target afterwards turns that partial
+        object into a clean absence.
+        """
+        out = self.filesystem.open_output_stream(path)
+        try:
+            out.write(data)
+        except BaseException:
+            try:
+                out.close()
+            except (OSError, pa.ArrowException):
+                pass
+            _delete_quietly(self.filesystem, path)
+            raise
+        try:
+            out.close()
+        except BaseException:
+            _delete_quietly(self.filesystem, path)
+            raise
 
     def sync(self, relpath: str) -> None:
         """Make a closed file durable: fsync it on a local filesystem, else no-op.
@@ -607,7 +644,8 @@ class StorageRoot:
                 if offset >= size:
                     return b""
                 n = size - offset if length is None else min(length, size - offset)
-                return bytes(f.read_at(n, offset))
+                f.seek(offset)
+                return bytes(f.read(n))
 
     # --------------------------------------------------------------- deletes
 
@@ -669,7 +707,7 @@ class StorageRoot:
         probe = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
         payload = b"sguard write probe\n"
         try:
-            if self.backend.rsplit("+", 1)[-1] != "s3":
+            if self._kind != "s3":
                 with self._translating("create root", ""):
                     self.filesystem.create_dir(self.base_path, recursive=True)
             with self._translating("write probe", probe):
@@ -700,7 +738,7 @@ class StorageRoot:
         """
         with self._translating("reach", ""):
             info = self.filesystem.get_file_info(self.base_path.split("/", 1)[0] or "/")
-        if self.backend == "s3" and info.type == pafs.FileType.NotFound:
+        if self._kind == "s3" and info.type == pafs.FileType.NotFound:
             raise StorageNotFoundError(f"bucket of {self.uri} does not exist (create it first)")
 
 

@@ -39,7 +39,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -167,7 +167,10 @@ class FaultyFS(pafs.FileSystemHandler):
     Notes
     -----
     Output streams are `pyarrow.PythonFile` objects, so an injected `OSError`
-    reaches the caller unchanged. Operation counters are kept per operation name
+    reaches the caller unchanged. As with a real stream, closing it after the
+    failure still closes the inner stream, which publishes the bytes written
+    so far (on S3 a complete, short object): the fault models a writer that
+    keeps going or cleans up, not one that vanishes (kill the process for that). Operation counters are kept per operation name
     (``write``, ``open_output_stream``, ``get_file_info``, ``move`` ...) plus
     ``written_bytes``, ``truncated_bytes`` and ``injected_failures``; read them
     with `stats`.
@@ -254,7 +257,7 @@ class FaultyFS(pafs.FileSystemHandler):
     def equals(self, other: Any) -> bool:
         return isinstance(other, FaultyFS) and other is self
 
-    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:  # type: ignore[override]
         self._op("get_file_info")
         return self.inner.get_file_info(paths)
 
@@ -294,24 +297,24 @@ class FaultyFS(pafs.FileSystemHandler):
         inner = self.inner.open_input_stream(path)
         if not self.latency_s:
             return inner
-        return pa.PythonFile(_SlowInput(self, inner), mode="r")
+        return pa.PythonFile(cast(Any, _SlowInput(self, inner)), mode="r")
 
     def open_input_file(self, path: str) -> pa.NativeFile:
         self._op("open_input_file")
         inner = self.inner.open_input_file(path)
         if not self.latency_s:
             return inner
-        return pa.PythonFile(_SlowInput(self, inner), mode="r")
+        return pa.PythonFile(cast(Any, _SlowInput(self, inner)), mode="r")
 
     def open_output_stream(self, path: str, metadata: Any) -> pa.NativeFile:
         self._op("open_output_stream")
         inner = self.inner.open_output_stream(path, metadata=metadata)
-        return pa.PythonFile(_FaultyOutput(self, inner, path), mode="w")
+        return pa.PythonFile(cast(Any, _FaultyOutput(self, inner, path)), mode="w")
 
     def open_append_stream(self, path: str, metadata: Any) -> pa.NativeFile:
         self._op("open_append_stream")
         inner = self.inner.open_append_stream(path, metadata=metadata)
-        return pa.PythonFile(_FaultyOutput(self, inner, path), mode="w")
+        return pa.PythonFile(cast(Any, _FaultyOutput(self, inner, path)), mode="w")
 
 
 # --------------------------------------------------------------------- SeaweedCluster
@@ -539,7 +542,7 @@ class SeaweedCluster:
                     lambda p, g, vdir=vdir, rack=rack: [
                         "volume", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-port={p}",
                         f"-port.grpc={g}", f"-dir={vdir}", "-max=32",
-                        f"-mserver={self.master.address}",  # type: ignore[union-attr]
+                        f"-mserver={self.master.address}",
                         "-dataCenter=dc1", f"-rack={rack}",
                     ],
                 )
@@ -552,7 +555,7 @@ class SeaweedCluster:
             "filer",
             lambda p, g: [
                 "filer", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-port={p}", f"-port.grpc={g}",
-                f"-master={self.master.address}",  # type: ignore[union-attr]
+                f"-master={self.master.address}",
                 f"-defaultStoreDir={fdir}", f"-localSocket={self.workdir / 'filer.sock'}",
             ],
         )
@@ -570,7 +573,7 @@ class SeaweedCluster:
             "s3",
             lambda p, g: [
                 "s3", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-port={p}", f"-port.grpc={g}",
-                f"-filer={self.filer.address}",  # type: ignore[union-attr]
+                f"-filer={self.filer.address}",
                 f"-config={config}", "-port.iceberg=0", "-port.lance=0",
                 f"-localSocket={self.workdir / 's3.sock'}",
             ],
@@ -643,10 +646,11 @@ class SeaweedCluster:
     def _wait_data_nodes(self, count: int, deadline: float,
                          watch: list[SeaweedProcess] | None = None) -> None:
         """Wait until the master's topology lists `count` volume servers."""
-        assert self.master is not None
+        master = self.master
+        assert master is not None
 
         def probe() -> bool:
-            url = f"http://127.0.0.1:{self.master.port}/dir/status"  # type: ignore[union-attr]
+            url = f"http://127.0.0.1:{master.port}/dir/status"
             with urllib.request.urlopen(url, timeout=1.0) as resp:
                 topo = json.load(resp)
             nodes = [

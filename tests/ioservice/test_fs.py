@@ -11,6 +11,8 @@ from collections.abc import Iterator
 
 import pyarrow.fs as pafs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ioservice import (
     BackendUnavailableError,
@@ -483,3 +485,32 @@ def test_docstring_examples_run(module: object) -> None:
     """The Examples sections of the public modules are correct doctests."""
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
     assert result.failed == 0
+
+
+@settings(max_examples=200)
+@given(st.lists(st.text(min_size=0, max_size=6), min_size=1, max_size=4))
+def test_accepted_relpaths_never_escape_the_root(parts: list[str]) -> None:
+    """Any relpath full_path accepts resolves to a path strictly inside the root."""
+    root = StorageRoot(pafs.LocalFileSystem(), "/base/root")
+    relpath = "/".join(parts)
+    try:
+        full = root.full_path(relpath)
+    except InvalidPathError:
+        return
+    if relpath:
+        assert os.path.normpath(full).startswith("/base/root/")
+        assert os.path.normpath(full) == full
+
+
+@pytest.mark.seaweedfs
+def test_faulty_fs_wraps_s3_too(seaweed: SeaweedCluster, seaweed_uri: str) -> None:
+    """Through FaultyFS over SeaweedFS, a failed manifest write leaves the manifest absent, not partial."""
+    faulty = FaultyFS(seaweed.filesystem(), fail_on_nth_write=2)
+    base = seaweed_uri.removeprefix("s3://")
+    root = StorageRoot(pafs.PyFileSystem(faulty), base)
+    assert not root.atomic_rename
+    root.write_atomic("ck/manifest.json", b"one")
+    with pytest.raises(StorageIOError):
+        root.write_atomic("ck/manifest.json", b"two")
+    # pyarrow cannot abort an S3 upload, so the failed manifest is removed: absent, never partial
+    assert not root.exists("ck/manifest.json")
