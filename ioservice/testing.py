@@ -357,11 +357,20 @@ def find_weed_binary() -> str:
     )
 
 
+_handed_out_ports: set[int] = set()
+_ports_lock = threading.Lock()
+
+
 def _free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """Return a TCP port on 127.0.0.1 that is free now and not handed out before."""
+    with _ports_lock:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            if port not in _handed_out_ports:
+                _handed_out_ports.add(port)
+                return port
 
 
 @dataclass
@@ -508,11 +517,22 @@ class SeaweedCluster:
         if self._stopped:
             raise RuntimeError("a stopped SeaweedCluster cannot be restarted; create a new one")
         t0 = time.perf_counter()
-        try:
-            self._start_all()
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in (1, 2):
+            try:
+                self._start_all()
+                break
+            except RuntimeError as exc:
+                port_race = "address already in use" in str(exc)
+                self._kill_all(grace_s=0.0)
+                if attempt == 1 and port_race:  # a free port was taken meanwhile: new ports
+                    logger.warning("SeaweedFS start lost a port race; retrying with new ports")
+                    self.master, self.volumes, self.filer, self.s3 = None, [], None, None
+                    continue
+                self.stop()
+                raise
+            except BaseException:
+                self.stop()
+                raise
         logger.info("SeaweedFS cluster ready in %.2f s at %s", time.perf_counter() - t0, self.s3_endpoint)
         return self
 
@@ -675,6 +695,12 @@ class SeaweedCluster:
         whatever still runs (the filer ignores SIGTERM).
         """
         self._stopped = True
+        self._kill_all(grace_s)
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _kill_all(self, grace_s: float) -> None:
+        """SIGTERM every process group, SIGKILL after `grace_s`, reap all."""
         procs = [p for p in reversed(self.processes) if p.popen is not None]
         for p in procs:
             _signal_group(p, signal.SIGTERM)
@@ -692,8 +718,6 @@ class SeaweedCluster:
                 p.popen.wait(timeout=5.0)
             except subprocess.TimeoutExpired:  # pragma: no cover - kernel trouble
                 logger.warning("SeaweedFS %s (pid %d) did not die after SIGKILL", p.name, p.popen.pid)
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ----------------------------------------------------------------- operations
 

@@ -514,3 +514,18 @@ def test_faulty_fs_wraps_s3_too(seaweed: SeaweedCluster, seaweed_uri: str) -> No
         root.write_atomic("ck/manifest.json", b"two")
     # pyarrow cannot abort an S3 upload, so the failed manifest is removed: absent, never partial
     assert not root.exists("ck/manifest.json")
+
+
+@pytest.mark.seaweedfs
+def test_cluster_start_retries_after_losing_a_port_race(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If a chosen port is taken before the server binds it, start retries with new ports."""
+    real_free_port = ioservice.testing._free_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(1)
+        busy = [int(squatter.getsockname()[1])]
+        monkeypatch.setattr(ioservice.testing, "_free_port",
+                            lambda: busy.pop() if busy else real_free_port())
+        with SeaweedCluster() as cluster:
+            assert cluster.master is not None and cluster.master.port != squatter.getsockname()[1]
+            cluster.create_bucket("race")
