@@ -1,0 +1,861 @@
+"""OrderedMap: a sorted map over pages — B+-tree leaves in pages, inner levels in memory.
+
+Layout
+------
+Every record lives in a *leaf* page (`Layout.BTREE_LEAF`), structure of arrays::
+
+    [header 64 B][keys: S keys, sorted][values: S values]
+
+Header ``count`` is the number of records (slots ``0..count-1`` are used; the
+rest are garbage) and ``prev``/``next`` are the PageIDs of the neighbouring
+leaves in key order (``NIL`` at the ends). The leaves form one doubly linked
+chain that holds every key exactly once, ascending within and across leaves.
+
+The inner levels of the B+-tree are *not* pages: the map keeps a redundant
+in-memory *fence index* — the leaf sequence numbers in key order, each leaf's
+first key (its fence) and count — and rebuilds it lazily from the chain after a
+rollback, load or re-attach (paper §4.3: redundant in-memory structures "can be
+rebuilt lazily"). Nothing but leaves and the super page is persisted, so a
+checkpoint holds no index pages and copy-on-write never clones inner nodes.
+
+Why not a T-tree (the paper's choice)
+-------------------------------------
+A T-tree node holds a sorted array *and* parent/left/right links, so every
+search is a chain of per-node key comparisons and pointer hops — in Python, one
+interpreter round trip per level, and rotations rewrite (and under
+copy-on-write, clone) up to three pages per rebalance. Here a batch of ``n``
+keys finds its leaves with one ``np.searchsorted`` over the fences (with 64 KiB
+pages, 1 GB of state is ~16k leaves: the whole "inner tree" is one 128 KiB
+array) and its slots with one vectorized binary search over the gathered leaf
+rows; range scans and ordered iteration read contiguous sorted slices of
+consecutive leaves instead of walking a tree in order. Leaf splits and merges
+only touch the leaf, its new siblings and their two neighbours (links).
+The price: the fence index costs O(leaves) memory and an O(leaves) array
+insert/delete when leaves split or vanish (a ``memmove`` of ~128 KiB at 1 GB of
+state, rare next to record updates), and it is rebuilt (O(leaves) header reads)
+after a rollback or load.
+
+Invariants (checked by `OrderedMap._check`)
+-------------------------------------------
+* the chain from the head (``prev == NIL``) visits every leaf page of the page
+  set exactly once, with ``prev``/``next`` consistent, and equals the index order;
+* keys are strictly increasing within and across leaves (no duplicates, no NaN/NaT);
+* ``0 < count <= S`` for every leaf, except that a map with one leaf may have
+  ``count == 0`` (an empty map keeps one empty leaf);
+* the index's counts equal the headers' counts and sum to ``len``; the fence of
+  each leaf equals its first key.
+
+Leaves split evenly on overflow (into as many leaves as needed for a batch);
+appends beyond the largest key fill leaves completely instead (time-ordered
+state such as windows then uses full pages). On deletion an emptied leaf is
+released and a leaf left less than half full is merged into it with its right
+neighbour when both fit one page.
+
+Every page write — keys, values and header fields — goes through the write
+barrier `PageManager.writable`, once per operation for all pages it touches.
+An operation that raises leaves the map unchanged.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from mmm.errors import PageFormatError, RecordTypeError, SchemaError
+from mmm.manager import PageManager
+from mmm.page import HEADER_BYTES, NIL_INT, Layout
+from mmm.schema import as_schema, coerce_records, dtype_to_text
+from mmm.structures.base import Structure, pad8
+from mmm.structures.combine import CombineOp, compile_spec, input_columns, merge_into, preaggregate
+
+__all__ = ["OrderedMap"]
+
+_U64 = np.uint64
+_NIL = _U64(NIL_INT)
+_MASK32 = _U64(0xFFFFFFFF)
+_KEY_KINDS = "biufSMm"
+_SMALL_BATCH = 8  # below this many keys, search leaves one key at a time
+
+Bound = Any  # a key (scalar) or None
+
+
+class OrderedMap(Structure):
+    """A map with sorted scalar keys and fixed-size values, stored in pages.
+
+    Create with `OrderedMap.create`. Batch methods take numpy arrays and are the
+    primary API; ``m[k]``, ``m[k] = v``, ``del m[k]``, ``k in m``, ``len`` and
+    iteration (in key order) exist for convenience and run as batches of one.
+
+    Examples
+    --------
+    >>> import numpy as np, mmm
+    >>> from mmm.structures.ordered_map import OrderedMap
+    >>> pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 20)
+    >>> m = OrderedMap.create(pm, "win", key="<i8", value=[("n", "<i8")])
+    >>> m.put(np.array([30, 10, 20]), np.array([(3,), (1,), (2,)], m.value_dtype))
+    >>> m.range(10, 30)[0].tolist()
+    [10, 20]
+    >>> snap = pm.chkpt()                  # freeze; no bytes copied
+    >>> m.pop_range(None, 25)[0].tolist()  # evict the window's head
+    [10, 20]
+    >>> pm.rollback(snap)
+    >>> m.keys().tolist()
+    [10, 20, 30]
+    """
+
+    KIND = "ordered_map"
+
+    # -- construction -----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, pm: PageManager, name: str, key: npt.DTypeLike, value: npt.DTypeLike,
+               *, page_slots: int | None = None) -> "OrderedMap":
+        """Create the ordered map ``name`` or reopen it (after a restart, load or rollback).
+
+        Parameters
+        ----------
+        pm : PageManager
+        name : str
+            Structure name, unique in ``pm``.
+        key : dtype-like
+            A scalar numpy dtype with a total order: bool, integer, float,
+            fixed bytes (``'S'``), datetime64 or timedelta64.
+        value : dtype-like
+            Any fixed-size numpy dtype (structured or scalar, no object fields).
+            `upsert` needs a structured one.
+        page_slots : int, optional
+            Records per leaf page (default: as many as fit); tests use tiny
+            values. A reopened map keeps the value it was created with.
+
+        Runtime complexity: O(1) to create, O(leaves) to reopen lazily.
+        Pages copied: 0.
+
+        Raises
+        ------
+        SchemaError
+            A structured, subarray, complex, object or unicode key dtype; object,
+            unicode or subarray value dtypes; records that do not fit two to a page.
+        SchemaMismatchError
+            ``name`` exists with another kind or schema.
+        ValueError
+            ``page_slots`` below 2 or above what a page holds.
+        """
+        where = f"ordered map {name!r}"
+        kdt = as_schema(key, f"{where}: key")
+        if kdt.fields is not None or kdt.subdtype is not None or kdt.kind not in _KEY_KINDS:
+            raise SchemaError(f"{where}: key dtype {kdt} is not an ordered scalar type "
+                              f"(bool, int, uint, float, bytes 'S', datetime64, timedelta64)")
+        vdt = as_schema(value, f"{where}: value")
+        if vdt.subdtype is not None:
+            raise SchemaError(f"{where}: value dtype {vdt} is a subarray; wrap it in a "
+                              f"structured field, e.g. [('v', {vdt.base.str!r}, {vdt.shape})]")
+        schema = {"key": dtype_to_text(kdt), "value": dtype_to_text(vdt)}
+        obj = cls._existing(pm, name, schema)
+        if obj is not None:
+            return obj  # type: ignore[no-any-return]
+        slots = cls._slots_for(pm.page_bytes, kdt.itemsize, vdt.itemsize, page_slots, where)
+        return cls(pm, name, kdt, vdt, schema, slots)
+
+    @staticmethod
+    def _slots_for(page_bytes: int, ks: int, vs: int, page_slots: int | None, where: str) -> int:
+        """Records per leaf: as many as fit, or ``page_slots`` if given and it fits."""
+        s = (page_bytes - HEADER_BYTES) // (ks + vs)
+        while s > 0 and HEADER_BYTES + pad8(s * ks) + s * vs > page_bytes:
+            s -= 1
+        if page_slots is not None:
+            if (not isinstance(page_slots, (int, np.integer)) or isinstance(page_slots, bool)
+                    or page_slots < 2):
+                raise ValueError(f"{where}: page_slots={page_slots!r} must be an int >= 2")
+            if page_slots > s:
+                raise ValueError(f"{where}: page_slots={page_slots} exceeds the {s} records "
+                                 f"a {page_bytes}-byte page holds")
+            s = int(page_slots)
+        if s < 2:
+            raise SchemaError(f"{where}: records of {ks + vs} bytes do not fit two to a "
+                              f"{page_bytes}-byte page")
+        return s
+
+    def __init__(self, pm: PageManager, name: str, kdt: np.dtype[Any], vdt: np.dtype[Any],
+                 schema: dict[str, str], slots: int) -> None:
+        self.key_dtype = kdt
+        self.value_dtype = vdt
+        self._where = f"ordered map {name!r}"
+        self._version = 0
+        self._spec_cache: dict[int, tuple[Any, tuple[CombineOp, ...]]] = {}
+        super().__init__(pm, name, schema, {"page_slots": slots})
+        if self._ps.n_pages == 1:  # new: the empty map has one empty leaf
+            pm.allocate(self.psid, 1, Layout.BTREE_LEAF)
+            self._gen = -1
+            self._sync()
+
+    def _views(self) -> None:
+        """2-D views over the whole arena: ``_K[frame, slot]``, ``_V[frame, slot]``."""
+        S, kdt, vdt = self.S, self.key_dtype, self.value_dtype
+        frames = self._pm.pool.frames
+        ko = HEADER_BYTES
+        vo = ko + pad8(S * kdt.itemsize)
+        if vo + S * vdt.itemsize > self._pm.page_bytes:
+            raise PageFormatError(f"{self._where}: {S} slots of {kdt.itemsize}+{vdt.itemsize} "
+                                  f"bytes do not fit {self._pm.page_bytes}-byte pages")
+        self._K = frames[:, ko:ko + S * kdt.itemsize].view(kdt)
+        self._V = frames[:, vo:vo + S * vdt.itemsize].view(vdt)
+        self._hdr = self._pm.pool.headers
+        self._slots = np.arange(S)
+
+    def _rebuild(self) -> None:
+        """Rebuild the fence index from the leaf chain (O(leaves))."""
+        if not hasattr(self, "S"):
+            self.S = int(self._params["page_slots"])
+            self._views()
+        ps, h = self._ps, self._hdr
+        seqs = ps.seqs()
+        seqs = seqs[seqs != 0]
+        self._seqs = np.zeros(0, np.int64)
+        self._counts = np.zeros(0, np.int64)
+        self._fence = np.zeros(0, self.key_dtype)
+        self._n = 0
+        self._version += 1
+        if len(seqs) == 0:
+            return  # only between creating the super page and the first leaf
+        frames = ps.frames[seqs]
+        if np.any(h["kind"][frames] != Layout.BTREE_LEAF):
+            raise PageFormatError(f"{self._where}: page set {self.psid} holds non-leaf pages")
+        heads = seqs[h["prev"][frames] == _NIL]
+        if len(heads) != 1:
+            raise PageFormatError(f"{self._where}: {len(heads)} leaves have no predecessor "
+                                  f"(expected exactly one head)")
+        nxt = h["next"][frames]
+        nxt_seq = np.where(nxt == _NIL, -1, (nxt & _MASK32).astype(np.int64))
+        succ = dict(zip(seqs.tolist(), nxt_seq.tolist()))
+        order = [int(heads[0])]
+        while len(order) <= len(seqs):
+            s = succ.get(order[-1], -2)
+            if s < 0:
+                break
+            order.append(s)
+        if len(order) != len(seqs) or succ.get(order[-1]) != -1 or len(set(order)) != len(order):
+            raise PageFormatError(f"{self._where}: the leaf chain visits {len(order)} of "
+                                  f"{len(seqs)} leaves")
+        self._seqs = np.asarray(order, dtype=np.int64)
+        fr = ps.frames[self._seqs]
+        self._counts = h["count"][fr].astype(np.int64)
+        self._fence = self._K[fr, 0].copy()
+        self._n = int(self._counts.sum())
+
+    # -- input validation -------------------------------------------------------------------------
+    def _canon(self, keys: Any, what: str = "keys") -> npt.NDArray[Any]:
+        """Keys as a 1-D array of the key dtype (validated; a copy if needed)."""
+        where = f"{self._where}: {what}"
+        kdt = self.key_dtype
+        try:
+            raw = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
+        except (TypeError, ValueError) as exc:
+            raise RecordTypeError(f"{where}: cannot convert to {kdt}: {exc}") from None
+        if raw.dtype.fields is not None:
+            raise RecordTypeError(f"{where}: structured keys {raw.dtype} for key dtype {kdt}")
+        arr = coerce_records(raw, kdt, where)
+        if raw.dtype != kdt and raw.dtype.kind in "SMm" and raw.size:
+            back = arr.astype(raw.dtype)
+            if not np.array_equal(back, raw.reshape(-1)):
+                raise RecordTypeError(f"{where}: {raw.dtype} keys do not fit {kdt} without "
+                                      f"truncation")
+        if kdt.kind == "f":
+            if np.isnan(arr).any():
+                raise RecordTypeError(f"{where}: NaN is not a valid key")
+            if (arr == 0).any():
+                arr = np.where(arr == 0, kdt.type(0), arr).astype(kdt)  # -0.0 -> 0.0
+        elif kdt.kind in "Mm" and np.isnat(arr).any():
+            raise RecordTypeError(f"{where}: NaT is not a valid key")
+        return arr
+
+    def _values(self, values: Any, n: int) -> npt.NDArray[Any]:
+        if isinstance(values, np.ndarray) and values.ndim == 0 and self.value_dtype.names:
+            values = values.reshape(1)
+        return coerce_records(values, self.value_dtype, f"{self._where}: values", n=n)
+
+    def _spec(self, combine: Mapping[str, Any] | None) -> tuple[CombineOp, ...]:
+        if combine is None:
+            raise RecordTypeError(f"{self._where}: upsert needs a combine spec")
+        hit = self._spec_cache.get(id(combine))
+        if hit is not None and hit[0] is combine:
+            return hit[1]
+        spec = compile_spec(self.value_dtype, combine, self._where)
+        if len(self._spec_cache) > 64:
+            self._spec_cache.clear()
+        self._spec_cache[id(combine)] = (combine, spec)
+        return spec
+
+    # -- search ------------------------------------------------------------------------------------
+    def _leaf_of(self, keys: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
+        """Index (in key order) of the leaf whose key range holds each key."""
+        if len(self._seqs) <= 1:
+            return np.zeros(len(keys), dtype=np.intp)
+        return np.searchsorted(self._fence[1:], keys, side="right")
+
+    def _locate(self, keys: npt.NDArray[Any]
+                ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """``(leaf index, slot, found)`` of each key; slot is the lower bound in its leaf.
+
+        One fence search plus a vectorized binary search over the gathered leaf
+        rows (``bit_length(S)`` rounds); tiny batches search each leaf directly.
+        """
+        n = len(keys)
+        li = self._leaf_of(keys)
+        frames = self._ps.frames[self._seqs[li]]
+        cnt = self._counts[li]
+        K, S = self._K, self.S
+        if n <= _SMALL_BATCH:
+            pos = np.empty(n, dtype=np.int64)
+            for i in range(n):
+                pos[i] = np.searchsorted(K[frames[i], :cnt[i]], keys[i])
+        else:
+            lo = np.zeros(n, dtype=np.int64)
+            hi = cnt.copy()
+            for _ in range(S.bit_length()):
+                act = lo < hi
+                if not act.any():
+                    break
+                mid = (lo + hi) >> 1
+                lt = K[frames, np.minimum(mid, S - 1)] < keys
+                lo = np.where(act & lt, mid + 1, lo)
+                hi = np.where(act & ~lt, mid, hi)
+            pos = lo
+        found = pos < cnt
+        if found.any():
+            found[found] = K[frames[found], pos[found]] == keys[found]
+        return li, pos, found
+
+    def _rank(self, x: Bound, side: str, cum: npt.NDArray[np.int64]) -> int:
+        """Number of keys ``< x`` (side "left") or ``<= x`` (side "right")."""
+        k = self._canon([x], "range bound")
+        i = int(self._leaf_of(k)[0])
+        f = self._ps.frames[self._seqs[i]]
+        return int(cum[i]) + int(np.searchsorted(self._K[f, :self._counts[i]], k[0], side=side))
+
+    def _span(self, lo: Bound, hi: Bound, inclusive: tuple[bool, bool]
+              ) -> tuple[int, int, npt.NDArray[np.int64]]:
+        """Global ranks ``[r0, r1)`` of the keys in the range, and the counts' prefix sums."""
+        if (not isinstance(inclusive, tuple) or len(inclusive) != 2):
+            raise ValueError(f"{self._where}: inclusive={inclusive!r} must be a pair of bools")
+        cum = np.zeros(len(self._counts) + 1, dtype=np.int64)
+        np.cumsum(self._counts, out=cum[1:])
+        r0 = 0 if lo is None else self._rank(lo, "left" if inclusive[0] else "right", cum)
+        r1 = self._n if hi is None else self._rank(hi, "right" if inclusive[1] else "left", cum)
+        return r0, max(r0, r1), cum
+
+    def _gather(self, r0: int, r1: int, cum: npt.NDArray[np.int64], want_keys: bool = True,
+                want_values: bool = True) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """Keys and values of global ranks ``[r0, r1)``, copied out of the leaves."""
+        if r1 <= r0:
+            return np.zeros(0, self.key_dtype), np.zeros(0, self.value_dtype)
+        a = int(np.searchsorted(cum, r0, side="right")) - 1
+        b = int(np.searchsorted(cum, r1, side="left")) - 1
+        fr = self._ps.frames[self._seqs[a:b + 1]]
+        first = np.zeros(b - a + 1, dtype=np.int64)
+        last = self._counts[a:b + 1].copy()
+        first[0] = r0 - cum[a]
+        last[-1] = r1 - cum[b]
+        mask = (self._slots >= first[:, None]) & (self._slots < last[:, None])
+        keys = self._K[fr][mask] if want_keys else np.zeros(0, self.key_dtype)
+        vals = self._V[fr][mask] if want_values else np.zeros(0, self.value_dtype)
+        return keys, vals
+
+    def _read(self, i: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """Copies of the records of leaf ``i``."""
+        f = self._ps.frames[self._seqs[i]]
+        c = self._counts[i]
+        return self._K[f, :c].copy(), self._V[f, :c].copy()
+
+    # -- the one writer ------------------------------------------------------------------------------
+    def _commit(self, plan: dict[int, tuple[npt.NDArray[Any], npt.NDArray[Any]]], *,
+                pack_full: frozenset[int] = frozenset(), merge: bool = False,
+                scatter: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                               npt.NDArray[Any]] | None = None) -> None:
+        """Give leaves ``plan[i]`` as their new sorted records, splitting, merging and
+        releasing leaves and fixing links; ``scatter = (seqs, slots, values)`` overwrites
+        values in other leaves in place.
+
+        All new pages are allocated and all touched pages made writable before the
+        first byte is written, so a `PoolExhaustedError` leaves the map unchanged.
+        """
+        assert not (merge and scatter is not None)
+        pm, ps, S, psid = self._pm, self._ps, self.S, self.psid
+        L = len(self._seqs)
+        out: dict[int, list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]] = {}
+        for i in sorted(plan):
+            if i in out:
+                continue  # merged into its left neighbour
+            k, v = plan[i]
+            n = len(k)
+            if merge and 0 < n and 2 * n < S:
+                j = i + 1
+                while j in plan and len(plan[j][0]) == 0:  # skip leaves being emptied
+                    out[j] = []
+                    j += 1
+                if j < L:
+                    k2, v2 = plan[j] if j in plan else self._read(j)
+                    if n + len(k2) <= S:
+                        k, v = np.concatenate([k, k2]), np.concatenate([v, v2])
+                        n = len(k)
+                        out[j] = []
+            if n == 0:
+                out[i] = []
+            elif n <= S:
+                out[i] = [(k, v)]
+            else:
+                if i in pack_full:
+                    cuts = np.arange(S, n, S)
+                else:
+                    m = -(-n // S)
+                    sizes = np.full(m, n // m)
+                    sizes[:n % m] += 1
+                    cuts = np.cumsum(sizes)[:-1]
+                out[i] = list(zip(np.split(k, cuts), np.split(v, cuts)))
+        idx = np.array(sorted(out), dtype=np.int64)
+        m = np.array([len(out[int(i)]) for i in idx], dtype=np.int64)
+        if L + int((m - 1).sum()) == 0:  # everything deleted: keep one empty leaf
+            out[int(idx[0])] = [(np.zeros(0, self.key_dtype), np.zeros(0, self.value_dtype))]
+            m[0] = 1
+        n_new = int(np.maximum(m - 1, 0).sum())
+        released = self._seqs[idx[m == 0]]
+        structural = n_new > 0 or len(released) > 0
+
+        # phase 1: allocate, plan the new order and links, make everything writable
+        alloc = pm.allocate(psid, n_new, Layout.BTREE_LEAF) if n_new else np.zeros(0, np.int64)
+        chunks: list[tuple[int, int, tuple[npt.NDArray[Any], npt.NDArray[Any]]]] = []
+        link_seqs = link_prev = link_next = np.zeros(0, np.int64)
+        if structural:
+            reps = np.ones(L, dtype=np.int64)
+            reps[idx] = m
+            offs = np.cumsum(reps) - reps
+            order = np.repeat(self._seqs, reps)
+            new_counts = np.repeat(self._counts, reps)
+            new_fence = np.repeat(self._fence, reps)
+            a = 0
+            cand = []
+            for i, mi in zip(idx.tolist(), m.tolist()):
+                o = int(offs[i])
+                for c in range(mi):
+                    seq = int(self._seqs[i]) if c == 0 else int(alloc[a + c - 1])
+                    order[o + c] = seq
+                    chunks.append((seq, o + c, out[i][c]))
+                a += max(mi - 1, 0)
+                cand.append(np.arange(o - 1, o + mi + 1))
+            Ln = len(order)
+            pid = (_U64(psid) << _U64(32)) | order.astype(_U64)
+            want_prev = np.full(Ln, _NIL, dtype=_U64)
+            want_prev[1:] = pid[:-1]
+            want_next = np.full(Ln, _NIL, dtype=_U64)
+            want_next[:-1] = pid[1:]
+            c_pos = np.unique(np.concatenate(cand))
+            c_pos = c_pos[(c_pos >= 0) & (c_pos < Ln)]
+            cf = ps.frames[order[c_pos]]
+            dirty = c_pos[(self._hdr["prev"][cf] != want_prev[c_pos])
+                          | (self._hdr["next"][cf] != want_next[c_pos])]
+            link_seqs, link_prev, link_next = order[dirty], want_prev[dirty], want_next[dirty]
+        else:
+            for i in idx.tolist():
+                chunks.append((int(self._seqs[i]), i, out[i][0]))
+        touch = [np.array([c[0] for c in chunks], dtype=np.int64), link_seqs]
+        if scatter is not None:
+            touch.append(scatter[0])
+        try:
+            pm.writable(psid, np.unique(np.concatenate(touch)))
+        except BaseException:
+            if n_new:
+                pm.release(psid, alloc)
+            raise
+
+        # phase 2: write (frames re-read after the barrier)
+        K, V, hdr, frames = self._K, self._V, self._hdr, ps.frames
+        counts = new_counts if structural else self._counts
+        fence = new_fence if structural else self._fence
+        for seq, pos, (k, v) in chunks:
+            f = frames[seq]
+            n = len(k)
+            K[f, :n] = k
+            V[f, :n] = v
+            hdr["count"][f] = n
+            counts[pos] = n
+            if n:
+                fence[pos] = k[0]
+        if scatter is not None:
+            V[frames[scatter[0]], scatter[1]] = scatter[2]
+        if len(link_seqs):
+            lf = frames[link_seqs]
+            hdr["prev"][lf] = link_prev
+            hdr["next"][lf] = link_next
+        if len(released):
+            pm.release(psid, released)
+        if structural:
+            self._seqs, self._counts, self._fence = order, new_counts, new_fence
+        self._n = int(self._counts.sum())
+        self._version += 1
+
+    def _write_sorted(self, uk: npt.NDArray[Any], uv: npt.NDArray[Any],
+                      located: tuple[Any, Any, Any] | None = None) -> None:
+        """Insert or overwrite distinct, ascending keys ``uk`` with values ``uv``."""
+        li, pos, found = located if located is not None else self._locate(uk)
+        if found.all():
+            seqs = self._seqs[li]
+            self._pm.writable(self.psid, np.unique(seqs))
+            self._V[self._ps.frames[seqs], pos] = uv
+            self._version += 1
+            return
+        n, L = len(uk), len(self._seqs)
+        starts = np.flatnonzero(np.r_[True, li[1:] != li[:-1]])
+        ends = np.r_[starts[1:], n]
+        has_ins = np.add.reduceat((~found).astype(np.int64), starts) > 0
+        plan = {}
+        pack_full = set()
+        for a, b in zip(starts[has_ins].tolist(), ends[has_ins].tolist()):
+            i = int(li[a])
+            ek, ev = self._read(i)
+            fm, p = found[a:b], pos[a:b]
+            ev[p[fm]] = uv[a:b][fm]
+            ip = p[~fm]
+            plan[i] = (np.insert(ek, ip, uk[a:b][~fm]), np.insert(ev, ip, uv[a:b][~fm]))
+            if i == L - 1 and ip[0] == len(ek):
+                pack_full.add(i)  # pure append at the map's end: fill leaves completely
+        scatter = None
+        rest = np.repeat(~has_ins, ends - starts)
+        if rest.any():
+            scatter = (self._seqs[li[rest]], pos[rest], uv[rest])
+        self._commit(plan, pack_full=frozenset(pack_full), scatter=scatter)
+
+    # -- batch API ---------------------------------------------------------------------------------
+    def put(self, keys: npt.ArrayLike, values: Any) -> None:
+        """Insert or overwrite ``keys[i] -> values[i]``; for a key repeated in the batch the last wins.
+
+        Parameters
+        ----------
+        keys : array_like
+            Keys (any order, duplicates allowed) castable to the key dtype.
+        values : array_like
+            One value per key: an array of the value dtype (or with the same
+            field names), or a sequence of tuples.
+
+        Runtime complexity: O(n log n + n log S + touched leaves * S), plus
+        O(leaves) when leaves split. Pages copied: at most the leaves touched
+        and their neighbours, once per snapshot.
+
+        Raises
+        ------
+        RecordTypeError
+            Keys or values of the wrong dtype, shape or length, NaN/NaT keys.
+        PoolExhaustedError
+            No frame for a split or clone. In both cases the map is unchanged.
+        """
+        self._sync()
+        k = self._canon(keys)
+        v = self._values(values, len(k))
+        if len(k) == 0:
+            return
+        order = np.argsort(k, kind="stable")
+        sk = k[order]
+        last = np.ones(len(sk), dtype=bool)
+        last[:-1] = sk[1:] != sk[:-1]
+        self._write_sorted(sk[last], v[order[last]])
+
+    def upsert(self, keys: npt.ArrayLike, values: Any = None,
+               combine: Mapping[str, Any] | None = None) -> None:
+        """Aggregate input records into the map: insert new keys, combine existing ones.
+
+        Parameters
+        ----------
+        keys : array_like
+            One key per input record (duplicates allowed).
+        values : structured array or mapping of column -> array, optional
+            The input columns the combine spec reads (may hold columns that are
+            not value fields, e.g. ``{"ts": ts}``).
+        combine : dict
+            ``{value_field: op or (op, input_column)}``, ops count/sum/min/max/
+            last/first; see `mmm.structures.combine`. Needs a structured value
+            dtype. Fields not named are zero on insert and unchanged on update.
+
+        Runtime complexity: O(n log n) (one ``np.unique``) plus the cost of `put`.
+        Pages copied: as `put`.
+
+        Raises
+        ------
+        RecordTypeError
+            Keys of the wrong dtype or shape, a scalar value dtype, a bad combine
+            spec, missing or mis-sized input columns; the map is unchanged.
+
+        Examples
+        --------
+        >>> import numpy as np, mmm
+        >>> from mmm.structures.ordered_map import OrderedMap
+        >>> pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 20)
+        >>> m = OrderedMap.create(pm, "agg", key="<u4",
+        ...                       value=[("n", "<i8"), ("lo", "<i8"), ("hi", "<i8")])
+        >>> spec = {"n": "count", "lo": ("min", "ts"), "hi": ("max", "ts")}
+        >>> m.upsert(np.array([7, 7, 9], "<u4"), {"ts": np.array([5, 3, 4])}, spec)
+        >>> m[7].tolist()
+        (2, 3, 5)
+        """
+        self._sync()
+        spec = self._spec(combine)
+        k = self._canon(keys)
+        cols = input_columns(values, spec, len(k), self._where)
+        if len(k) == 0:
+            return
+        uniq, inverse = np.unique(k, return_inverse=True)
+        new = preaggregate(inverse.reshape(-1), len(uniq), spec, cols, self.value_dtype)
+        li, pos, found = self._locate(uniq)
+        if found.any():
+            fr = self._ps.frames[self._seqs[li[found]]]
+            new[found] = merge_into(self._V[fr, pos[found]], new[found], spec)
+        self._write_sorted(uniq, new, (li, pos, found))
+
+    def get(self, keys: npt.ArrayLike, default: Any = None
+            ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[Any]]:
+        """Look keys up: ``(found, values)``; missing keys get ``default`` (zeros if None).
+
+        Runtime complexity: O(n log leaves + n log S). Pages copied: 0.
+
+        Raises
+        ------
+        RecordTypeError
+            Keys of the wrong dtype or shape.
+        """
+        self._sync()
+        k = self._canon(keys)
+        out = np.zeros(len(k), dtype=self.value_dtype)
+        if default is not None:
+            out[:] = default
+        if len(k) == 0:
+            return np.zeros(0, dtype=bool), out
+        li, pos, found = self._locate(k)
+        if found.any():
+            out[found] = self._V[self._ps.frames[self._seqs[li[found]]], pos[found]]
+        return found, out
+
+    def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Boolean mask: which keys are present. Runtime complexity: as `get`."""
+        self._sync()
+        k = self._canon(keys)
+        return self._locate(k)[2] if len(k) else np.zeros(0, dtype=bool)
+
+    def delete(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Delete keys; return which were present (a repeated key is True each time).
+
+        Runtime complexity: O(n log n + touched leaves * S), plus O(leaves) when
+        leaves are released. Pages copied: at most the leaves touched and their
+        neighbours, once per snapshot.
+
+        Raises
+        ------
+        RecordTypeError
+            Keys of the wrong dtype or shape (map unchanged).
+        """
+        self._sync()
+        k = self._canon(keys)
+        if len(k) == 0:
+            return np.zeros(0, dtype=bool)
+        li, pos, found = self._locate(k)
+        if not found.any():
+            return found
+        code = np.unique(li[found].astype(np.int64) * self.S + pos[found])
+        leaf, slot = code // self.S, code % self.S
+        starts = np.flatnonzero(np.r_[True, leaf[1:] != leaf[:-1]])
+        plan = {}
+        for a, b in zip(starts.tolist(), np.r_[starts[1:], len(leaf)].tolist()):
+            i = int(leaf[a])
+            ek, ev = self._read(i)
+            keep = np.ones(len(ek), dtype=bool)
+            keep[slot[a:b]] = False
+            plan[i] = (ek[keep], ev[keep])
+        self._commit(plan, merge=True)
+        return found
+
+    def range(self, lo: Bound = None, hi: Bound = None, *,
+              inclusive: tuple[bool, bool] = (True, False)
+              ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """Keys and values with ``lo <= key < hi`` (bounds per ``inclusive``), in key order.
+
+        ``None`` leaves a side unbounded. Returns copies.
+        Runtime complexity: O(log leaves + log S + leaves spanned * S).
+        Pages copied: 0.
+
+        Raises
+        ------
+        RecordTypeError
+            A bound of the wrong dtype.
+        """
+        self._sync()
+        r0, r1, cum = self._span(lo, hi, inclusive)
+        return self._gather(r0, r1, cum)
+
+    def pop_range(self, lo: Bound = None, hi: Bound = None, *,
+                  inclusive: tuple[bool, bool] = (True, False)
+                  ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """Delete and return the records of `range` (window eviction).
+
+        Leaves wholly inside the range are released without being rewritten.
+        Runtime complexity: as `range` plus O(leaves) when leaves are released.
+        Pages copied: at most the two boundary leaves and a merge neighbour.
+
+        Raises
+        ------
+        RecordTypeError
+            A bound of the wrong dtype (map unchanged).
+        """
+        self._sync()
+        r0, r1, cum = self._span(lo, hi, inclusive)
+        keys, vals = self._gather(r0, r1, cum)
+        if r1 <= r0:
+            return keys, vals
+        a = int(np.searchsorted(cum, r0, side="right")) - 1
+        b = int(np.searchsorted(cum, r1, side="left")) - 1
+        pa, pb = r0 - int(cum[a]), r1 - int(cum[b])
+        empty = (np.zeros(0, self.key_dtype), np.zeros(0, self.value_dtype))
+        plan = {i: empty for i in range(a + 1, b)}
+        ka, va = self._read(a)
+        if a == b:
+            plan[a] = (np.concatenate([ka[:pa], ka[pb:]]), np.concatenate([va[:pa], va[pb:]]))
+        else:
+            kb, vb = self._read(b)
+            plan[a] = (ka[:pa], va[:pa])
+            plan[b] = (kb[pb:], vb[pb:])
+        self._commit(plan, merge=True)
+        return keys, vals
+
+    def clear(self) -> None:
+        """Delete every record; one empty leaf remains. Pages copied: at most 1."""
+        self._sync()
+        if self._n == 0:
+            return
+        empty = (np.zeros(0, self.key_dtype), np.zeros(0, self.value_dtype))
+        self._commit({i: empty for i in range(len(self._seqs))})
+
+    def items(self) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """All ``(keys, values)`` in key order (copies). Runtime complexity: O(leaves * S)."""
+        return self.range()
+
+    def keys(self) -> npt.NDArray[Any]:
+        """All keys in ascending order (a copy)."""
+        self._sync()
+        cum = np.r_[0, np.cumsum(self._counts)]
+        return self._gather(0, self._n, cum, want_values=False)[0]
+
+    def values(self) -> npt.NDArray[Any]:
+        """All values in key order (a copy)."""
+        self._sync()
+        cum = np.r_[0, np.cumsum(self._counts)]
+        return self._gather(0, self._n, cum, want_keys=False)[1]
+
+    def min_key(self) -> Any:
+        """The smallest key. Runtime complexity: O(1).
+
+        Raises
+        ------
+        ValueError
+            If the map is empty.
+        """
+        self._sync()
+        if self._n == 0:
+            raise ValueError(f"{self._where} is empty: no min_key")
+        return self._K[self._ps.frames[self._seqs[0]], 0]
+
+    def max_key(self) -> Any:
+        """The largest key. Runtime complexity: O(1).
+
+        Raises
+        ------
+        ValueError
+            If the map is empty.
+        """
+        self._sync()
+        if self._n == 0:
+            raise ValueError(f"{self._where} is empty: no max_key")
+        return self._K[self._ps.frames[self._seqs[-1]], self._counts[-1] - 1]
+
+    # -- per-record convenience ----------------------------------------------------------------------
+    @staticmethod
+    def _one(key: Any) -> Any:
+        return key.reshape(1) if isinstance(key, np.ndarray) else [key]
+
+    def __getitem__(self, key: Any) -> Any:
+        found, v = self.get(self._one(key))
+        if not found[0]:
+            raise KeyError(key)
+        return v[0]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.put(self._one(key), value.reshape(1) if isinstance(value, np.ndarray) else [value])
+
+    def __delitem__(self, key: Any) -> None:
+        if not self.delete(self._one(key))[0]:
+            raise KeyError(key)
+
+    def __contains__(self, key: Any) -> bool:
+        try:
+            return bool(self.contains(self._one(key))[0])
+        except RecordTypeError:
+            return False
+
+    def __len__(self) -> int:
+        self._sync()
+        return self._n
+
+    def __iter__(self) -> Iterator[Any]:
+        """Keys in ascending order (numpy scalars), one leaf copied at a time.
+
+        Raises
+        ------
+        RuntimeError
+            If the map changes during iteration.
+        """
+        self._sync()
+        ver, gen = self._version, self._pm.generation
+        for i in range(len(self._seqs)):
+            for k in self._read(i)[0]:
+                yield k
+                if self._version != ver or self._pm.generation != gen:
+                    raise RuntimeError(f"{self._where} changed during iteration")
+
+    def __repr__(self) -> str:
+        self._sync()
+        return (f"<OrderedMap {self.name!r} key={self.key_dtype} value={self.value_dtype} "
+                f"len={self._n} leaves={len(self._seqs)} slots={self.S}>")
+
+    # -- invariants ------------------------------------------------------------------------------------
+    def _check(self) -> None:
+        """Assert every invariant of the leaves, their chain and the fence index (O(leaves * S))."""
+        self._sync()
+        self._pm._check()
+        ps, hdr, S, psid = self._ps, self._hdr, self.S, self.psid
+        seqs = ps.seqs()
+        leaves = seqs[seqs != 0]
+        L = len(self._seqs)
+        assert L >= 1, "no leaf"
+        assert len(np.unique(self._seqs)) == L, "leaf twice in the index"
+        assert np.array_equal(np.sort(self._seqs), leaves), "index and page set disagree"
+        fr = ps.frames[self._seqs]
+        assert np.all(hdr["kind"][fr] == Layout.BTREE_LEAF)
+        pid = (_U64(psid) << _U64(32)) | self._seqs.astype(_U64)
+        prev, nxt = hdr["prev"][fr], hdr["next"][fr]
+        assert prev[0] == _NIL and nxt[-1] == _NIL, "chain ends"
+        assert np.array_equal(prev[1:], pid[:-1]), "prev links"
+        assert np.array_equal(nxt[:-1], pid[1:]), "next links"
+        cnt = hdr["count"][fr].astype(np.int64)
+        assert np.array_equal(cnt, self._counts), "index counts"
+        assert np.all(cnt <= S), "leaf overfull"
+        assert L == 1 or np.all(cnt > 0), "empty leaf in a map of several leaves"
+        assert self._n == int(cnt.sum())
+        assert len(self._fence) == L
+        nonempty = cnt > 0
+        assert np.array_equal(self._fence[nonempty], self._K[fr[nonempty], 0]), "fences"
+        keys = self.keys()
+        assert len(keys) == self._n
+        assert np.all(keys[1:] > keys[:-1]), "keys not strictly increasing"
+        if self.key_dtype.kind == "f":
+            assert not np.isnan(keys).any()
+        elif self.key_dtype.kind in "Mm":
+            assert not np.isnat(keys).any()
+        fresh = self.__class__.__new__(self.__class__)
+        fresh.__dict__.update(self.__dict__)
+        fresh._rebuild()
+        assert np.array_equal(fresh._seqs, self._seqs), "chain order differs from the index"
