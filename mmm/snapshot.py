@@ -7,8 +7,9 @@ the write barrier (`PageManager.writable`) clones it first. I/O threads read
 the pinned frames and call `Snapshot.mark_persisted`, which unpins them:
 unchanged pages become writable in place again, replaced ones are freed.
 
-Lifecycle (`SnapshotState`): ACTIVE -> COMPLETED (every page persisted, or
-`complete` called), CANCELLED (`cancel`: a failed checkpoint), RELEASED
+Lifecycle (`SnapshotState`): ACTIVE -> COMPLETED (`complete`: the checkpoint
+is durable, e.g. its manifest is written; pages not yet marked persisted, such
+as unchanged pages an incremental checkpoint references, are unpinned), CANCELLED (`cancel`: a failed checkpoint), RELEASED
 (`release`, or consumed by `PageManager.rollback`). Only a COMPLETED snapshot
 advances the base that later snapshots' ``changed`` flags are relative to, so
 the pages of a cancelled checkpoint are written by the next one. A snapshot that is not ACTIVE refuses further use.
@@ -147,8 +148,9 @@ class Snapshot:
         """Record that pages ``indices`` are durable: unpin them (thread-safe).
 
         The operator may then write those pages in place again; frames that
-        only this snapshot still held are freed. When every page is persisted
-        the snapshot becomes COMPLETED.
+        only this snapshot still held are freed. The snapshot stays ACTIVE
+        until `complete` (or `cancel`): only a completed snapshot becomes the
+        base of the next snapshot's ``changed`` flags.
         """
         idx = np.unique(np.asarray(indices, dtype=np.int64))
         with self._lock:
@@ -157,8 +159,6 @@ class Snapshot:
             self._persisted[idx] = True
             self._n_persisted += len(idx)
             self._pm.pool.unpin(self._frames[idx])
-            if self._n_persisted == len(self.page_ids):
-                self._finish(SnapshotState.COMPLETED)
 
     def complete(self) -> None:
         """Declare the snapshot durable (e.g. an incremental checkpoint that

@@ -186,3 +186,39 @@ def merge_into(stored: npt.NDArray[Any], partial: npt.NDArray[Any],
             new[c.field] = b
         # first: keep the stored value
     return new
+
+
+def preaggregate_sorted(order: npt.NDArray[np.intp], starts: npt.NDArray[np.intp],
+                        spec: tuple[CombineOp, ...], cols: dict[str, npt.NDArray[Any]],
+                        value_dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """`preaggregate` for records already grouped by a *stable* sort.
+
+    ``order`` sorts the input records by key and ``starts`` are the first
+    positions of each group in that order. Uses ``ufunc.reduceat`` on
+    contiguous arrays, which is several times faster than ``ufunc.at``.
+    """
+    n = len(order)
+    g = len(starts)
+    out = np.zeros(g, dtype=value_dtype)
+    ends = np.append(starts[1:], n)
+    for c in spec:
+        dst = out[c.field]
+        if c.op == "count":
+            dst[:] = ends - starts
+            continue
+        col = cols[c.input][order]  # type: ignore[index]
+        if c.op == "sum":
+            dst[:] = np.add.reduceat(col.astype(np.result_type(dst.dtype, col.dtype),
+                                                copy=False), starts)
+        elif c.op in ("min", "max"):
+            if col.dtype.kind in "iufmM":
+                dst[:] = (np.minimum if c.op == "min" else np.maximum).reduceat(col, starts)
+            else:  # bytes: fall back to the unsorted path for this column
+                inverse = np.repeat(np.arange(g), ends - starts)
+                sub = preaggregate(inverse, g, (c,), {c.input: col}, value_dtype)  # type: ignore[dict-item]
+                dst[:] = sub[c.field]
+        elif c.op == "last":
+            dst[:] = col[ends - 1]
+        else:  # first
+            dst[:] = col[starts]
+    return out
