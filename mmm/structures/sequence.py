@@ -54,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mmm.errors import (PageFormatError, PoolExhaustedError, RecordTypeError, SchemaError,
-                        SchemaMismatchError)
+                        SchemaMismatchError, StructureNotFoundError)
 from mmm.manager import PageManager
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
@@ -151,6 +151,13 @@ class _PagedSequence(Structure):
             raise SchemaMismatchError(f"{self._what} exists with page_slots={self._S}, "
                                       f"not {page_slots}")
 
+    def _sync(self) -> None:
+        """As `Structure._sync`, but a destroyed sequence raises StructureNotFoundError
+        (the base would resolve its old PSID, which a later rollback may give to another set)."""
+        if self._gen == -2:
+            raise StructureNotFoundError(f"{self._what} was destroyed")
+        super()._sync()
+
     def _views(self) -> None:
         """Build the 2-D record view and header column views over the whole pool (once)."""
         S = int(self._params["page_slots"])
@@ -228,6 +235,8 @@ class _PagedSequence(Structure):
     # -- validation -------------------------------------------------------------------------------
     def _records(self, values: Any) -> np.ndarray:
         """Coerce a batch of records to a 1-D array of the schema (RecordTypeError otherwise)."""
+        if isinstance(values, (list, tuple)) and len(values) == 0:
+            return np.empty(0, self._dt)  # np.asarray([]) would be float64
         try:
             arr = coerce_records(values, self._dt, self._what)
         except RecordTypeError:
