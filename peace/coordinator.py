@@ -1,0 +1,375 @@
+"""The online Peace coordinator (end of paper §5).
+
+Writers submit requests ``(w, r, k)`` at any time. The coordinator runs
+Algorithm 1 once per timestep over the pending requests (oldest first), tells
+each writer through its callback when (timestep) and where (pipeline) each chunk
+goes, and tracks completions. A timestep ends once ``advance_fraction``
+(default 0.8, as in §6.2) of *its* chunk writes have completed; the next one is
+then scheduled on the residual network: full capacity minus what the chunks
+still in flight hold (``hold_inflight=True``) or full capacity (``False``, the
+default and the paper's literal reading: the straggling 20 % overlap the next
+timestep, which keeps the network busy; in simulation it gives both shorter
+service times and a shorter makespan). A request that cannot be taken now
+(the queue is at ``max_pending_requests``) gets :class:`CannotScheduleNowError`
+so the writer cancels its checkpoint and retries.
+
+Thread-safe: one lock guards the state; callbacks run outside it, so a callback
+may call :meth:`Coordinator.complete`. For writers in other processes see
+:mod:`peace.service`.
+
+Invariants (checked by :meth:`Coordinator._check`): every in-flight chunk was
+assigned in a timestep ``<= timestep``; the held usage equals the sum of the
+in-flight chunks' edges and never exceeds capacity when ``hold_inflight``;
+a request is DONE exactly when all its chunks completed.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from peace.errors import (CannotScheduleNowError, CoordinatorStateError, ScheduleInfeasibleError,
+                          UnknownRequestError)
+from peace.model import Network, Topology, build_network
+from peace.scheduler import RACK_AWARE, ChunkPlacement, PeaceScheduler, ReplicaTemplate, WriteRequest
+
+__all__ = ["RequestState", "RequestStatus", "CoordinatorStats", "Coordinator"]
+
+logger = logging.getLogger(__name__)
+
+RequestState = enum.Enum("RequestState", "QUEUED ACTIVE DONE FAILED")
+"""QUEUED: no chunk assigned yet; ACTIVE: some assigned; DONE: all completed; FAILED: dropped."""
+
+AssignCallback = Callable[[ChunkPlacement], None]
+FailCallback = Callable[[int, Exception], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStatus:
+    """A snapshot of one request's progress."""
+
+    request_id: int
+    writer: str
+    replication: int
+    chunks: int
+    assigned: int
+    completed: int
+    state: RequestState  # type: ignore[valid-type]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStats:
+    """Counters of a :class:`Coordinator`."""
+
+    timestep: int
+    """Index of the current timestep (-1 before the first)."""
+    pending_requests: int
+    in_flight_chunks: int
+    completed_chunks: int
+    rejected_requests: int
+    decisions: int
+    ms_per_decision: float
+
+
+class _Record:
+    """Mutable bookkeeping of one request (private)."""
+
+    __slots__ = ("request", "state", "assigned", "completed", "on_assign", "on_fail")
+
+    def __init__(self, request: WriteRequest, on_assign: AssignCallback | None,
+                 on_fail: FailCallback | None) -> None:
+        self.request = request
+        self.state = RequestState.QUEUED
+        self.assigned = 0
+        self.completed = 0
+        self.on_assign = on_assign
+        self.on_fail = on_fail
+
+
+class Coordinator:
+    """Online Peace scheduling of DFS chunk writes.
+
+    Parameters
+    ----------
+    topology
+        The cluster (a :class:`~peace.model.Topology` or compiled network).
+    templates
+        Replica constraint templates (default :data:`~peace.scheduler.RACK_AWARE`).
+    advance_fraction
+        Fraction of a timestep's chunk writes that must complete before the
+        next timestep is scheduled; in ``(0, 1]``.
+    hold_inflight
+        Whether chunks still in flight keep their capacity in the next timestep.
+    max_pending_requests
+        Reject submissions with :class:`CannotScheduleNowError` while this many
+        requests wait for their first chunk (``None``: never reject).
+    seed
+        Seed of the randomized shortest paths.
+
+    Raises
+    ------
+    ValueError
+        If ``advance_fraction`` is outside ``(0, 1]``.
+
+    Examples
+    --------
+    >>> from peace.model import figure5_topology
+    >>> c = Coordinator(figure5_topology(), seed=0)
+    >>> got = []
+    >>> rid = c.submit("svr1.1", 2, 1, on_assign=got.append)
+    >>> got[0].servers[:2], c.stats().timestep
+    (('svr1.1', 'svr1.2'), 0)
+    >>> _ = c.complete(rid, 0); c.status(rid).state.name
+    'DONE'
+    """
+
+    def __init__(self, topology: Topology | Network,
+                 templates: Sequence[ReplicaTemplate] = RACK_AWARE, *,
+                 advance_fraction: float = 0.8, hold_inflight: bool = False,
+                 max_pending_requests: int | None = None,
+                 seed: int | np.random.Generator | None = None, method: str = "fast",
+                 lookahead: bool = True) -> None:
+        if not 0.0 < advance_fraction <= 1.0:
+            raise ValueError(f"advance_fraction must be in (0, 1], got {advance_fraction}")
+        if max_pending_requests is not None and max_pending_requests < 1:
+            raise ValueError(f"max_pending_requests must be >= 1, got {max_pending_requests}")
+        self.network = topology if isinstance(topology, Network) else build_network(topology)
+        self.scheduler = PeaceScheduler(self.network, templates, seed=seed,
+                                        method=method, lookahead=lookahead)  # type: ignore[arg-type]
+        self.advance_fraction = advance_fraction
+        self.hold_inflight = hold_inflight
+        self.max_pending_requests = max_pending_requests
+        self._lock = threading.RLock()
+        self._records: dict[int, _Record] = {}
+        self._next_id = 0
+        self._pending: list[WriteRequest] = []
+        self._inflight: dict[tuple[int, int], ChunkPlacement] = {}
+        self._held = np.zeros(self.network.n_edges, dtype=np.int64)
+        self._timestep = -1
+        self._ts_scheduled = 0
+        self._ts_done = 0
+        self._completed_chunks = 0
+        self._rejected = 0
+        self._feasible_cache: set[tuple[str, int]] = set()
+
+    # ------------------------------------------------------------------ API
+    def submit(self, writer: str, replication: int, chunks: int, *,
+               on_assign: AssignCallback | None = None, on_fail: FailCallback | None = None,
+               poll: bool = True) -> int:
+        """Queue a write request; returns its request id.
+
+        Parameters
+        ----------
+        on_assign
+            Called once per chunk with its :class:`~peace.scheduler.ChunkPlacement`
+            (when: ``timestep``; where: ``servers``), outside the coordinator's lock.
+        on_fail
+            Called with ``(request_id, error)`` if the request is dropped.
+        poll
+            Schedule right away if a timestep can start (``False`` batches
+            several submissions before one :meth:`poll`).
+
+        Raises
+        ------
+        InvalidRequestError
+            If ``replication`` or ``chunks`` is not a positive integer.
+        UnknownServerError
+            If ``writer`` is not a server of the topology.
+        InfeasibleRequestError
+            If no placement can ever satisfy the templates (``r`` too large...).
+        CannotScheduleNowError
+            If ``max_pending_requests`` requests already wait: cancel and retry.
+        """
+        with self._lock:
+            req = WriteRequest(writer, replication, chunks, self._next_id)
+            key = (writer, replication)
+            if key not in self._feasible_cache:
+                self.scheduler.check_request(req)
+                self._feasible_cache.add(key)
+            waiting = sum(1 for r in self._pending
+                          if self._records[r.request_id].state is RequestState.QUEUED)
+            if self.max_pending_requests is not None and waiting >= self.max_pending_requests:
+                self._rejected += 1
+                raise CannotScheduleNowError(
+                    f"cannot schedule a write from {writer!r} now: {waiting} requests already "
+                    f"wait (max {self.max_pending_requests}); cancel the checkpoint and retry",
+                    retry_after_s=0.0)
+            self._next_id += 1
+            self._records[req.request_id] = _Record(req, on_assign, on_fail)
+            self._pending.append(req)
+            logger.debug("request %d from %s: r=%d k=%d queued", req.request_id, writer,
+                         replication, chunks)
+        if poll:
+            self.poll()
+        return req.request_id
+
+    def poll(self) -> list[ChunkPlacement]:
+        """Start the next timestep if the current one reached ``advance_fraction``.
+
+        Returns
+        -------
+        list of ChunkPlacement
+            The chunks assigned now (also delivered through the callbacks).
+        """
+        fired: list[tuple[_Record, ChunkPlacement]] = []
+        failed: list[tuple[_Record, Exception]] = []
+        with self._lock:
+            placements = self._advance_locked(fired, failed)
+        self._fire(fired, failed)
+        return placements
+
+    def complete(self, request_id: int, chunk_index: int) -> list[ChunkPlacement]:
+        """Record that a chunk's pipeline finished; may start the next timestep.
+
+        Returns
+        -------
+        list of ChunkPlacement
+            Chunks assigned as a consequence (see :meth:`poll`).
+
+        Raises
+        ------
+        UnknownRequestError
+            If the request id or chunk index was never issued.
+        CoordinatorStateError
+            If that chunk is not in flight (not assigned yet, or completed already).
+        """
+        with self._lock:
+            rec = self._records.get(request_id)
+            if rec is None:
+                raise UnknownRequestError(f"unknown request id {request_id}")
+            req = rec.request
+            if not 0 <= chunk_index < req.chunks:
+                raise UnknownRequestError(
+                    f"request {request_id} has chunks 0..{req.chunks - 1}, not {chunk_index}")
+            pl = self._inflight.pop((request_id, chunk_index), None)
+            if pl is None:
+                raise CoordinatorStateError(
+                    f"request {request_id} chunk {chunk_index} is not in flight "
+                    f"(state {rec.state.name}, {rec.completed} of {req.chunks} completed)")
+            for e in pl.edge_ids:
+                self._held[e] -= 1
+            if pl.timestep == self._timestep:
+                self._ts_done += 1
+            rec.completed += 1
+            self._completed_chunks += 1
+            if rec.completed == req.chunks:
+                rec.state = RequestState.DONE
+                logger.debug("request %d done", request_id)
+        return self.poll()
+
+    def status(self, request_id: int) -> RequestStatus:
+        """Progress of one request.
+
+        Raises
+        ------
+        UnknownRequestError
+            If the id was never issued.
+        """
+        with self._lock:
+            rec = self._records.get(request_id)
+            if rec is None:
+                raise UnknownRequestError(f"unknown request id {request_id}")
+            r = rec.request
+            return RequestStatus(r.request_id, r.writer, r.replication, r.chunks, rec.assigned,
+                                 rec.completed, rec.state)
+
+    def stats(self) -> CoordinatorStats:
+        """Counters: timestep, queue, in flight, completed, rejected, decisions."""
+        with self._lock:
+            s = self.scheduler.stats()
+            return CoordinatorStats(self._timestep, len(self._pending), len(self._inflight),
+                                    self._completed_chunks, self._rejected, s.decisions,
+                                    s.ms_per_decision)
+
+    @property
+    def timestep(self) -> int:
+        """Index of the current timestep (-1 before the first)."""
+        return self._timestep
+
+    def in_flight(self) -> list[ChunkPlacement]:
+        """Chunks assigned but not completed, oldest timestep first."""
+        with self._lock:
+            return sorted(self._inflight.values(), key=lambda p: (p.timestep, p.request_id,
+                                                                  p.chunk_index))
+
+    # ------------------------------------------------------------- internals
+    def _can_advance(self) -> bool:
+        if self._timestep < 0 or self._ts_scheduled == 0:
+            return True
+        return self._ts_done >= math.ceil(self.advance_fraction * self._ts_scheduled - 1e-9)
+
+    def _advance_locked(self, fired: list[tuple[_Record, ChunkPlacement]],
+                        failed: list[tuple[_Record, Exception]]) -> list[ChunkPlacement]:
+        if not self._pending or not self._can_advance():
+            return []
+        attempts = 1 if self._inflight else 16
+        plan = None
+        for _ in range(attempts):
+            if self.hold_inflight:
+                residual = self.network.new_residual() - self._held
+            else:
+                residual = self.network.new_residual()
+            plan = self.scheduler.schedule_timestep(self._pending, residual, self._timestep + 1)
+            if plan.placements:
+                break
+        assert plan is not None
+        if not plan.placements:
+            if not self._inflight:  # nothing will ever free capacity: drop the head request
+                head = self._pending.pop(0)
+                rec = self._records[head.request_id]
+                rec.state = RequestState.FAILED
+                err = ScheduleInfeasibleError(
+                    f"request {head.request_id} from {head.writer!r}: no chunk placeable on the "
+                    f"empty network after {attempts} randomized attempts")
+                failed.append((rec, err))
+                logger.warning("%s", err)
+                return self._advance_locked(fired, failed)
+            return []
+        self._timestep += 1
+        self._ts_scheduled = len(plan.placements)
+        self._ts_done = 0
+        self._pending = list(plan.deferred)
+        for pl in plan.placements:
+            self._inflight[(pl.request_id, pl.chunk_index)] = pl
+            for e in pl.edge_ids:
+                self._held[e] += 1
+            rec = self._records[pl.request_id]
+            rec.assigned += 1
+            rec.state = RequestState.ACTIVE
+            fired.append((rec, pl))
+        logger.info("timestep %d: %d chunks scheduled, %d requests deferred", self._timestep,
+                    len(plan.placements), len(plan.deferred))
+        return list(plan.placements)
+
+    @staticmethod
+    def _fire(fired: list[tuple[_Record, ChunkPlacement]],
+              failed: list[tuple[_Record, Exception]]) -> None:
+        for rec, pl in fired:
+            if rec.on_assign is not None:
+                rec.on_assign(pl)
+        for rec, err in failed:
+            if rec.on_fail is not None:
+                rec.on_fail(rec.request.request_id, err)
+
+    def _check(self) -> None:
+        """Assert every invariant (O(in flight * hop length + edges))."""
+        with self._lock:
+            held = np.zeros_like(self._held)
+            for (rid, c), pl in self._inflight.items():
+                assert pl.request_id == rid and pl.chunk_index == c
+                assert pl.timestep <= self._timestep
+                for e in pl.edge_ids:
+                    held[e] += 1
+            assert np.array_equal(held, self._held)
+            if self.hold_inflight:
+                assert (self._held <= self.network.capacity).all()
+            assert 0 <= self._ts_done <= self._ts_scheduled
+            for rid, rec in self._records.items():
+                assert (rec.state is RequestState.DONE) == (rec.completed == rec.request.chunks)
+                assert rec.completed <= rec.assigned <= rec.request.chunks
+
