@@ -25,10 +25,10 @@ def _check_fields(dt: np.dtype[Any], where: str) -> None:
             _check_fields(sub, f"{where}.{name}")
     elif dt.subdtype is not None:
         _check_fields(dt.subdtype[0], where)
-    elif dt.kind in "OUV" and dt.kind != "V":
-        raise SchemaError(f"{where}: dtype {dt} is not a fixed-size flat type")
     elif dt.kind == "U":
         raise SchemaError(f"{where}: unicode dtype {dt} is not allowed; use fixed bytes ('S')")
+    elif dt.kind == "O":
+        raise SchemaError(f"{where}: object dtype {dt} is not allowed")
     if dt.itemsize == 0:
         raise SchemaError(f"{where}: dtype {dt} has size 0")
 

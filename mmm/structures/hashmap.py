@@ -425,6 +425,9 @@ class HashMap(Structure):
         primary pages allocated, and everything re-placed in one `_insert_new`.
         """
         target = int(np.ceil((self._len + extra) / (self.MAX_LOAD * self.S)))
+        if target >= 2 * self._n_buckets and target > 2:
+            self._rebuild_to(target)
+            return
         while self._n_buckets < target:
             n = self._n_buckets
             i = n.bit_length() - 1
@@ -439,22 +442,41 @@ class HashMap(Structure):
                 self._reset_bucket(chain)
                 ks.append(kb)
                 vs.append(vb)
-            new = self._pm.allocate(self.psid, k, Layout.HASH)
-            frames = self._pm.writable(self.psid, new)
-            self._hdr["flags"][frames] = PRIMARY
-            self._hdr["aux0"][frames] = np.arange(n, n + k)
-            top = int(new.max()) + 1
-            if top > len(self._next_of):
-                grown = np.full(2 * top, -1, dtype=np.int64)
-                grown[:len(self._next_of)] = self._next_of
-                self._next_of = grown
-            self._next_of[new] = -1
-            self._bucket_seq = np.append(self._bucket_seq, new)
-            self._last_seq = np.append(self._last_seq, new)
-            self._n_buckets = n + k
+            self._add_buckets(k)
             kall, vall = np.concatenate(ks), np.concatenate(vs)
             self._len -= len(kall)
             self._insert_new(kall, self._hash(kall), vall)
+
+    def _rebuild_to(self, n_buckets: int) -> None:
+        """Re-address every record into ``n_buckets`` buckets in one pass (fast growth)."""
+        ks, vs = [], []
+        for b in range(self._n_buckets):
+            chain, kb, vb = self._gather_bucket(b)
+            self._reset_bucket(chain)
+            ks.append(kb)
+            vs.append(vb)
+        n = self._n_buckets
+        self._add_buckets(n_buckets - n)
+        kall, vall = np.concatenate(ks), np.concatenate(vs)
+        self._len -= len(kall)
+        self._insert_new(kall, self._hash(kall), vall)
+
+    def _add_buckets(self, k: int) -> None:
+        """Allocate empty primary pages for buckets ``n .. n+k-1``."""
+        n = self._n_buckets
+        new = self._pm.allocate(self.psid, k, Layout.HASH)
+        frames = self._pm.writable(self.psid, new)
+        self._hdr["flags"][frames] = PRIMARY
+        self._hdr["aux0"][frames] = np.arange(n, n + k)
+        top = int(new.max()) + 1
+        if top > len(self._next_of):
+            grown = np.full(2 * top, -1, dtype=np.int64)
+            grown[:len(self._next_of)] = self._next_of
+            self._next_of = grown
+        self._next_of[new] = -1
+        self._bucket_seq = np.append(self._bucket_seq, new)
+        self._last_seq = np.append(self._last_seq, new)
+        self._n_buckets = n + k
 
     def _split_one(self) -> None:
         n = self._n_buckets

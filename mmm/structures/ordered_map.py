@@ -68,7 +68,8 @@ from mmm.manager import PageManager
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure, pad8
-from mmm.structures.combine import CombineOp, compile_spec, input_columns, merge_into, preaggregate
+from mmm.structures.combine import (CombineOp, compile_spec, input_columns, merge_into,
+                                    preaggregate_sorted)
 
 __all__ = ["OrderedMap"]
 
@@ -574,7 +575,7 @@ class OrderedMap(Structure):
             last/first; see `mmm.structures.combine`. Needs a structured value
             dtype. Fields not named are zero on insert and unchanged on update.
 
-        Runtime complexity: O(n log n) (one ``np.unique``) plus the cost of `put`.
+        Runtime complexity: O(n log n) (one stable sort) plus the cost of `put`.
         Pages copied: as `put`.
 
         Raises
@@ -601,8 +602,11 @@ class OrderedMap(Structure):
         cols = input_columns(values, spec, len(k), self._where)
         if len(k) == 0:
             return
-        uniq, inverse = np.unique(k, return_inverse=True)
-        new = preaggregate(inverse.reshape(-1), len(uniq), spec, cols, self.value_dtype)
+        order = np.argsort(k, kind="stable")  # stable: "first"/"last" follow batch order
+        sk = k[order]
+        starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+        uniq = sk[starts]
+        new = preaggregate_sorted(order, starts, spec, cols, self.value_dtype)
         li, pos, found = self._locate(uniq)
         if found.any():
             fr = self._ps.frames[self._seqs[li[found]]]
