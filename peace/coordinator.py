@@ -156,6 +156,7 @@ class Coordinator:
         self._completed_chunks = 0
         self._rejected = 0
         self._feasible_cache: set[tuple[str, int]] = set()
+        self._history: list[ChunkPlacement] = []
 
     # ------------------------------------------------------------------ API
     def submit(self, writer: str, replication: int, chunks: int, *,
@@ -291,6 +292,16 @@ class Coordinator:
         """Index of the current timestep (-1 before the first)."""
         return self._timestep
 
+    def history(self) -> list[ChunkPlacement]:
+        """Every chunk placement ever assigned, in order (a certificate for the validator)."""
+        with self._lock:
+            return list(self._history)
+
+    def requests(self) -> list[WriteRequest]:
+        """Every accepted request, as submitted."""
+        with self._lock:
+            return [rec.request for rec in self._records.values()]
+
     def in_flight(self) -> list[ChunkPlacement]:
         """Chunks assigned but not completed, oldest timestep first."""
         with self._lock:
@@ -334,6 +345,7 @@ class Coordinator:
         self._ts_scheduled = len(plan.placements)
         self._ts_done = 0
         self._pending = list(plan.deferred)
+        self._history.extend(plan.placements)
         for pl in plan.placements:
             self._inflight[(pl.request_id, pl.chunk_index)] = pl
             for e in pl.edge_ids:

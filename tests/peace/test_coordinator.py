@@ -1,0 +1,226 @@
+"""Tests of the online coordinator and its local service."""
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from peace.coordinator import Coordinator, RequestState
+from peace.errors import (CannotScheduleNowError, CoordinatorStateError, InfeasibleRequestError,
+                          InvalidRequestError, UnknownRequestError, UnknownServerError)
+from peace.model import figure5_topology, paper_topology
+from peace.scheduler import ChunkPlacement, WriteRequest
+from peace.service import CoordinatorClient, CoordinatorServer
+from peace.validate import validate_schedule
+
+
+def _requests_of(c: Coordinator) -> list[WriteRequest]:
+    return c.requests()
+
+
+def test_timestep_advances_only_when_80_percent_of_its_writes_complete() -> None:
+    """With n chunks in timestep 0, the next timestep starts at ceil(0.8 n) completions."""
+    t = paper_topology()
+    c = Coordinator(t, seed=3)
+    got: list[ChunkPlacement] = []
+    for w in t.servers[:12]:
+        c.submit(w, 3, 4, on_assign=got.append, poll=False)
+    first = c.poll()
+    assert first == got and c.timestep == 0
+    n = len(first)
+    need = math.ceil(0.8 * n)
+    assert 4 <= n < 48
+    for i, pl in enumerate(first[:need]):
+        assert c.timestep == 0
+        new = c.complete(pl.request_id, pl.chunk_index)
+        c._check()
+        if i < need - 1:
+            assert new == []
+    assert c.timestep == 1 and len(got) > n  # the need-th completion opened timestep 1
+    assert all(p.timestep == 1 for p in got[n:])
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_advance_fraction_is_configurable(fraction: float) -> None:
+    """The rule uses the configured fraction."""
+    t = paper_topology()
+    c = Coordinator(t, seed=1, advance_fraction=fraction)
+    for w in t.servers[:10]:
+        c.submit(w, 3, 4, poll=False)
+    first = c.poll()
+    need = math.ceil(fraction * len(first))
+    for pl in first[:need - 1]:
+        c.complete(pl.request_id, pl.chunk_index)
+    assert c.timestep == 0
+    c.complete(first[need - 1].request_id, first[need - 1].chunk_index)
+    assert c.timestep == 1
+
+
+def test_all_chunks_complete_and_every_timestep_is_a_valid_schedule() -> None:
+    """Driving completions to the end places every chunk once within per-timestep capacity."""
+    t = paper_topology()
+    c = Coordinator(t, seed=7)
+    for w in t.servers[:16]:
+        c.submit(w, 3, 8, poll=False)
+    placed: list[ChunkPlacement] = list(c.poll())
+    while c.in_flight():
+        pl = c.in_flight()[0]
+        placed.extend(c.complete(pl.request_id, pl.chunk_index))
+        c._check()
+    validate_schedule(c.network, _requests_of(c), placed)
+    assert all(c.status(r).state is RequestState.DONE for r in range(16))
+    assert c.stats().completed_chunks == 128
+
+
+def test_hold_inflight_keeps_the_residual_of_stragglers() -> None:
+    """With hold_inflight, a timestep plus its stragglers never exceed capacity."""
+    t = figure5_topology()
+    c = Coordinator(t, seed=0, hold_inflight=True, advance_fraction=0.5)
+    for w in t.servers:
+        c.submit(w, 1, 3, poll=False)
+    c.poll()
+    for _ in range(40):
+        fl = c.in_flight()
+        if not fl:
+            break
+        usage: dict[int, int] = {}
+        for p in fl:
+            for e in p.edge_ids:
+                usage[e] = usage.get(e, 0) + 1
+        assert all(n <= c.network.capacity[e] for e, n in usage.items())
+        c.complete(fl[-1].request_id, fl[-1].chunk_index)
+        c._check()
+    assert not c.in_flight()
+
+
+def test_cannot_schedule_now_then_retry_succeeds() -> None:
+    """A full queue rejects with CannotScheduleNowError; the retry after progress is accepted."""
+    t = paper_topology()
+    c = Coordinator(t, seed=0, max_pending_requests=1)
+    a = c.submit("svr1.1", 3, 2)  # scheduled at once: no longer waiting
+    c.submit("svr1.2", 3, 2, poll=False)  # waits (not polled)
+    with pytest.raises(CannotScheduleNowError, match="retry"):
+        c.submit("svr1.3", 3, 2, poll=False)
+    assert c.stats().rejected_requests == 1
+    for pl in c.in_flight():
+        c.complete(pl.request_id, pl.chunk_index)
+    assert c.status(a).state is RequestState.DONE
+    rid = c.submit("svr1.3", 3, 2)  # svr1.2 got scheduled when timestep 0 finished
+    assert c.status(rid).state in (RequestState.QUEUED, RequestState.ACTIVE)
+
+
+def test_bad_input_raises_specific_errors() -> None:
+    """Unknown writer, r too large, k <= 0, unknown request or chunk, double completion."""
+    c = Coordinator(figure5_topology(), seed=0)
+    with pytest.raises(UnknownServerError):
+        c.submit("ghost", 2, 1)
+    with pytest.raises(InfeasibleRequestError):
+        c.submit("svr1.1", 4, 1)
+    with pytest.raises(InvalidRequestError):
+        c.submit("svr1.1", 2, 0)
+    with pytest.raises(UnknownRequestError):
+        c.complete(99, 0)
+    rid = c.submit("svr1.1", 2, 1)
+    with pytest.raises(UnknownRequestError):
+        c.complete(rid, 5)
+    c.complete(rid, 0)
+    with pytest.raises(CoordinatorStateError, match="not in flight"):
+        c.complete(rid, 0)
+    with pytest.raises(ValueError):
+        Coordinator(figure5_topology(), advance_fraction=0.0)
+
+
+class CoordinatorMachine(RuleBasedStateMachine):
+    """Random submissions and completions keep the coordinator's invariants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.topology = paper_topology(rack_sizes=(3, 3), link_chunks=2)
+        self.c = Coordinator(self.topology, seed=0, advance_fraction=0.6)
+        self.placed: list[ChunkPlacement] = []
+
+    @rule(w=st.integers(0, 5), k=st.integers(1, 4), r=st.integers(1, 3))
+    def submit(self, w: int, k: int, r: int) -> None:
+        self.c.submit(self.topology.servers[w], r, k, on_assign=self.placed.append)
+
+    @precondition(lambda self: bool(self.c.in_flight()))
+    @rule(i=st.integers(0, 100))
+    def complete(self, i: int) -> None:
+        fl = self.c.in_flight()
+        pl = fl[i % len(fl)]
+        self.c.complete(pl.request_id, pl.chunk_index)
+
+    @invariant()
+    def consistent(self) -> None:
+        self.c._check()
+        validate_schedule(self.c.network, _requests_of(self.c), self.placed, complete=False)
+        if not self.c.in_flight():  # nothing in flight => nothing left waiting
+            assert self.c.stats().pending_requests == 0
+
+
+TestCoordinatorMachine = CoordinatorMachine.TestCase
+TestCoordinatorMachine.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+
+
+def test_service_serves_concurrent_clients_until_every_chunk_is_written() -> None:
+    """Eight writer threads over 127.0.0.1 each get and complete all their chunks."""
+    t = paper_topology()
+    c = Coordinator(t, seed=2)
+    written: list[dict] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    with CoordinatorServer(c) as server:
+        assert server.address[0] == "127.0.0.1"
+
+        def writer(name: str) -> None:
+            try:
+                with CoordinatorClient(server.address) as cl:
+                    def write(a: dict) -> None:
+                        assert a["servers"][0] == name and len(a["servers"]) == 4
+                        with lock:
+                            written.append(a)
+                    cl.write_all(name, 3, 6, write, timeout_s=30)
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in t.servers[:8]]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+        assert not errors, errors
+        with CoordinatorClient(server.address) as cl:
+            stats = cl.stats()
+    assert len(written) == 48 and stats["completed_chunks"] == 48
+    assert len({(a["request_id"], a["chunk_index"]) for a in written}) == 48
+    hist = c.history()
+    assert sorted((p.request_id, p.chunk_index, p.servers) for p in hist) == sorted(
+        (a["request_id"], a["chunk_index"], tuple(a["servers"])) for a in written)
+    validate_schedule(c.network, c.requests(), hist)
+    c._check()
+
+
+def test_service_maps_errors_back_to_peace_exceptions() -> None:
+    """Bad requests over the wire raise the same exception classes as in process."""
+    c = Coordinator(paper_topology(), seed=0, max_pending_requests=1)
+    with CoordinatorServer(c) as server, CoordinatorClient(server.address) as cl:
+        with pytest.raises(UnknownServerError):
+            cl.submit("ghost", 3, 1)
+        with pytest.raises(InvalidRequestError):
+            cl.submit("svr1.1", 3, 0)
+        with pytest.raises(InvalidRequestError):
+            cl.call(op="submit", writer="svr1.1", replication="3", chunks=1)
+        with pytest.raises(UnknownRequestError):
+            cl.complete(42, 0)
+        with pytest.raises(ValueError, match="unknown op"):
+            cl.call(op="fly")
+        cl.submit("svr1.1", 3, 1)
+        c.submit("svr1.2", 3, 1, poll=False)
+        with pytest.raises(CannotScheduleNowError):
+            cl.submit("svr1.3", 3, 1)
+    with pytest.raises(ValueError):
+        CoordinatorServer(c, host="0.0.0.0")
