@@ -168,6 +168,14 @@ class _PagedSequence(Structure):
         if self._R.ndim == 3:  # subarray dtype at top level is not a record view
             raise SchemaError(f"{self._what}: dtype {self._dt} must be a scalar or structured "
                               f"dtype, not a subarray")
+        if self._dt.fields is not None:
+            self._fast_types: tuple[type, ...] = (tuple,)
+        elif self._dt.kind in "iu":
+            self._fast_types = (int,)
+        elif self._dt.kind == "f":
+            self._fast_types = (int, float)
+        else:
+            self._fast_types = ()
         h = pool.headers
         self._hk, self._hc, self._hs = h["kind"], h["count"], h["start"]
         self._hp, self._hn, self._hid = h["prev"], h["next"], h["page_id"]
@@ -309,6 +317,13 @@ class _PagedSequence(Structure):
             pos += hi - lo
         return out
 
+    def _slot(self, j: int) -> tuple[int, int]:
+        """``(list position, slot)`` of global index ``j`` (in ``[0, len)``)."""
+        cum = self._cumc()
+        p = int(cum.searchsorted(j, "right")) - 1
+        f = int(self._ps.frames[self._seqs[p]])
+        return p, int(self._hs[f]) + j - int(cum[p])
+
     def _gather(self, idx: npt.NDArray[np.int64]) -> np.ndarray:
         """Records at global indices ``idx`` (already in ``[0, len)``): one vectorized gather."""
         cum = self._cumc()
@@ -413,12 +428,7 @@ class _PagedSequence(Structure):
         self._ensure_frames(k, [len(self._seqs) - 1])
         new, fn = self._alloc(k)
         if m:
-            try:
-                f = self._pm.writable1(self.psid, int(self._seqs[-1]))
-            except BaseException:
-                if k:
-                    self._pm.release(self.psid, new)
-                raise
+            f = self._pm.writable1(self.psid, int(self._seqs[-1]))
             R[f, st + c:st + c + m] = arr[:m]
             self._set(len(self._seqs) - 1, f, st, c + m)
         if k:
@@ -457,12 +467,7 @@ class _PagedSequence(Structure):
         self._ensure_frames(k, [0])
         new, fn = self._alloc(k)
         if m:
-            try:
-                f = self._pm.writable1(self.psid, int(self._seqs[0]))
-            except BaseException:
-                if k:
-                    self._pm.release(self.psid, new)
-                raise
+            f = self._pm.writable1(self.psid, int(self._seqs[0]))
             R[f, st - m:st] = arr[n - m:]
             self._set(0, f, st - m, c + m)
         if k:
@@ -591,11 +596,7 @@ class _PagedSequence(Structure):
         self._ensure_frames(int(c == S), [p, p + 1])
         if c == S:  # split: the upper half moves to a new page after p
             new, fn = self._alloc(1)
-            try:
-                f = pm.writable1(psid, int(self._seqs[p]))
-            except BaseException:
-                pm.release(psid, new)
-                raise
+            f = pm.writable1(psid, int(self._seqs[p]))
             st = int(self._hs[f])
             half = S // 2
             q = int(fn[0])
@@ -725,8 +726,8 @@ class _PagedSequence(Structure):
             lo, hi = int(idx.min()), int(idx.max()) + 1
             return self._read(lo, hi)[idx - lo]
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            j = self._index(key)
-            return self._gather(np.array([j], np.int64))[0].copy()
+            p, slot = self._slot(self._index(key))
+            return self._R[int(self._ps.frames[self._seqs[p]]), slot].copy()
         if isinstance(key, (np.ndarray, list)):
             return self.take(key)
         raise TypeError(f"{self._what}: indices must be integers, slices or integer arrays, "
@@ -772,9 +773,10 @@ class _PagedSequence(Structure):
                                       f"slice of {b - a} (slice assignment does not resize)")
             self._write(a, arr)
             return
-        j = self._index(key)
+        p, slot = self._slot(self._index(key))
         arr = self._one(value)
-        self._write(j, arr)
+        f = self._pm.writable1(self.psid, int(self._seqs[p]))
+        self._R[f, slot] = arr[0]
 
     # -- public API: growing ---------------------------------------------------------------------------
     def extend(self, records: Any) -> None:
@@ -800,20 +802,30 @@ class _PagedSequence(Structure):
     def append(self, record: Any) -> None:
         """Append one record. See `extend`. Runtime complexity: O(1). Pages copied: at most 1."""
         self._sync()
-        arr = self._one(record)
-        if len(self._seqs):
-            f = self._frame(-1)
+        seqs = self._seqs
+        if len(seqs) and type(record) in self._fast_types:
+            seq = int(seqs[-1])
+            f = int(self._ps.frames[seq])
             st, c = int(self._hs[f]), int(self._hc[f])
             if c and st + c < self._S:  # fast path: room at the end of the tail page
-                f = self._pm.writable1(self.psid, int(self._seqs[-1]))
-                self._R[f, st + c] = arr[0]
+                f = self._pm.writable1(self.psid, seq)
+                self._put_unused(f, st + c, record)
                 self._hc[f] = c + 1
                 self._cnt[-1] = c + 1
                 self._len += 1
                 if self._cum is not None:
                     self._cum[-1] += 1
                 return
-        self._append_block(arr)
+        self._append_block(self._one(record))
+
+    def _put_unused(self, frame: int, slot: int, record: Any) -> None:
+        """Write a plain tuple/number into an unused slot (a failed conversion may leave the
+        slot half written, which is harmless as it is outside ``[start, start + count)``)."""
+        try:
+            self._R[frame, slot] = record
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise RecordTypeError(f"{self._what}: cannot store {record!r} as a record of "
+                                  f"{self._dt}: {exc}") from None
 
     def extendleft(self, records: Any) -> None:
         """Add ``records`` at the front, as `collections.deque.extendleft` does.
@@ -837,6 +849,20 @@ class _PagedSequence(Structure):
     def appendleft(self, record: Any) -> None:
         """Add one record at the front. Runtime complexity: O(1). Pages copied: at most 1."""
         self._sync()
+        seqs = self._seqs
+        if len(seqs) and type(record) in self._fast_types:
+            seq = int(seqs[0])
+            f = int(self._ps.frames[seq])
+            st, c = int(self._hs[f]), int(self._hc[f])
+            if c and st > 0:  # fast path: room at the front of the head page
+                f = self._pm.writable1(self.psid, seq)
+                self._put_unused(f, st - 1, record)
+                self._hs[f] = st - 1
+                self._hc[f] = c + 1
+                self._cnt[0] = c + 1
+                self._len += 1
+                self._cum = None
+                return
         self._prepend_block(self._one(record))
 
     def insert(self, i: int, record: Any) -> None:
@@ -889,6 +915,19 @@ class _PagedSequence(Structure):
         if n is None:
             if not self._len:
                 raise IndexError(f"pop from an empty {self._what}")
+            cnt, S = self._cnt, self._S
+            c = int(cnt[-1])
+            if c > 1 and (len(cnt) == 1 or 2 * c - 2 >= S or c - 1 + int(cnt[-2]) > S):
+                seq = int(self._seqs[-1])  # fast path: no page is released or merged
+                f = self._pm.writable1(self.psid, seq)
+                st = int(self._hs[f])
+                out = self._R[f, st + c - 1].copy()
+                self._hc[f] = c - 1
+                cnt[-1] = c - 1
+                self._len -= 1
+                if self._cum is not None:
+                    self._cum[-1] -= 1
+                return out
             out = self._read(self._len - 1, self._len)[0]
             self._delete(self._len - 1, self._len)
             return out
@@ -913,6 +952,19 @@ class _PagedSequence(Structure):
         if n is None:
             if not self._len:
                 raise IndexError(f"pop from an empty {self._what}")
+            cnt, S = self._cnt, self._S
+            c = int(cnt[0])
+            if c > 1 and (len(cnt) == 1 or 2 * c - 2 >= S or c - 1 + int(cnt[1]) > S):
+                seq = int(self._seqs[0])  # fast path: no page is released or merged
+                f = self._pm.writable1(self.psid, seq)
+                st = int(self._hs[f])
+                out = self._R[f, st].copy()
+                self._hs[f] = st + 1
+                self._hc[f] = c - 1
+                cnt[0] = c - 1
+                self._len -= 1
+                self._cum = None
+                return out
             out = self._read(0, 1)[0]
             self._delete(0, 1)
             return out
