@@ -186,6 +186,7 @@ class SchedulerStats:
     decisions: int
     failed_decisions: int
     decision_time_s: float
+    """Wall time spent in :meth:`PeaceScheduler.schedule_timestep` (all bookkeeping included)."""
     chunks_placed: int
 
     @property
@@ -390,6 +391,7 @@ class PeaceScheduler:
         -----
         Runtime complexity: O(chunks * r * (switches log switches + servers)).
         """
+        t_start = time.perf_counter()
         net = self.network
         placements: list[ChunkPlacement] = []
         deferred: list[WriteRequest] = []
@@ -409,9 +411,7 @@ class PeaceScheduler:
                 ok = True
                 for rp in range(r):
                     allowed = self._allowed(p, rp, r)
-                    t0 = time.perf_counter()
                     q = rsp(z, allowed, residual)
-                    self._decision_time += time.perf_counter() - t0
                     self._decisions += 1
                     if q is None:
                         self._failed += 1
@@ -438,6 +438,7 @@ class PeaceScheduler:
                 k -= 1
                 idx += 1
         self._placed += len(placements)
+        self._decision_time += time.perf_counter() - t_start
         logger.debug("timestep %d: %d chunks placed, %d requests deferred", timestep,
                      len(placements), len(deferred))
         return TimestepPlan(timestep, tuple(placements), tuple(deferred))
