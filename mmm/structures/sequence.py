@@ -249,7 +249,7 @@ class _PagedSequence(Structure):
             arr = coerce_records(values, self._dt, self._what)
         except RecordTypeError:
             raise
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # schema.py lets OverflowError out
             raise RecordTypeError(f"{self._what}: cannot convert to records of {self._dt}: "
                                   f"{exc}") from None
         if arr.dtype != self._dt:

@@ -683,3 +683,83 @@ def test_broken_links_raise_page_format_error(pm: mmm.PageManager) -> None:
     loader.finish()
     with pytest.raises(mmm.PageFormatError):
         PagedList.create(pm, "s", "<i8")
+
+
+def test_failed_single_record_writes_leave_no_trace(pm: mmm.PageManager) -> None:
+    """A record that numpy cannot convert raises RecordTypeError on every per-record path."""
+    s = PagedDeque.create(pm, "s", REC, page_slots=4)
+    s.extend(np.array([(1, 1, 1.0), (2, 2, 2.0)], REC))
+    s.popleft()  # room at the front of the head page, and at the end
+    for bad in ((1, -1, 2.0), (1, 2), ("x", 1, 1.0), ([1], 1, 1.0), [1, 2, 3.0]):
+        for op in (s.append, s.appendleft, lambda r: s.insert(1, r),
+                   lambda r: s.__setitem__(0, r)):
+            with pytest.raises(mmm.RecordTypeError, match="'s'"):
+                op(bad)
+    s.append((3, 3, 3.0))
+    s.appendleft((0, 0, 0.0))
+    assert s.to_numpy().tolist() == [(0, 0, 0.0), (2, 2, 2.0), (3, 3, 3.0)]
+    s._check()
+    u = PagedList.create(pm, "u", "<u4", page_slots=3)
+    u.extend([1, 2])
+    for bad in (-1, 2**33, 1.5, "7", None):
+        with pytest.raises(mmm.RecordTypeError, match="'u'"):
+            u.append(bad)
+        with pytest.raises(mmm.RecordTypeError, match="'u'"):
+            u.appendleft(bad)
+    assert u.to_numpy().tolist() == [1, 2]
+    u._check()
+
+
+def test_argument_type_errors(pm: mmm.PageManager) -> None:
+    """Non-integer indices and counts raise TypeError; extended slices cannot be assigned."""
+    s = PagedList.create(pm, "s", "<i8", page_slots=3)
+    s.extend(np.arange(7))
+    for op in (lambda: s[1.0], lambda: s.insert("1", 5), lambda: s.pop(1.5),
+               lambda: s.evict(None), lambda: s.take([0.5]), lambda: s[True]):
+        with pytest.raises(TypeError):
+            op()
+    with pytest.raises(ValueError, match="step"):
+        s[::2] = np.arange(4)
+    with pytest.raises(ValueError, match="step"):
+        del s[::2]
+    assert s[[0, -1]].tolist() == [0, 6] and s[np.array([2])].tolist() == [2]
+    assert s.take([]).tolist() == [] and bool(s) and s.dtype == np.dtype("<i8")
+    assert "len=7" in repr(s)
+    s.destroy()
+    assert "len=?" in repr(s)
+
+
+def test_io_thread_persists_while_operator_mutates(pm: mmm.PageManager) -> None:
+    """A background thread copies and persists frozen pages while the deque keeps changing."""
+    import threading
+    d = PagedDeque.create(pm, "w", REC, page_slots=16)
+    recs = np.zeros(3000, REC)
+    recs["ts"] = np.arange(3000)
+    d.extend(recs[:2000])
+    snap = pm.chkpt()
+    frozen = d.to_numpy()
+    copied: list[np.ndarray] = []
+
+    def io() -> None:
+        for lo in range(0, len(snap), 7):
+            idx = np.arange(lo, min(lo + 7, len(snap)))
+            copied.append(snap.copy_pages(idx))
+            snap.mark_persisted(idx)
+
+    t = threading.Thread(target=io)
+    t.start()
+    for i in range(2000, 3000, 10):
+        d.extend(recs[i:i + 10])
+        d.evict_before(i - 1500, "ts")
+        d[5] = (5, 5, 5.0)
+    t.join()
+    snap.complete()
+    d._check()
+    assert np.array_equal(d.to_numpy()[6:], recs[1500 - 10 + 6:][:len(d) - 6])
+    pm2 = new_pm()
+    loader = pm2.begin_load()
+    loader.add(np.concatenate(copied))
+    loader.finish()
+    again = PagedDeque.create(pm2, "w", REC)
+    again._check()
+    assert np.array_equal(again.to_numpy(), frozen)
