@@ -1,0 +1,165 @@
+"""``sguard peace ...``: simulate Figure 10, print a schedule, serve the coordinator.
+
+Subcommands:
+
+* ``sguard peace simulate [--writers 8 12 16] [--sizes-mb 128 256 512] [--policies ...]
+  [--seeds N] [--plot out.png] [--json out.json]``: the Figure 10 experiment with a
+  progress bar;
+* ``sguard peace schedule --topology {figure5,paper,PATH.json} --request W,R,K ...``:
+  run Algorithm 1 offline and print (and validate) the schedule;
+* ``sguard peace serve [--host 127.0.0.1] [--port 0] [--topology ...]``: the local
+  coordinator service (runs until interrupted, or ``--serve-s`` seconds).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from peace.errors import PeaceError
+from peace.model import Topology, figure5_topology, paper_topology
+
+__all__ = ["register", "load_topology"]
+
+
+def load_topology(spec: str) -> Topology:
+    """``figure5``, ``paper`` (capacity 2), ``paper-bw`` (bandwidth-derived) or a JSON file.
+
+    Raises
+    ------
+    MalformedTopologyError
+        If the JSON file does not describe a valid topology.
+    FileNotFoundError
+        If the file does not exist.
+    """
+    if spec == "figure5":
+        return figure5_topology()
+    if spec == "paper":
+        return paper_topology()
+    if spec == "paper-bw":
+        return paper_topology(snd_up_chunks=None)
+    with open(spec, encoding="utf-8") as fh:
+        return Topology.from_dict(json.load(fh))
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from peace.experiment import aggregate, plot_figure10, run_grid
+
+    seeds = list(range(args.seeds))
+    total = len(args.writers) * len(args.sizes_mb) * len(args.policies) * len(seeds)
+    with tqdm(total=total, desc="peace simulate", unit="run", disable=args.no_progress) as bar:
+        def progress(done: int, _total: int) -> None:
+            bar.update(done - bar.n)
+
+        try:
+            rows = run_grid(args.writers, args.sizes_mb, args.policies, seeds, on_progress=progress)
+        except (ValueError, PeaceError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    agg = aggregate(rows)
+    print(f"{'policy':18s} {'writers':>7s} {'size_mb':>7s} {'response_s':>10s} "
+          f"{'service_s':>9s} {'makespan_s':>10s}")
+    for (policy, w, size), m in sorted(agg.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        print(f"{policy:18s} {w:7d} {size:7d} {m['mean_response_s']:10.2f} "
+              f"{m['mean_service_s']:9.2f} {m['makespan_s']:10.2f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"rows": [r.to_dict() for r in rows]}, fh, indent=1)
+    if args.plot:
+        plot_figure10(rows, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _parse_request(text: str) -> tuple[str, int, int]:
+    try:
+        writer, r, k = text.split(",")
+        return writer, int(r), int(k)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a request is WRITER,R,K, got {text!r}") from None
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    from peace.scheduler import PeaceScheduler, WriteRequest
+    from peace.validate import validate_schedule
+
+    try:
+        topo = load_topology(args.topology)
+        sched = PeaceScheduler(topo, seed=args.seed)
+        reqs = [WriteRequest(w, r, k, i) for i, (w, r, k) in enumerate(args.request)]
+        schedule = sched.schedule(reqs)
+        report = validate_schedule(sched.network, reqs, schedule.placements)
+    except (PeaceError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for pl in schedule.placements:
+        print(f"t={pl.timestep} request {pl.request_id} chunk {pl.chunk_index}: "
+              f"{' -> '.join(pl.servers)} (cost {pl.cost})")
+    print(f"{report.chunks} chunks in {report.timesteps} timesteps, total cost "
+          f"{report.total_cost}; certificate valid")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from peace.coordinator import Coordinator
+    from peace.service import CoordinatorServer
+
+    try:
+        topo = load_topology(args.topology)
+        server = CoordinatorServer(Coordinator(topo, seed=args.seed,
+                                               advance_fraction=args.advance_fraction,
+                                               max_pending_requests=args.max_pending),
+                                   host=args.host, port=args.port)
+    except (PeaceError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with server:
+        host, port = server.address
+        print(f"peace coordinator on {host}:{port} ({topo.name})", flush=True)
+        deadline: Any = None if args.serve_s is None else time.monotonic() + args.serve_s
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``peace`` subcommand (and its leaves) to the top-level ``sguard`` parser."""
+    from peace.experiment import FIG10_POLICIES
+
+    peace = subparsers.add_parser("peace", help="Peace DFS write scheduler: simulate, schedule, serve")
+    sub = peace.add_subparsers(dest="peace_command", required=True)
+
+    sim = sub.add_parser("simulate", help="Figure 10 in simulation (Peace vs baselines)")
+    sim.add_argument("--writers", type=int, nargs="+", default=[8, 12, 16])
+    sim.add_argument("--sizes-mb", type=int, nargs="+", default=[128, 256, 512])
+    sim.add_argument("--policies", nargs="+", default=list(FIG10_POLICIES), choices=FIG10_POLICIES)
+    sim.add_argument("--seeds", type=int, default=1, help="runs per configuration")
+    sim.add_argument("--plot", metavar="PNG", help="write the Figure 10 plot here")
+    sim.add_argument("--json", metavar="PATH", help="write every run as JSON here")
+    sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sim.set_defaults(func=_cmd_simulate)
+
+    sch = sub.add_parser("schedule", help="run Algorithm 1 offline and print the schedule")
+    sch.add_argument("--topology", default="figure5",
+                     help="figure5, paper, paper-bw or a JSON topology file")
+    sch.add_argument("--request", type=_parse_request, action="append", required=True,
+                     metavar="WRITER,R,K")
+    sch.add_argument("--seed", type=int, default=0)
+    sch.set_defaults(func=_cmd_schedule)
+
+    srv = sub.add_parser("serve", help="serve the online coordinator on a local TCP port")
+    srv.add_argument("--topology", default="paper")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=0)
+    srv.add_argument("--seed", type=int, default=0)
+    srv.add_argument("--advance-fraction", type=float, default=0.8)
+    srv.add_argument("--max-pending", type=int, default=None)
+    srv.add_argument("--serve-s", type=float, default=None, help="stop after this many seconds")
+    srv.set_defaults(func=_cmd_serve)
