@@ -68,6 +68,7 @@ from mmm.manager import PageManager
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure, pad8
+from mmm.structures.columns import Column
 from mmm.structures.combine import (CombineOp, compile_spec, input_columns, merge_into,
                                     preaggregate_sorted)
 
@@ -200,6 +201,7 @@ class OrderedMap(Structure):
             raise PageFormatError(f"{self._where}: {S} slots of {kdt.itemsize}+{vdt.itemsize} "
                                   f"bytes do not fit {self._pm.page_bytes}-byte pages")
         self._K = frames[:, ko:ko + S * kdt.itemsize].view(kdt)
+        self._kcol = Column(frames, ko, kdt.itemsize, kdt, S)
         self._V = frames[:, vo:vo + S * vdt.itemsize].view(vdt)
         self._hdr = self._pm.pool.headers
         self._slots = np.arange(S)
@@ -294,12 +296,14 @@ class OrderedMap(Structure):
             return np.zeros(len(keys), dtype=np.intp)
         return np.searchsorted(self._fence[1:], keys, side="right")
 
-    def _locate(self, keys: npt.NDArray[Any]
+    def _locate(self, keys: npt.NDArray[Any], ascending: bool = False
                 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
         """``(leaf index, slot, found)`` of each key; slot is the lower bound in its leaf.
 
-        One fence search plus a vectorized binary search over the gathered leaf
-        rows (``bit_length(S)`` rounds); tiny batches search each leaf directly.
+        One fence search, then per leaf: tiny batches, and ascending batches with
+        many keys per leaf, call ``np.searchsorted`` once per leaf (a C binary
+        search); other batches run one vectorized binary search over all keys
+        (``bit_length(S)`` rounds of flat gathers).
         """
         n = len(keys)
         li = self._leaf_of(keys)
@@ -310,7 +314,12 @@ class OrderedMap(Structure):
             pos = np.empty(n, dtype=np.int64)
             for i in range(n):
                 pos[i] = np.searchsorted(K[frames[i], :cnt[i]], keys[i])
+        elif ascending and (g := np.flatnonzero(li[1:] != li[:-1]) + 1).size * 16 < n:
+            pos = np.empty(n, dtype=np.int64)
+            for a, b in zip(np.r_[0, g].tolist(), np.r_[g, n].tolist()):
+                pos[a:b] = np.searchsorted(K[frames[a], :cnt[a]], keys[a:b])
         else:
+            col = self._kcol
             lo = np.zeros(n, dtype=np.int64)
             hi = cnt.copy()
             for _ in range(S.bit_length()):
@@ -318,7 +327,7 @@ class OrderedMap(Structure):
                 if not act.any():
                     break
                 mid = (lo + hi) >> 1
-                lt = K[frames, np.minimum(mid, S - 1)] < keys
+                lt = col.get(frames, np.minimum(mid, S - 1)) < keys
                 lo = np.where(act & lt, mid + 1, lo)
                 hi = np.where(act & ~lt, mid, hi)
             pos = lo
@@ -497,7 +506,7 @@ class OrderedMap(Structure):
     def _write_sorted(self, uk: npt.NDArray[Any], uv: npt.NDArray[Any],
                       located: tuple[Any, Any, Any] | None = None) -> None:
         """Insert or overwrite distinct, ascending keys ``uk`` with values ``uv``."""
-        li, pos, found = located if located is not None else self._locate(uk)
+        li, pos, found = located if located is not None else self._locate(uk, True)
         if found.all():
             seqs = self._seqs[li]
             self._pm.writable(self.psid, np.unique(seqs))
@@ -607,7 +616,7 @@ class OrderedMap(Structure):
         starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
         uniq = sk[starts]
         new = preaggregate_sorted(order, starts, spec, cols, self.value_dtype)
-        li, pos, found = self._locate(uniq)
+        li, pos, found = self._locate(uniq, True)
         if found.any():
             fr = self._ps.frames[self._seqs[li[found]]]
             new[found] = merge_into(self._V[fr, pos[found]], new[found], spec)
