@@ -26,6 +26,8 @@ from peace.model import (MB, Network, Rack, SwitchLink, Topology, build_network,
 from peace.scheduler import (RACK_AWARE, UNCONSTRAINED, ChunkPlacement, PeaceScheduler,
                              ReplicaTemplate, Schedule, TimestepPlan, WriteRequest)
 from peace.validate import ScheduleReport, validate_schedule
+from peace.coordinator import Coordinator, RequestState, RequestStatus
+from peace.mincost import FlowBound, min_cost_flow_bound
 
 __all__ = [
     "CannotScheduleNowError", "InfeasibleRequestError", "InvalidRequestError",
@@ -36,4 +38,5 @@ __all__ = [
     "RACK_AWARE", "UNCONSTRAINED", "ChunkPlacement", "PeaceScheduler", "ReplicaTemplate",
     "Schedule", "TimestepPlan", "WriteRequest",
     "ScheduleReport", "validate_schedule",
+    "Coordinator", "RequestState", "RequestStatus", "FlowBound", "min_cost_flow_bound",
 ]
