@@ -6,7 +6,12 @@ Bucket ``b`` is a chain of pages: a primary page (header flag ``PRIMARY``,
 ``aux0 = b``) and overflow pages linked by the header's ``next`` PageID. Inside
 a page, slots form an open-addressing table with linear probing::
 
-    [header 64 B][ctrl: S bytes (EMPTY/FULL/TOMB)][keys: S keys][values: S values]
+    [header 64 B][ctrl: S bytes][keys: S keys][values: S values]
+
+A ctrl byte is 0 (EMPTY), 1 (TOMB, a deleted key) or ``0x80 | tag`` (FULL) where
+``tag`` is 7 bits of the key's hash, as in SwissTable: a probe compares the 16
+ctrl bytes of a slot group (gathered as two 64-bit words) with the tag and reads
+a key only where the tag matches.
 
 Header ``count`` is the number of FULL slots and ``start`` the *fill*, FULL
 plus TOMB slots. A page never fills beyond ``max_fill`` < S, so every probe ends
@@ -47,7 +52,8 @@ from mmm.structures.combine import CombineOp, compile_spec, input_columns, preag
 
 __all__ = ["HashMap"]
 
-EMPTY, FULL, TOMB = 0, 1, 2
+EMPTY, TOMB = 0, 1
+FULL_BIT = 0x80
 PRIMARY = 1
 _U64 = np.uint64
 _MASK32 = _U64(0xFFFFFFFF)
@@ -85,6 +91,7 @@ class HashMap(Structure):
     MIN_LOAD = 0.15
     PAGE_FILL = 0.85
     _BUFFER_LIMIT = 8192
+    GROUP = 16
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -130,6 +137,10 @@ class HashMap(Structure):
                 raise ValueError(f"hash map {name!r}: page_slots={page_slots} exceeds the "
                                  f"{s} slots a {page_bytes}-byte page holds")
             s = page_slots
+        if s >= HashMap.GROUP:
+            s -= s % HashMap.GROUP  # whole probe groups
+        elif page_slots is None and s < 2:
+            pass
         if s < 2:
             raise SchemaError(f"hash map {name!r}: records of {ks + vs} bytes do not fit "
                               f"two to a {page_bytes}-byte page")
@@ -167,6 +178,11 @@ class HashMap(Structure):
         self._vals = frames[:, self._vo:self._vo + S * vdt.itemsize].view(vdt)
         self._hdr = self._pm.pool.headers
         self.max_fill = max(1, min(S - 1, int(S * self.PAGE_FILL)))
+        self.G = min(self.GROUP, S)
+        self.n_blocks = S // self.G
+        self._g_range = np.arange(self.G)
+        self._pb = self._pm.page_bytes
+        self._u64 = frames.reshape(-1).view(np.uint64)
         self._ctrl_c = Column(frames, HEADER_BYTES, 1, np.dtype(np.uint8), S)
         self._key_c = Column(frames, self._ko, kdt.itemsize, self._cmp_dtype, S)
         vs = vdt.itemsize
@@ -250,13 +266,35 @@ class HashMap(Structure):
         b = (h & _U64((1 << (i + 1)) - 1)).astype(np.int64)
         return np.where(b >= n, b - (1 << i), b)
 
-    def _slot_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
-        return (((h >> _U64(32)) * _U64(self.S)) >> _U64(32)).astype(np.int64)
+    def _block_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        return (((h >> _U64(32)) * _U64(self.n_blocks)) >> _U64(32)).astype(np.int64)
 
     # -- core vectorized operations -----------------------------------------------------------------
+    def _tag_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:
+        return ((h >> _U64(24)) & _U64(0x7F)).astype(np.uint8) | np.uint8(FULL_BIT)
+
+    def _block_ctrl(self, f: npt.NDArray[np.int64], b: npt.NDArray[np.int64]
+                    ) -> npt.NDArray[np.uint8]:
+        """The ctrl bytes of group ``b`` of frames ``f``: an ``(n, G)`` array."""
+        if self.G == 16:  # two aligned 64-bit words per group
+            w = (f * self._pb + (HEADER_BYTES + 16 * b)) >> 3
+            words = np.empty((len(f), 2), dtype=np.uint64)
+            words[:, 0] = np.take(self._u64, w)
+            words[:, 1] = np.take(self._u64, w + 1)
+            return words.view(np.uint8)
+        slots = (b * self.G)[:, None] + self._g_range
+        return self._ctrl_c.get(f[:, None], slots)
+
     def _locate(self, kc: npt.NDArray[Any], h: npt.NDArray[np.uint64]
                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Page seq and slot of each key, -1 where absent. Runtime complexity: O(n * probes)."""
+        """Page seq and slot of each key, -1 where absent.
+
+        Group probing: each round compares every key still probing with all
+        ``G`` slots of its current block; a block with an EMPTY slot ends the
+        probe in that page (then the next page of the chain, if any).
+        Runtime complexity: O(n * G * blocks probed); about one block at the
+        default load.
+        """
         n = len(kc)
         out_seq = np.full(n, -1, dtype=np.int64)
         out_slot = np.full(n, -1, dtype=np.int64)
@@ -264,28 +302,39 @@ class HashMap(Structure):
             return out_seq, out_slot
         idx = np.arange(n)
         q = self._bucket_seq[self._bucket_of(h)]
-        s0 = self._slot_of(h)
-        s = s0
+        b0 = self._block_of(h)
+        b = b0
         k = kc
-        frames_of, next_of, ctrl, keys, S = self._ps.frames, self._next_of, self._ctrl_c, \
-            self._key_c, self.S
+        tag = self._tag_of(h)
+        frames_of, next_of, nb, G = self._ps.frames, self._next_of, self.n_blocks, self.G
         while idx.size:
             f = frames_of[q]
-            c = ctrl.get(f, s)
-            hit = (c == FULL) & (keys.get(f, s) == k)
+            ctrl = self._block_ctrl(f, b)
+            match = ctrl == tag[:, None]
+            hit = np.zeros(len(idx), dtype=bool)
+            pos = np.zeros(len(idx), dtype=np.int64)
+            cand = np.flatnonzero(match.any(axis=1))
+            while cand.size:  # usually one candidate per key; false tag matches are rare
+                p_ = match[cand].argmax(axis=1)
+                eq = self._key_c.get(f[cand], b[cand] * G + p_) == k[cand]
+                hit[cand[eq]] = True
+                pos[cand[eq]] = p_[eq]
+                miss = cand[~eq]
+                match[miss, p_[~eq]] = False
+                cand = miss[match[miss].any(axis=1)]
             if hit.any():
                 out_seq[idx[hit]] = q[hit]
-                out_slot[idx[hit]] = s[hit]
-            empty = c == EMPTY
+                out_slot[idx[hit]] = b[hit] * G + pos[hit]
+            empty = (ctrl == EMPTY).any(axis=1)
             nxt = next_of[q]
-            move = empty & (nxt >= 0)
+            move = ~hit & empty & (nxt >= 0)
             keep = move | ~(hit | empty)
             if not keep.any():
                 break
-            s = np.where(move, s0, s + 1)
-            s[s == S] = 0
+            b = np.where(move, b0, b + 1)
+            b[b == nb] = 0
             q = np.where(move, nxt, q)
-            idx, q, s, s0, k = idx[keep], q[keep], s[keep], s0[keep], k[keep]
+            idx, q, b, b0, k, tag = idx[keep], q[keep], b[keep], b0[keep], k[keep], tag[keep]
         return out_seq, out_slot
 
     def _touch(self, seqs: npt.NDArray[np.int64]) -> None:
@@ -337,50 +386,53 @@ class HashMap(Structure):
                 sel = order[over & (ts == seq)]
                 tgt[sel] = new
         self._touch(tgt)
-        self._place(tgt, self._slot_of(h), kc, vals)
+        self._place(tgt, self._block_of(h), kc, vals, self._tag_of(h))
         self._len += m
 
-    def _place(self, tgt: npt.NDArray[np.int64], s0: npt.NDArray[np.int64],
-               kc: npt.NDArray[Any], vals: npt.NDArray[Any]) -> None:
-        """Write keys into the free slots of their target pages as linear probing would.
+    def _place(self, tgt: npt.NDArray[np.int64], b0: npt.NDArray[np.int64],
+               kc: npt.NDArray[Any], vals: npt.NDArray[Any], tags: npt.NDArray[np.uint8]
+               ) -> None:
+        """Write keys into the first block, from their home block on, with a free slot.
 
-        All pages at once, without probing rounds: the free (EMPTY or TOMB) slots of
-        the touched pages are listed twice ("unrolled" over two laps, for wrap-around)
-        in one sorted array; a key's first candidate is the first free slot at or
-        after its home slot, and keys sorted by candidate take ``a_i = max(r_i,
-        a_{i-1} + 1)``, i.e. ``i + cummax(r_i - i)``. Every slot between a key's home
-        and its slot is then non-EMPTY, so probes find it. The caller guarantees a
-        page receives fewer keys than it has free slots.
+        One round per block step: keys are grouped by (page, block) and the
+        ``r``-th key of a group takes the ``r``-th free (EMPTY or TOMB) slot of the
+        block; keys beyond the block's free slots try the next block. A key thus
+        sits in the first non-full block of its probe sequence, which is where
+        `_locate` finds it. The caller guarantees each page has room.
         """
-        S = self.S
-        upages, row = np.unique(tgt, return_inverse=True)
-        row = row.reshape(-1)
-        fr = self._ps.frames[upages]
-        ctrl = self._ctrl[fr]
-        free = ctrl != FULL
-        rows_f, pos_f = np.nonzero(free)
-        lap = np.concatenate([rows_f * (2 * S) + pos_f, rows_f * (2 * S) + pos_f + S])
-        lap.sort()
-        r = np.searchsorted(lap, row * (2 * S) + s0)
-        order = np.argsort(r, kind="stable")
-        i = np.arange(len(r))
-        a = i + np.maximum.accumulate(r[order] - i)
-        glob = lap[a]
-        rows = glob // (2 * S)
-        slot = glob - rows * (2 * S)
-        wrapped = slot >= S
-        if wrapped.any():  # these pass the page end: place them after the rest, from slot 0
-            keep = ~wrapped
-            self._commit(fr[rows[keep]], slot[keep], kc[order[keep]], vals[order[keep]])
-            w = order[wrapped]
-            self._place(tgt[w], np.zeros(len(w), dtype=np.int64), kc[w], vals[w])
-        else:
-            self._commit(fr[rows], slot, kc[order], vals[order])
+        G, nb = self.G, self.n_blocks
+        frames_of = self._ps.frames
+        idx = np.arange(len(tgt))
+        b = b0.copy()
+        while idx.size:
+            f = frames_of[tgt[idx]]
+            gid = f * nb + b
+            order = np.argsort(gid, kind="stable")
+            gs = gid[order]
+            first = np.ones(len(gs), dtype=bool)
+            first[1:] = gs[1:] != gs[:-1]
+            starts = np.flatnonzero(first)
+            rank = np.empty(len(gs), dtype=np.int64)
+            rank[order] = np.arange(len(gs)) - np.repeat(starts, np.diff(np.append(starts,
+                                                                                len(gs))))
+            ctrl = self._block_ctrl(f, b)
+            free = np.cumsum(ctrl < FULL_BIT, axis=1)
+            ok = rank < free[:, -1]
+            pos = (free > rank[:, None]).argmax(axis=1)
+            w = np.flatnonzero(ok)
+            if len(w):
+                self._commit(f[w], b[w] * G + pos[w], kc[idx[w]], vals[idx[w]],
+                             tags[idx[w]])
+            lose = ~ok
+            b = b[lose] + 1
+            b[b == nb] = 0
+            idx = idx[lose]
 
     def _commit(self, f: npt.NDArray[np.int64], slot: npt.NDArray[np.int64],
-                kc: npt.NDArray[Any], vals: npt.NDArray[Any]) -> None:
+                kc: npt.NDArray[Any], vals: npt.NDArray[Any], tags: npt.NDArray[np.uint8]
+                ) -> None:
         was_empty = self._ctrl_c.get(f, slot) == EMPTY
-        self._ctrl_c.set(f, slot, FULL)
+        self._ctrl_c.set(f, slot, tags)
         self._key_c.set(f, slot, kc)
         self._set_vals(f, slot, vals)
         hdr = self._hdr
@@ -398,7 +450,7 @@ class HashMap(Structure):
             chain.append(q)
             q = int(self._next_of[q])
         fr = self._ps.frames[chain]
-        full = self._ctrl[fr] == FULL
+        full = self._ctrl[fr] >= FULL_BIT
         return chain, self._keys[fr][full], self._vals[fr][full]
 
     def _reset_bucket(self, chain: list[int]) -> None:
@@ -706,7 +758,7 @@ class HashMap(Structure):
         self._sync()
         seqs = self._ps.seqs()
         fr = self._ps.frames[seqs[seqs != 0]]
-        full = self._ctrl[fr] == FULL
+        full = self._ctrl[fr] >= FULL_BIT
         return (self._keys[fr][full].view(self.key_dtype).copy(),
                 self._vals[fr][full].copy())
 
@@ -831,7 +883,7 @@ class HashMap(Structure):
         assert int(primary.sum()) == self._n_buckets
         assert sorted(hdr["aux0"][fr[primary]].tolist()) == list(range(self._n_buckets))
         ctrl = self._ctrl[fr]
-        assert np.array_equal((ctrl == FULL).sum(1), hdr["count"][fr])
+        assert np.array_equal((ctrl >= FULL_BIT).sum(1), hdr["count"][fr])
         assert np.array_equal((ctrl != EMPTY).sum(1), hdr["start"][fr])
         assert np.all(hdr["start"][fr] <= self.max_fill + 0), "page overfilled"
         assert np.all((ctrl == EMPTY).any(1)), "page without an empty slot"
@@ -849,10 +901,19 @@ class HashMap(Structure):
                 else:
                     assert self._next_of[q] == -1
                     assert self._last_seq[b] == q
-                full = self._ctrl[f] == FULL
+                full = self._ctrl[f] >= FULL_BIT
                 k = self._keys[f][full]
                 if len(k):
-                    assert np.all(self._bucket_of(self._hash(k)) == b), "key in wrong bucket"
+                    hk = self._hash(k)
+                    assert np.all(self._bucket_of(hk) == b), "key in wrong bucket"
+                    assert np.array_equal(self._tag_of(hk), self._ctrl[f][full]), "bad tag"
+                    blk = np.flatnonzero(full) // self.G
+                    has_empty = (self._ctrl[f][:self.n_blocks * self.G]
+                                 .reshape(self.n_blocks, self.G) == EMPTY).any(1)
+                    for home, at in zip(self._block_of(hk).tolist(), blk.tolist()):
+                        while home != at:  # every group before the key's is full
+                            assert not has_empty[home], "key unreachable by probing"
+                            home = (home + 1) % self.n_blocks
                 allkeys.append(k)
                 total += int(full.sum())
                 seen += 1
