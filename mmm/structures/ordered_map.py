@@ -202,6 +202,9 @@ class OrderedMap(Structure):
                                   f"bytes do not fit {self._pm.page_bytes}-byte pages")
         self._K = frames[:, ko:ko + S * kdt.itemsize].view(kdt)
         self._kcol = Column(frames, ko, kdt.itemsize, kdt, S)
+        if kdt.kind in "iu":
+            info = np.iinfo(kdt)
+            self._kmin, self._kmax = int(info.min), int(info.max)
         self._V = frames[:, vo:vo + S * vdt.itemsize].view(vdt)
         self._hdr = self._pm.pool.headers
         self._slots = np.arange(S)
@@ -790,22 +793,67 @@ class OrderedMap(Structure):
     def _one(key: Any) -> Any:
         return key.reshape(1) if isinstance(key, np.ndarray) else [key]
 
+    def _key1(self, key: Any) -> Any:
+        """One key as a numpy scalar of the key dtype, validated as `_canon` does."""
+        kdt = self.key_dtype
+        t = type(key)
+        if t is int and kdt.kind in "iu":
+            if self._kmin <= key <= self._kmax:
+                return kdt.type(key)
+        elif t is float and kdt.kind == "f":
+            if key == key:  # not NaN
+                return kdt.type(key + 0.0)  # -0.0 -> 0.0
+        elif t is bytes and kdt.kind == "S":
+            if len(key) <= kdt.itemsize:
+                return kdt.type(key)
+        elif isinstance(key, np.generic) and key.dtype == kdt and kdt.kind not in "fMm":
+            return key
+        return self._canon(self._one(key))[0]
+
+    def _find1(self, k: Any) -> tuple[int, int, bool]:
+        """``(leaf index, slot, found)`` of one canonical key."""
+        i = int(np.searchsorted(self._fence[1:], k, side="right")) if len(self._seqs) > 1 else 0
+        row = self._K[self._ps.frames[self._seqs[i]], :self._counts[i]]
+        p = int(np.searchsorted(row, k))
+        return i, p, bool(p < len(row) and row[p] == k)
+
     def __getitem__(self, key: Any) -> Any:
-        found, v = self.get(self._one(key))
-        if not found[0]:
+        """The value of ``key`` (a copy). Runtime complexity: O(log leaves + log S).
+
+        Raises
+        ------
+        KeyError
+            If ``key`` is absent.
+        RecordTypeError
+            If ``key`` has the wrong dtype.
+        """
+        self._sync()
+        i, p, found = self._find1(self._key1(key))
+        if not found:
             raise KeyError(key)
-        return v[0]
+        return self._V[self._ps.frames[self._seqs[i]], p:p + 1].copy()[0]
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.put(self._one(key), value.reshape(1) if isinstance(value, np.ndarray) else [value])
+        """Insert or overwrite one record. Pages copied: at most 1 (overwrite) or as `put`."""
+        self._sync()
+        k = self._key1(key)
+        v = self._values(value.reshape(1) if isinstance(value, np.ndarray) else [value], 1)
+        i, p, found = self._find1(k)
+        if not found:
+            self._write_sorted(np.array([k], dtype=self.key_dtype), v)
+            return
+        f = self._pm.writable1(self.psid, int(self._seqs[i]))
+        self._V[f, p] = v[0]
+        self._version += 1
 
     def __delitem__(self, key: Any) -> None:
         if not self.delete(self._one(key))[0]:
             raise KeyError(key)
 
     def __contains__(self, key: Any) -> bool:
+        self._sync()
         try:
-            return bool(self.contains(self._one(key))[0])
+            return self._find1(self._key1(key))[2]
         except RecordTypeError:
             return False
 

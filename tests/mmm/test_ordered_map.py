@@ -395,6 +395,35 @@ def test_missing_keys_raise_keyerror(om: OrderedMap) -> None:
     assert 1 not in om and 2 in om
 
 
+def test_per_record_keys_are_validated_like_batches(pm: mmm.PageManager) -> None:
+    """Python and numpy scalars take the fast path; bad ones raise as batches do."""
+    i4 = OrderedMap.create(pm, "i4", key="<i4", value="<i8", page_slots=3)
+    for k in range(10):
+        i4[k] = k * 10
+    i4[np.int32(3)] = -3
+    assert i4[3] == -3 and i4[np.int64(4)] == 40 and i4[np.array(5)] == 50
+    with pytest.raises(RecordTypeError, match="i4"):
+        i4[2 ** 40] = 1
+    with pytest.raises(RecordTypeError, match="i4"):
+        i4[1.5]
+    assert 2 ** 40 not in i4 and 1.5 not in i4 and "a" not in i4 and 9 in i4
+    f4 = OrderedMap.create(pm, "f4", key="<f4", value="<i8")
+    f4[0.5] = 1
+    f4[-0.0] = 2
+    assert f4[np.float32(0.5)] == 1 and f4[0.0] == 2 and len(f4) == 2
+    with pytest.raises(RecordTypeError, match="NaN"):
+        f4[float("nan")] = 3
+    assert float("nan") not in f4
+    s3 = OrderedMap.create(pm, "s3", key="S3", value="<i8")
+    s3[b"b"] = 2
+    s3[b"abc"] = 1
+    with pytest.raises(RecordTypeError, match="truncation"):
+        s3[b"abcd"] = 0
+    assert [bytes(k) for k in s3] == [b"abc", b"b"]
+    for m in (i4, f4, s3):
+        m._check()
+
+
 def test_upsert_spec_errors(pm: mmm.PageManager, om: OrderedMap) -> None:
     """Scalar value dtypes, unknown ops/fields and missing columns raise RecordTypeError."""
     scalar = OrderedMap.create(pm, "s", key="<i8", value="<f8")
