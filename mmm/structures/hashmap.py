@@ -59,6 +59,20 @@ _U64 = np.uint64
 _MASK32 = _U64(0xFFFFFFFF)
 
 
+_ONES = _U64(0x0101010101010101)
+_LOW7 = _U64(0x7F7F7F7F7F7F7F7F)
+
+
+def _zero_bytes(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """0x80 in each byte of ``x`` that is zero, 0 elsewhere (exact, no borrow)."""
+    return ~(((x & _LOW7) + _LOW7) | x | _LOW7)
+
+
+def _widen(b: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint64]:
+    """All-ones words where ``b`` is True."""
+    return np.where(b, ~_U64(0), _U64(0))
+
+
 def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """splitmix64 finalizer, vectorized (uint64 arithmetic wraps)."""
     x = x + _U64(0x9E3779B97F4A7C15)
@@ -307,25 +321,45 @@ class HashMap(Structure):
         k = kc
         tag = self._tag_of(h)
         frames_of, next_of, nb, G = self._ps.frames, self._next_of, self.n_blocks, self.G
+        swar = G == 16
         while idx.size:
             f = frames_of[q]
-            ctrl = self._block_ctrl(f, b)
-            match = ctrl == tag[:, None]
             hit = np.zeros(len(idx), dtype=bool)
             pos = np.zeros(len(idx), dtype=np.int64)
-            cand = np.flatnonzero(match.any(axis=1))
-            while cand.size:  # usually one candidate per key; false tag matches are rare
-                p_ = match[cand].argmax(axis=1)
-                eq = self._key_c.get(f[cand], b[cand] * G + p_) == k[cand]
-                hit[cand[eq]] = True
-                pos[cand[eq]] = p_[eq]
-                miss = cand[~eq]
-                match[miss, p_[~eq]] = False
-                cand = miss[match[miss].any(axis=1)]
+            if swar:  # SWAR over the group's two ctrl words: no (n, 16) temporaries
+                w = (f * self._pb + (HEADER_BYTES + 16 * b)) >> 3
+                empty = np.zeros(len(idx), dtype=bool)
+                rep = tag.astype(np.uint64) * _ONES
+                for half in (0, 1):
+                    word = np.take(self._u64, w + half)
+                    empty |= _zero_bytes(word) != 0
+                    m = _zero_bytes(word ^ rep)
+                    cand = np.flatnonzero(m & ~_widen(hit))
+                    while cand.size:
+                        low = m[cand] & (~m[cand] + _U64(1))
+                        p_ = (np.log2(low.astype(np.float64)).astype(np.int64) >> 3) + 8 * half
+                        eq = self._key_c.get(f[cand], b[cand] * G + p_) == k[cand]
+                        hit[cand[eq]] = True
+                        pos[cand[eq]] = p_[eq]
+                        m[cand] &= ~low
+                        m[cand[eq]] = 0
+                        cand = cand[m[cand] != 0]
+            else:
+                ctrl = self._block_ctrl(f, b)
+                match = ctrl == tag[:, None]
+                cand = np.flatnonzero(match.any(axis=1))
+                while cand.size:  # usually one candidate; false tag matches are rare
+                    p_ = match[cand].argmax(axis=1)
+                    eq = self._key_c.get(f[cand], b[cand] * G + p_) == k[cand]
+                    hit[cand[eq]] = True
+                    pos[cand[eq]] = p_[eq]
+                    miss = cand[~eq]
+                    match[miss, p_[~eq]] = False
+                    cand = miss[match[miss].any(axis=1)]
+                empty = (ctrl == EMPTY).any(axis=1)
             if hit.any():
                 out_seq[idx[hit]] = q[hit]
                 out_slot[idx[hit]] = b[hit] * G + pos[hit]
-            empty = (ctrl == EMPTY).any(axis=1)
             nxt = next_of[q]
             move = ~hit & empty & (nxt >= 0)
             keep = move | ~(hit | empty)

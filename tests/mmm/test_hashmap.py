@@ -15,7 +15,7 @@ from mmm.structures.hashmap import HashMap
 
 VALUE = np.dtype([("n", "<i8"), ("lo", "<i8"), ("hi", "<i8"), ("last", "<f8")])
 SPEC = {"n": "count", "lo": ("min", "ts"), "hi": ("max", "ts"), "last": ("last", "x")}
-keys_st = st.lists(st.integers(0, 60), max_size=40)
+keys_st = st.lists(st.integers(0, 200), max_size=60)
 
 
 def oracle_upsert(model: dict, keys: list[int], ts: list[int], xs: list[float]) -> None:
@@ -163,6 +163,23 @@ class HashMapVsDict(RuleBasedStateMachine):
 
 TestHashMapVsDict = HashMapVsDict.TestCase
 TestHashMapVsDict.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+class HashMapGroupsVsDict(HashMapVsDict):
+    """Same machine with 32-slot pages: two 16-slot probe groups (the SWAR path)."""
+
+    def __init__(self) -> None:
+        RuleBasedStateMachine.__init__(self)
+        self.pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+        self.slots = 32
+        self.m = HashMap.create(self.pm, "m", key="<u4", value=VALUE, page_slots=self.slots)
+        self.model = {}
+        self.live_snaps = []
+
+
+TestHashMapGroupsVsDict = HashMapGroupsVsDict.TestCase
+TestHashMapGroupsVsDict.settings = settings(max_examples=30, stateful_step_count=40,
+                                            deadline=None)
 
 
 @settings(max_examples=25, deadline=None)
