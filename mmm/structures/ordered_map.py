@@ -380,7 +380,7 @@ class OrderedMap(Structure):
         c = self._counts[i]
         return self._K[f, :c].copy(), self._V[f, :c].copy()
 
-    # -- the one writer ------------------------------------------------------------------------------
+    # -- the one writer ----------------------------------------------------------------------------
     def _commit(self, plan: dict[int, tuple[npt.NDArray[Any], npt.NDArray[Any]]], *,
                 pack_full: frozenset[int] = frozenset(), merge: bool = False,
                 scatter: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
@@ -539,7 +539,7 @@ class OrderedMap(Structure):
 
     # -- batch API ---------------------------------------------------------------------------------
     def put(self, keys: npt.ArrayLike, values: Any) -> None:
-        """Insert or overwrite ``keys[i] -> values[i]``; for a key repeated in the batch the last wins.
+        """Insert or overwrite ``keys[i] -> values[i]``; a key repeated in the batch: last wins.
 
         Parameters
         ----------
@@ -551,7 +551,8 @@ class OrderedMap(Structure):
 
         Runtime complexity: O(n log n + n log S + touched leaves * S), plus
         O(leaves) when leaves split. Pages copied: at most the leaves touched
-        and their neighbours, once per snapshot.
+        plus, per split leaf, its right neighbour (its ``prev`` link), once per
+        snapshot; new leaves are fresh pages, not copies.
 
         Raises
         ------
@@ -649,7 +650,7 @@ class OrderedMap(Structure):
         return found, out
 
     def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
-        """Boolean mask: which keys are present. Runtime complexity: as `get`."""
+        """Boolean mask: which keys are present. Runtime complexity: as `get`. Pages copied: 0."""
         self._sync()
         k = self._canon(keys)
         return self._locate(k)[2] if len(k) else np.zeros(0, dtype=bool)
@@ -658,8 +659,9 @@ class OrderedMap(Structure):
         """Delete keys; return which were present (a repeated key is True each time).
 
         Runtime complexity: O(n log n + touched leaves * S), plus O(leaves) when
-        leaves are released. Pages copied: at most the leaves touched and their
-        neighbours, once per snapshot.
+        leaves are released. Pages copied: at most three per leaf touched (the
+        leaf, a merge neighbour's successor and a released leaf's predecessor,
+        whose links change), once per snapshot.
 
         Raises
         ------
@@ -711,7 +713,8 @@ class OrderedMap(Structure):
 
         Leaves wholly inside the range are released without being rewritten.
         Runtime complexity: as `range` plus O(leaves) when leaves are released.
-        Pages copied: at most the two boundary leaves and a merge neighbour.
+        Pages copied: at most 3 (boundary leaves that keep records, and leaves
+        whose links change), however many leaves the range spans.
 
         Raises
         ------
@@ -747,23 +750,32 @@ class OrderedMap(Structure):
         self._commit({i: empty for i in range(len(self._seqs))})
 
     def items(self) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-        """All ``(keys, values)`` in key order (copies). Runtime complexity: O(leaves * S)."""
+        """All ``(keys, values)`` in key order (copies).
+
+        Runtime complexity: O(leaves * S). Pages copied: 0.
+        """
         return self.range()
 
     def keys(self) -> npt.NDArray[Any]:
-        """All keys in ascending order (a copy)."""
+        """All keys in ascending order (a copy).
+
+        Runtime complexity: O(leaves * S). Pages copied: 0.
+        """
         self._sync()
         cum = np.r_[0, np.cumsum(self._counts)]
         return self._gather(0, self._n, cum, want_values=False)[0]
 
     def values(self) -> npt.NDArray[Any]:
-        """All values in key order (a copy)."""
+        """All values in key order (a copy).
+
+        Runtime complexity: O(leaves * S). Pages copied: 0.
+        """
         self._sync()
         cum = np.r_[0, np.cumsum(self._counts)]
         return self._gather(0, self._n, cum, want_keys=False)[1]
 
     def min_key(self) -> Any:
-        """The smallest key. Runtime complexity: O(1).
+        """The smallest key. Runtime complexity: O(1). Pages copied: 0.
 
         Raises
         ------
@@ -776,7 +788,7 @@ class OrderedMap(Structure):
         return self._K[self._ps.frames[self._seqs[0]], 0]
 
     def max_key(self) -> Any:
-        """The largest key. Runtime complexity: O(1).
+        """The largest key. Runtime complexity: O(1). Pages copied: 0.
 
         Raises
         ------
@@ -788,7 +800,7 @@ class OrderedMap(Structure):
             raise ValueError(f"{self._where} is empty: no max_key")
         return self._K[self._ps.frames[self._seqs[-1]], self._counts[-1] - 1]
 
-    # -- per-record convenience ----------------------------------------------------------------------
+    # -- per-record convenience --------------------------------------------------------------------
     @staticmethod
     def _one(key: Any) -> Any:
         return key.reshape(1) if isinstance(key, np.ndarray) else [key]
@@ -818,7 +830,9 @@ class OrderedMap(Structure):
         return i, p, bool(p < len(row) and row[p] == k)
 
     def __getitem__(self, key: Any) -> Any:
-        """The value of ``key`` (a copy). Runtime complexity: O(log leaves + log S).
+        """The value of ``key`` (a copy).
+
+        Runtime complexity: O(log leaves + log S). Pages copied: 0.
 
         Raises
         ------
@@ -882,7 +896,7 @@ class OrderedMap(Structure):
         return (f"<OrderedMap {self.name!r} key={self.key_dtype} value={self.value_dtype} "
                 f"len={self._n} leaves={len(self._seqs)} slots={self.S}>")
 
-    # -- invariants ------------------------------------------------------------------------------------
+    # -- invariants --------------------------------------------------------------------------------
     def _check(self) -> None:
         """Assert every invariant of the leaves, their chain and the fence index (O(leaves * S))."""
         self._sync()

@@ -145,7 +145,7 @@ class OrderedMapVsSortedDict(RuleBasedStateMachine):
         del self.m[self._k1(k)]
         del self.model[k]
 
-    # -- reads --------------------------------------------------------------------------------------
+    # -- reads -------------------------------------------------------------------------------------
     @rule(keys=keys_st)
     def lookup(self, keys: list[int]) -> None:
         found, vals = self.m.get(self._k(keys))
@@ -191,7 +191,7 @@ class OrderedMapVsSortedDict(RuleBasedStateMachine):
         assert self.m.S == slots
         assert OrderedMap.create(self.pm, "om", key=self.kdt, value=VALUE) is self.m
 
-    # -- snapshots ----------------------------------------------------------------------------------
+    # -- snapshots ---------------------------------------------------------------------------------
     def _active(self) -> bool:
         return self.snap is not None and self.snap.state is SnapshotState.ACTIVE
 
@@ -266,7 +266,7 @@ class OrderedMapVsSortedDict(RuleBasedStateMachine):
         assert self.from_key(keys) == sorted(self.frozen)
         assert vals.tolist() == [self.frozen[k] for k in sorted(self.frozen)]
 
-    # -- invariants -----------------------------------------------------------------------------------
+    # -- invariants --------------------------------------------------------------------------------
     @invariant()
     def agrees_with_sorted_dict(self) -> None:
         self.m._check()
@@ -285,7 +285,7 @@ class OrderedMapVsSortedDict(RuleBasedStateMachine):
 TestOrderedMapVsSortedDict = OrderedMapVsSortedDict.TestCase
 
 
-# -- error cases -------------------------------------------------------------------------------------
+# -- error cases -----------------------------------------------------------------------------------
 @pytest.fixture
 def pm() -> mmm.PageManager:
     return mmm.PageManager(page_bytes=PAGE_BYTES, capacity_bytes=CAPACITY)
@@ -602,3 +602,12 @@ def test_file_backed_map_reattached_by_second_process(tmp_path: Any) -> None:
                          timeout=120, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == want
+
+
+def test_docstring_examples_run() -> None:
+    """The module's doctest examples pass."""
+    import doctest
+
+    import mmm.structures.ordered_map as module
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
