@@ -1,7 +1,6 @@
 """ioservice: page and checkpoint I/O to any pyarrow filesystem (SGuard paper §3, §4.4, §5).
 
-This package currently holds the storage layer the checkpoint writer and
-recovery build on:
+Modules:
 
 `ioservice.fs`
     `open_root` resolves a URI (``file://`` or a local path — the embedded
@@ -10,6 +9,20 @@ recovery build on:
     plus a base path, with safe path joining, HA-unit name validation, output
     streams, atomic manifest writes, listings, whole/range reads, deletes and
     writability/reachability probes.
+`ioservice.format`
+    The checkpoint layout ``<root>/checkpoint/<haunit>-<seq>/`` (one page file
+    per worker, ``manifest.json`` written last) and the versioned `Manifest`.
+`ioservice.service`
+    `IOService`: worker threads writing a snapshot's pages in large sequential
+    writes and reading them back in parallel, verifying per-page checksums.
+`ioservice.recovery`
+    `restore` (latest restorable checkpoint, falling back past damaged ones),
+    `list_checkpoints`, `read_manifest`, `verify_checkpoint`.
+`ioservice.manager`
+    `CheckpointManager`: the five steps of §3 for one HA unit, policies,
+    incremental checkpoints, retention.
+`ioservice.cli`
+    ``sguard checkpoints ls|verify|show``.
 `ioservice.errors`
     One exception hierarchy rooted at `IOServiceError`.
 `ioservice.testing`
@@ -29,10 +42,25 @@ HA unit
 manifest
     The small object written last, atomically, that makes a checkpoint exist
     (`StorageRoot.write_atomic`).
+checkpoint
+    ``<haunit>-<seq>``: a directory of page files plus its manifest; a *full*
+    one holds every page, an *incremental* one references unchanged pages in
+    earlier checkpoints (its *base* chain).
+page file
+    Whole pages back to back, written by one I/O worker (``w000.pages``).
+persisted
+    A page whose bytes were handed to storage: mmm unpins its frame.
 """
 
 from ioservice.errors import (
     BackendUnavailableError,
+    CheckpointDamagedError,
+    CheckpointError,
+    CheckpointInProgressError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    DamagedCheckpointWarning,
+    ManifestError,
     InvalidNameError,
     InvalidPathError,
     InvalidURIError,
@@ -44,10 +72,39 @@ from ioservice.errors import (
     StorageUnreachableError,
     UnsupportedURIError,
 )
+from ioservice.format import FORMAT_VERSION, Manifest, PageFile, PageTable
 from ioservice.fs import FileEntry, StorageRoot, open_root, validate_name
+from ioservice.manager import CheckpointManager, CheckpointPolicy, CheckpointState, PendingCheckpoint
+from ioservice.recovery import (CheckpointInfo, list_checkpoints, list_haunits, read_manifest,
+                                restore, verify_checkpoint)
+from ioservice.service import IOService, ReadResult, WriteResult
 
 __all__ = [
     "BackendUnavailableError",
+    "CheckpointDamagedError",
+    "CheckpointError",
+    "CheckpointInProgressError",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "CheckpointNotFoundError",
+    "CheckpointPolicy",
+    "CheckpointState",
+    "CheckpointWriteError",
+    "DamagedCheckpointWarning",
+    "FORMAT_VERSION",
+    "IOService",
+    "Manifest",
+    "ManifestError",
+    "PageFile",
+    "PageTable",
+    "PendingCheckpoint",
+    "ReadResult",
+    "WriteResult",
+    "list_checkpoints",
+    "list_haunits",
+    "read_manifest",
+    "restore",
+    "verify_checkpoint",
     "FileEntry",
     "IOServiceError",
     "InvalidNameError",

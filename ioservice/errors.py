@@ -14,7 +14,16 @@ caller would naturally catch, so ``except ValueError`` around a bad URI and
     ├── StoragePermissionError (PermissionError)
     │   └── RootNotWritableError
     ├── StorageUnreachableError (ConnectionError)
-    └── BackendUnavailableError (OSError)
+    ├── BackendUnavailableError (OSError)
+    └── CheckpointError
+        ├── CheckpointWriteError (OSError)
+        ├── CheckpointDamagedError (ValueError)
+        │   └── ManifestError
+        ├── CheckpointNotFoundError (FileNotFoundError)
+        └── CheckpointInProgressError (RuntimeError)
+
+Checkpoint errors name the HA unit, the checkpoint (``<haunit>-<seq>``), the
+file and the backend.
 
 Messages name the URI, path and backend at fault.
 """
@@ -23,6 +32,13 @@ from __future__ import annotations
 
 __all__ = [
     "BackendUnavailableError",
+    "CheckpointDamagedError",
+    "CheckpointError",
+    "CheckpointInProgressError",
+    "CheckpointNotFoundError",
+    "CheckpointWriteError",
+    "DamagedCheckpointWarning",
+    "ManifestError",
     "IOServiceError",
     "InvalidNameError",
     "InvalidPathError",
@@ -80,3 +96,33 @@ class StorageUnreachableError(IOServiceError, ConnectionError):
 
 class BackendUnavailableError(IOServiceError, OSError):
     """The client side of a backend cannot be loaded (e.g. libhdfs or the JVM is missing)."""
+
+
+class CheckpointError(IOServiceError):
+    """Base class for errors of checkpoint writing, recovery and inspection."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """Writing a checkpoint failed (a page file or its manifest); the checkpoint
+    was cancelled and does not exist."""
+
+
+class CheckpointDamagedError(CheckpointError, ValueError):
+    """A checkpoint cannot be restored: a page fails its checksum, a page file is
+    missing or short, or a page header does not match the manifest."""
+
+
+class ManifestError(CheckpointDamagedError):
+    """A manifest does not parse, has an unknown ``format_version`` or is inconsistent."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No (restorable) checkpoint exists for an HA unit."""
+
+
+class CheckpointInProgressError(CheckpointError, RuntimeError):
+    """A checkpoint was requested while another one of the same HA unit is in flight."""
+
+
+class DamagedCheckpointWarning(UserWarning):
+    """Recovery skipped a damaged or incomplete checkpoint and fell back to an older one."""

@@ -1,0 +1,578 @@
+"""CheckpointManager: the checkpoint lifecycle of one HA unit (paper §3, §4.4).
+
+A checkpoint takes the five steps of the paper:
+
+1. *notify inputs* — ``on_start(seq)`` (e.g. HAInput operators); it may return
+   input positions / other JSON-able data, stored in the manifest's ``user_meta``;
+2. *prepare* — `mmm.PageManager.chkpt`: the only pause, O(pages), no bytes copied;
+3. *write* — the changed pages go to storage through `IOService`, asynchronously,
+   while the operator keeps running;
+4. *record* — the manifest is written last (atomically: the checkpoint now
+   exists), the snapshot completed, then ``on_record(manifest)`` tells a
+   coordinator or catalog;
+5. *notify inputs* — ``on_done(manifest)``, e.g. so upstream logs are trimmed up to
+   the input positions of ``manifest.user_meta``.
+
+Steps 1-2 run in the caller's thread (the HA unit is paused); steps 3-5 run on
+I/O worker threads. At most one checkpoint per HA unit is in flight.
+
+Policies (`CheckpointPolicy`, S4): `maybe_checkpoint` takes one when
+``interval_s`` passed or ``every_n_tuples`` tuples were processed since the
+last one; a checkpoint is skipped when nothing changed since the previous one.
+Checkpoints are incremental (only pages changed since the previous one are
+written; the others are referenced where they lie), with a full checkpoint at
+least every ``full_every`` checkpoints to bound the chain. Retention keeps the
+last ``keep`` restorable checkpoints and deletes every file no remaining
+manifest references (and leftovers of failed checkpoints).
+
+A failed write cancels its checkpoint: ``snap.cancel()`` makes every page
+writable again, no manifest is written, the partial files are deleted
+(best effort), ``on_failed(seq, exc)`` is called, and the previous checkpoint
+stays valid. Its changed pages are written by the next checkpoint.
+
+Invariants: one writer per HA unit and root; this manager is the only one
+that completes snapshots of its page manager (the manager's *base* manifest
+and the page manager's notion of "unchanged" must agree).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ioservice.errors import (
+    CheckpointError,
+    CheckpointInProgressError,
+    CheckpointWriteError,
+    IOServiceError,
+)
+from ioservice.format import Manifest, PageFile, PageTable, checkpoint_dir, checkpoint_name
+from ioservice.fs import StorageRoot, open_root, validate_name
+from ioservice.recovery import list_checkpoints, read_manifest, restore
+from ioservice.service import IOService, WriteResult
+from mmm.manager import PageManager
+from mmm.snapshot import Snapshot, SnapshotState
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CheckpointManager", "CheckpointPolicy", "CheckpointState", "PendingCheckpoint"]
+
+CheckpointState = enum.Enum("CheckpointState", "WRITING COMMITTED FAILED")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointPolicy:
+    """When to checkpoint and what to keep.
+
+    Attributes
+    ----------
+    interval_s : float or None
+        `CheckpointManager.maybe_checkpoint` checkpoints when this many seconds
+        passed since the previous checkpoint started.
+    every_n_tuples : int or None
+        ... or when this many tuples were reported since then.
+    skip_unchanged : bool
+        Skip a checkpoint whose state equals the previous checkpoint's.
+    full_every : int
+        A full checkpoint at least every this many checkpoints (1: always full).
+    keep : int or None
+        Restorable checkpoints kept (None: keep everything).
+    """
+
+    interval_s: float | None = None
+    every_n_tuples: int | None = None
+    skip_unchanged: bool = True
+    full_every: int = 8
+    keep: int | None = 3
+
+    def __post_init__(self) -> None:
+        if self.interval_s is not None and self.interval_s < 0:
+            raise ValueError(f"interval_s must be >= 0, got {self.interval_s}")
+        if self.every_n_tuples is not None and self.every_n_tuples < 1:
+            raise ValueError(f"every_n_tuples must be >= 1, got {self.every_n_tuples}")
+        if self.full_every < 1:
+            raise ValueError(f"full_every must be >= 1, got {self.full_every}")
+        if self.keep is not None and self.keep < 1:
+            raise ValueError(f"keep must be >= 1 or None, got {self.keep}")
+
+
+class PendingCheckpoint:
+    """A checkpoint being written; becomes COMMITTED (with its `Manifest`) or FAILED.
+
+    Attributes
+    ----------
+    seq, name : int, str
+        Sequence number and ``<haunit>-<seq>``.
+    full : bool
+        Whether every page is written (no references to earlier checkpoints).
+    n_pages : int
+        Pages in the checkpoint.
+    n_pages_written : int
+        Pages this checkpoint writes (the changed ones, for an incremental one).
+    prepare_s : float
+        Duration of the pause (steps 1-2).
+    """
+
+    def __init__(self, seq: int, name: str, full: bool, n_pages: int, n_pages_written: int,
+                 prepare_s: float) -> None:
+        self.seq = seq
+        self.name = name
+        self.full = full
+        self.n_pages = n_pages
+        self.n_pages_written = n_pages_written
+        self.prepare_s = prepare_s
+        self.state = CheckpointState.WRITING
+        self.future: cf.Future[Manifest] = cf.Future()
+        self.future.set_running_or_notify_cancel()
+
+    def __repr__(self) -> str:
+        return (f"<PendingCheckpoint {self.name} {self.state.name} "
+                f"{'full' if self.full else 'incremental'} pages={self.n_pages} "
+                f"written={self.n_pages_written}>")
+
+    def done(self) -> bool:
+        """True once COMMITTED or FAILED."""
+        return self.future.done()
+
+    def result(self, timeout_s: float | None = None) -> Manifest:
+        """Wait for the checkpoint and return its manifest.
+
+        Raises
+        ------
+        CheckpointWriteError
+            If it failed (it was cancelled; it does not exist).
+        TimeoutError
+            If it is still being written after `timeout_s`.
+        """
+        return self.future.result(timeout_s)
+
+    def exception(self, timeout_s: float | None = None) -> BaseException | None:
+        """Wait; return the failure or None."""
+        return self.future.exception(timeout_s)
+
+    def add_done_callback(self, fn: Callable[[PendingCheckpoint], None]) -> None:
+        """Call ``fn(self)`` when done (on an I/O thread, or now if already done)."""
+        self.future.add_done_callback(lambda _f: fn(self))
+
+
+class CheckpointManager:
+    """Checkpoints and recovery of one HA unit's page manager (see module docstring).
+
+    Parameters
+    ----------
+    pm : mmm.PageManager
+        The HA unit's pages.
+    root : StorageRoot or str
+        Storage root, or a URI for `ioservice.fs.open_root`.
+    haunit : str
+        HA unit name (a portable directory name, see `ioservice.fs.validate_name`).
+    policy : CheckpointPolicy
+        When to checkpoint, how often a full one, what to keep.
+    io : IOService, optional
+        Shared I/O workers; default: a private service of `n_workers` threads,
+        shut down by `close`.
+    n_workers : int
+        Workers (= files per checkpoint) of the private service.
+    on_start : callable, optional
+        Step 1: ``on_start(seq) -> Mapping | None``, called during the pause;
+        a returned mapping is merged into the manifest's ``user_meta``.
+    on_record : callable, optional
+        Step 4: ``on_record(manifest)`` after the manifest is durable
+        (coordinator / catalog). Errors are logged; the checkpoint stays.
+    on_done : callable, optional
+        Step 5: ``on_done(manifest)`` after the record step and retention.
+    on_failed : callable, optional
+        ``on_failed(seq, exc)`` when a checkpoint was cancelled.
+    check_root : bool
+        Probe that the root is writable now (a clear error early).
+    clock : callable
+        Monotonic time source for ``interval_s`` (tests inject one).
+
+    Raises
+    ------
+    InvalidNameError
+        If `haunit` is not a valid name.
+    UnsupportedURIError, InvalidURIError
+        For a bad URI.
+    RootNotWritableError, StorageUnreachableError
+        If the root cannot be written or reached.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, mmm
+    >>> from mmm.structures.hashmap import HashMap
+    >>> pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    >>> counts = HashMap.create(pm, "counts", key="<u4", value=[("n", "<i8")])
+    >>> counts.upsert(np.array([1, 2, 1], "<u4"), combine={"n": "count"})
+    >>> uri = tempfile.mkdtemp()
+    >>> with CheckpointManager(pm, uri, "agg0") as mgr:
+    ...     man = mgr.checkpoint(user_meta={"offset": 3}).result()
+    >>> man.name, man.user_meta["offset"]
+    ('agg0-1', 3)
+    >>> pm2 = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    >>> with CheckpointManager(pm2, uri, "agg0") as mgr2:
+    ...     _ = mgr2.restore()
+    >>> int(HashMap.create(pm2, "counts", key="<u4", value=[("n", "<i8")])[1]["n"])
+    2
+    """
+
+    def __init__(self, pm: PageManager, root: StorageRoot | str, haunit: str, *,
+                 policy: CheckpointPolicy | None = None, io: IOService | None = None,
+                 n_workers: int = 4,
+                 on_start: Callable[[int], Mapping[str, Any] | None] | None = None,
+                 on_record: Callable[[Manifest], None] | None = None,
+                 on_done: Callable[[Manifest], None] | None = None,
+                 on_failed: Callable[[int, BaseException], None] | None = None,
+                 check_root: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.haunit = validate_name(haunit)
+        self.root = open_root(root) if isinstance(root, str) else root
+        if check_root:
+            self.root.check_writable()
+        self.pm = pm
+        self.policy = policy or CheckpointPolicy()
+        self._own_io = io is None
+        self.io = io or IOService(n_workers)
+        self.on_start, self.on_record, self.on_done, self.on_failed = \
+            on_start, on_record, on_done, on_failed
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pending: PendingCheckpoint | None = None
+        self._base: Manifest | None = None
+        self._manifests: dict[str, Manifest] = {}
+        existing = list_checkpoints(self.root, self.haunit)
+        self._next_seq = max((c.seq for c in existing), default=0) + 1
+        self._last_start = clock()
+        self._tuples = 0
+        self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<CheckpointManager {self.haunit!r} on {self.root.uri} next_seq={self._next_seq}>"
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ status
+    @property
+    def base(self) -> Manifest | None:
+        """The latest committed (or restored) checkpoint: the base of the next one."""
+        return self._base
+
+    @property
+    def in_flight(self) -> PendingCheckpoint | None:
+        """The checkpoint being written, if any."""
+        p = self._pending
+        return p if p is not None and not p.done() else None
+
+    def wait(self, timeout_s: float | None = None) -> PendingCheckpoint | None:
+        """Wait until no checkpoint is in flight; return the last one started (done).
+
+        Raises
+        ------
+        TimeoutError
+            If a checkpoint is still being written after `timeout_s`.
+        """
+        p = self._pending
+        if p is not None:
+            try:
+                p.future.exception(timeout_s)
+            except cf.TimeoutError:
+                raise TimeoutError(f"checkpoint {p.name} still in flight after {timeout_s} s") \
+                    from None
+        return p
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Wait for the checkpoint in flight, then stop a private IOService. Idempotent."""
+        if self._closed:
+            return
+        self.wait(timeout_s)
+        self._closed = True
+        if self._own_io:
+            self.io.shutdown()
+
+    # ----------------------------------------------------------------- recovery
+    def restore(self) -> Manifest | None:
+        """Load the latest restorable checkpoint into the page manager (`recovery.restore`).
+
+        Returns
+        -------
+        Manifest or None
+            The checkpoint loaded (it becomes the base of the next incremental
+            checkpoint), or None if the HA unit has no checkpoint at all (the
+            page manager is left untouched: a fresh start).
+
+        Raises
+        ------
+        CheckpointInProgressError
+            If a checkpoint is in flight.
+        CheckpointNotFoundError
+            If checkpoints exist but every one is damaged.
+        StorageUnreachableError
+        """
+        if self.in_flight is not None:
+            raise CheckpointInProgressError(f"HA unit {self.haunit!r}: cannot restore while "
+                                            f"checkpoint {self._pending.name} is in flight")  # type: ignore[union-attr]
+        existing = list_checkpoints(self.root, self.haunit)
+        self._next_seq = max(self._next_seq, max((c.seq for c in existing), default=0) + 1)
+        if not any(c.has_manifest for c in existing):
+            return None
+        man = restore(self.pm, self.root, self.haunit, io=self.io)
+        self._base = man
+        self._manifests[man.name] = man
+        self._last_start = self._clock()
+        self._tuples = 0
+        return man
+
+    # ------------------------------------------------------------------ policy
+    def maybe_checkpoint(self, n_tuples: int = 0, user_meta: Mapping[str, Any] | None = None
+                         ) -> PendingCheckpoint | None:
+        """Count `n_tuples` processed tuples and checkpoint if the policy says so.
+
+        Returns None when no checkpoint is due, one is in flight, or nothing
+        changed. Call it from the operator's thread between batches.
+
+        Raises
+        ------
+        See `checkpoint`.
+        """
+        self._tuples += n_tuples
+        if self.in_flight is not None:
+            return None
+        pol = self.policy
+        due = ((pol.interval_s is not None and self._clock() - self._last_start >= pol.interval_s)
+               or (pol.every_n_tuples is not None and self._tuples >= pol.every_n_tuples))
+        if not due:
+            return None
+        return self.checkpoint(user_meta)
+
+    # -------------------------------------------------------------- checkpoint
+    def checkpoint(self, user_meta: Mapping[str, Any] | None = None, *,
+                   full: bool | None = None) -> PendingCheckpoint | None:
+        """Take a checkpoint now: steps 1-2 here, steps 3-5 asynchronously.
+
+        Parameters
+        ----------
+        user_meta : mapping, optional
+            JSON-able data stored in the manifest (e.g. input positions).
+        full : bool, optional
+            Force a full (True) or allow an incremental (False) checkpoint;
+            default: full when there is no base or `CheckpointPolicy.full_every`
+            is reached.
+
+        Returns
+        -------
+        PendingCheckpoint or None
+            None when skipped because nothing changed since the base checkpoint.
+
+        Raises
+        ------
+        CheckpointInProgressError
+            If a checkpoint of this HA unit is in flight.
+        CheckpointError
+            If the manager is closed.
+        TypeError
+            If `user_meta` is not JSON-able (nothing is checkpointed).
+
+        Notes
+        -----
+        Runtime complexity of the pause: O(pages) (`PageManager.chkpt` plus a
+        few vectorized numpy passes). Pages copied during the pause: 0.
+        """
+        if self._closed:
+            raise CheckpointError(f"checkpoint manager of HA unit {self.haunit!r} is closed")
+        with self._lock:
+            if self.in_flight is not None:
+                raise CheckpointInProgressError(
+                    f"HA unit {self.haunit!r}: checkpoint {self._pending.name} is still in "  # type: ignore[union-attr]
+                    f"flight (at most one per HA unit)")
+            t0 = time.perf_counter()
+            self._last_start = self._clock()
+            self._tuples = 0
+            snap = self.pm.chkpt()                                            # step 2
+            base = self._base
+            if (self.policy.skip_unchanged and full is not True and base is not None
+                    and snap.n_changed == 0 and np.array_equal(snap.page_ids, base.pages.page_id)
+                    and dict(snap.structures) == dict(base.structures)):
+                snap.cancel()
+                self.counters["skipped"] += 1
+                logger.debug("HA unit %s: nothing changed since %s, checkpoint skipped",
+                             self.haunit, base.name)
+                return None
+            seq = self._next_seq
+            name = checkpoint_name(self.haunit, seq)
+            try:
+                meta = dict(user_meta or {})
+                if self.on_start is not None:                                 # step 1
+                    meta.update(self.on_start(seq) or {})
+                _check_json(meta, name)
+            except BaseException:
+                snap.cancel()
+                raise
+            self._next_seq += 1
+            if full is None:
+                full = base is None or base.depth + 1 >= self.policy.full_every
+            ref_rows: npt.NDArray[np.intp]
+            if full or base is None:
+                full = True
+                write_idx = np.arange(len(snap), dtype=np.int64)
+                ref_rows = np.zeros(0, np.intp)
+            else:
+                rows = base.pages.lookup(snap.page_ids)
+                refer = ~snap.changed & (rows >= 0)
+                write_idx = np.flatnonzero(~refer)
+                ref_rows = rows[refer]
+                snap.mark_persisted(np.flatnonzero(refer))  # durable in earlier checkpoints
+            pending = PendingCheckpoint(seq, name, bool(full), len(snap), len(write_idx),
+                                        time.perf_counter() - t0)
+            self._pending = pending
+        directory = checkpoint_dir(name)
+        fut = self.io.write_snapshot(self.root, directory, snap, write_idx, name=name)  # step 3
+        fut.add_done_callback(
+            lambda f: self._finish(pending, snap, base, ref_rows, meta, f))
+        return pending
+
+    # ---------------------------------------------------------- steps 4 and 5
+    def _finish(self, pending: PendingCheckpoint, snap: Snapshot, base: Manifest | None,
+                ref_rows: npt.NDArray[np.intp], meta: dict[str, Any],
+                fut: cf.Future[WriteResult]) -> None:
+        """On an I/O thread: commit the manifest, or cancel the checkpoint."""
+        try:
+            res = fut.result()
+            man = self._manifest(pending, snap, base, ref_rows, meta, res)
+            try:
+                self.root.write_atomic(man.manifest_path, man.to_json())      # step 4
+            except IOServiceError as exc:
+                raise CheckpointWriteError(f"checkpoint {pending.name}: writing its manifest "
+                                           f"failed: {exc}") from exc
+            snap.complete()
+        except BaseException as exc:  # noqa: BLE001 - reported through the future
+            self._cancel(pending, snap, exc)
+            return
+        self._base = man
+        self._manifests[man.name] = man
+        self.counters["committed"] += 1
+        logger.info("checkpoint %s committed: %d pages, %d written (%d B) to %s", man.name,
+                    man.n_pages, pending.n_pages_written, man.written_bytes, self.root.uri)
+        if self.on_record is not None:
+            _call_hook(self.on_record, man, "on_record")
+        try:
+            self._retain()
+        except Exception as exc:  # noqa: BLE001 - retention is best effort
+            logger.warning("HA unit %s: retention after %s failed: %s", self.haunit, man.name, exc)
+        if self.on_done is not None:                                          # step 5
+            _call_hook(self.on_done, man, "on_done")
+        pending.state = CheckpointState.COMMITTED
+        pending.future.set_result(man)
+
+    def _manifest(self, pending: PendingCheckpoint, snap: Snapshot, base: Manifest | None,
+                  ref_rows: npt.NDArray[np.intp], meta: dict[str, Any],
+                  res: WriteResult) -> Manifest:
+        """Build the manifest: rows written now plus rows referenced in `base`."""
+        if base is None or not len(ref_rows):
+            files: tuple[PageFile, ...] = res.files
+            table = res.table
+        else:
+            ref = base.pages.take(ref_rows)
+            used = np.unique(ref.file)
+            remap = np.full(len(base.files), -1, dtype=np.int64)
+            remap[used] = np.arange(len(used))
+            ref = PageTable(ref.page_id, remap[ref.file].astype(np.uint32), ref.offset,
+                            ref.checksum)
+            own = PageTable(res.table.page_id, res.table.file + np.uint32(len(used)),
+                            res.table.offset, res.table.checksum)
+            files = tuple(base.files[i] for i in used.tolist()) + res.files
+            table = PageTable.concat([ref, own])
+        return Manifest(haunit=self.haunit, seq=pending.seq, snapshot_id=snap.snapshot_id,
+                        page_bytes=snap.page_bytes, full=pending.full,
+                        depth=0 if pending.full or base is None else base.depth + 1,
+                        base=None if pending.full or base is None else base.name,
+                        files=files, pages=table, structures=dict(snap.structures),
+                        user_meta=meta)
+
+    def _cancel(self, pending: PendingCheckpoint, snap: Snapshot, exc: BaseException) -> None:
+        """Cancel a failed checkpoint: unpin pages, delete its files, report."""
+        if snap.state is SnapshotState.ACTIVE:
+            snap.cancel()
+        try:
+            self.root.delete_dir(checkpoint_dir(pending.name), missing_ok=True)
+        except Exception as del_exc:  # noqa: BLE001 - best effort
+            logger.warning("checkpoint %s: could not delete its partial files: %s",
+                           pending.name, del_exc)
+        self.counters["failed"] += 1
+        logger.warning("checkpoint %s of HA unit %s failed and was cancelled: %s",
+                       pending.name, self.haunit, exc)
+        if not isinstance(exc, CheckpointError):
+            wrapped: BaseException = CheckpointWriteError(
+                f"checkpoint {pending.name} of HA unit {self.haunit!r} on {self.root.backend} "
+                f"root {self.root.uri} failed: {exc!r}")
+            wrapped.__cause__ = exc
+            exc = wrapped
+        if self.on_failed is not None:
+            try:
+                self.on_failed(pending.seq, exc)
+            except Exception as hook_exc:  # noqa: BLE001
+                logger.warning("on_failed hook raised: %s", hook_exc)
+        pending.state = CheckpointState.FAILED
+        pending.future.set_exception(exc)
+
+    # -------------------------------------------------------------- retention
+    def _retain(self) -> None:
+        """Keep the last `policy.keep` restorable checkpoints; delete unreferenced files."""
+        keep_n = self.policy.keep
+        infos = list_checkpoints(self.root, self.haunit)
+        current = self._base.seq if self._base is not None else 0
+        committed = [c for c in infos if c.has_manifest and c.seq <= current]
+        kept = committed if keep_n is None else committed[-keep_n:]
+        kept_names = {c.name for c in kept}
+        referenced: set[str] = set()
+        for c in kept:
+            man = self._manifests.get(c.name)
+            if man is None:
+                man = read_manifest(self.root, c.name)
+                self._manifests[c.name] = man
+            referenced.update(f.path for f in man.files)
+        for name in [n for n in self._manifests if n not in kept_names]:
+            del self._manifests[name]
+        for c in infos:
+            if c.name in kept_names or c.seq >= current:
+                continue
+            if c.has_manifest:  # expired: it stops being restorable first
+                self.root.delete_file(f"{c.directory}/manifest.json", missing_ok=True)
+            needed = any(p.startswith(c.directory + "/") for p in referenced)
+            if not needed:
+                self.root.delete_dir(c.directory, missing_ok=True)
+                self.counters["retention_deleted"] += 1
+                continue
+            for e in self.root.list_dir(c.directory, allow_not_found=True):
+                if not e.is_dir and e.relpath not in referenced:
+                    self.root.delete_file(e.relpath, missing_ok=True)
+
+
+def _check_json(meta: dict[str, Any], name: str) -> None:
+    """Raise TypeError unless `meta` is JSON-able."""
+    import json
+    try:
+        json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"checkpoint {name}: user_meta is not JSON-able: {exc}") from None
+
+
+def _call_hook(fn: Callable[[Manifest], None], man: Manifest, what: str) -> None:
+    """Call a hook; log (not raise) its failure: the checkpoint is already durable."""
+    try:
+        fn(man)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("checkpoint %s: %s hook raised: %s", man.name, what, exc)

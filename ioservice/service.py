@@ -1,0 +1,464 @@
+"""IOService: worker threads that write a snapshot's pages and read them back (paper §5).
+
+Writing: the pages of a checkpoint are split into one contiguous share per
+worker; each worker writes its share to one file of the checkpoint directory
+(``w000.pages`` ...) in large sequential writes. For each write it gathers up
+to ``chunk_bytes`` of frozen pages into a reusable per-thread buffer with
+`mmm.Snapshot.copy_pages`, checksums them, hands the buffer to the stream
+(pyarrow releases the GIL while writing) and marks the pages persisted, which
+unpins them in mmm. Completion or failure is reported through a
+`concurrent.futures.Future`; on the first failure the other workers stop at
+their next write.
+
+Reading: one task per page file; each reads runs of contiguous pages in
+chunks of ``chunk_bytes`` into a reusable buffer, verifies every page's
+checksum and header PageID against the manifest, and hands the verified pages
+to a sink (e.g. `mmm.Loader.add`) as they arrive, in any order.
+
+Notes
+-----
+"Persisted" here means the page's bytes have been handed to the storage
+stream: the frozen frame is then no longer needed, because a checkpoint whose
+write later fails is cancelled and its changed pages are written again by the
+next one, never retried from the frozen frames. The checkpoint itself becomes
+durable only when its manifest is written, after every file is closed (and
+fsynced on local filesystems) and its size checked.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from ioservice.errors import (
+    CheckpointDamagedError,
+    CheckpointWriteError,
+    IOServiceError,
+    StorageNotFoundError,
+)
+from ioservice.format import Manifest, PageFile, PageTable, page_checksums, page_file_name
+from ioservice.fs import StorageRoot
+from mmm.page import HEADER_DTYPE
+
+_PAGE_ID_AT = HEADER_DTYPE.fields["page_id"][1]  # byte offset of the PageID in a page header
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "IOService", "ReadResult", "WriteResult"]
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+"""Bytes per write or read call (a few MiB: small writes collapse when the
+operator thread competes for the GIL)."""
+
+ProgressFn = Callable[[int, int], None]
+
+
+class SnapshotLike(Protocol):
+    """What the writer needs of an `mmm.Snapshot`."""
+
+    snapshot_id: int
+    page_bytes: int
+    page_ids: npt.NDArray[np.uint64]
+
+    def copy_pages(self, indices: npt.ArrayLike, out: npt.NDArray[np.uint8] | None = None
+                   ) -> npt.NDArray[np.uint8]: ...
+
+    def mark_persisted(self, indices: npt.ArrayLike) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class WriteResult:
+    """The files and page-table rows of one completed write (see `IOService.write_snapshot`)."""
+
+    files: tuple[PageFile, ...]
+    table: PageTable
+    """One row per page written, sorted by page_id; ``file`` indexes `files`."""
+    written_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Totals of one `IOService.read_pages` call."""
+
+    n_pages: int
+    read_bytes: int
+    seconds: float
+
+
+class _Stop(Exception):
+    """Internal: another worker failed; stop quietly."""
+
+
+class IOService:
+    """A pool of I/O worker threads for checkpoint writes and recovery reads.
+
+    Parameters
+    ----------
+    n_workers : int
+        Worker threads; a checkpoint is written as (at most) this many files.
+    chunk_bytes : int
+        Bytes gathered into one write or read call (rounded down to whole
+        pages, at least one page).
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, mmm
+    >>> from mmm.structures.hashmap import HashMap
+    >>> from ioservice.fs import open_root
+    >>> pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    >>> m = HashMap.create(pm, "m", key="<u4", value="<i8")
+    >>> m.put(np.arange(100, dtype="<u4"), np.arange(100))
+    >>> root = open_root(tempfile.mkdtemp())
+    >>> with IOService(n_workers=2) as io:
+    ...     snap = pm.chkpt()
+    ...     res = io.write_snapshot(root, "checkpoint/u-1", snap).result()
+    ...     snap.complete()
+    >>> len(res.files), len(res.table) == len(snap)
+    (2, True)
+
+    Notes
+    -----
+    Thread safety: any thread may submit work. Callbacks (``on_progress``,
+    the future's done-callbacks) run on worker threads.
+    """
+
+    def __init__(self, n_workers: int = 4, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        if not isinstance(n_workers, int) or n_workers < 1:
+            raise ValueError(f"n_workers must be an int >= 1, got {n_workers!r}")
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+        self.n_workers = n_workers
+        self.chunk_bytes = chunk_bytes
+        self._pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="sguard-io")
+        self._local = threading.local()
+        self._closed = False
+
+    def __enter__(self) -> IOService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the workers (after the queued work when `wait`). Idempotent."""
+        self._closed = True
+        self._pool.shutdown(wait=wait)
+
+    def _buffer(self, nbytes: int) -> npt.NDArray[np.uint8]:
+        """This thread's reusable I/O buffer of at least `nbytes`."""
+        buf: npt.NDArray[np.uint8] | None = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < nbytes:
+            buf = np.empty(nbytes, dtype=np.uint8)
+            self._local.buf = buf
+        return buf
+
+    def _chunk_pages(self, page_bytes: int) -> int:
+        return max(1, self.chunk_bytes // page_bytes)
+
+    # ----------------------------------------------------------------------- write
+    def write_snapshot(self, root: StorageRoot, directory: str, snap: SnapshotLike,
+                       indices: npt.ArrayLike | None = None, *, name: str | None = None,
+                       on_progress: ProgressFn | None = None) -> cf.Future[WriteResult]:
+        """Write pages of `snap` into `directory`, one file per worker, asynchronously.
+
+        Parameters
+        ----------
+        root : StorageRoot
+            Where to write.
+        directory : str
+            Directory relative to the root (``checkpoint/<haunit>-<seq>``).
+        snap : mmm.Snapshot
+            An ACTIVE snapshot; its pages are marked persisted as they are written.
+        indices : array of int, optional
+            Snapshot page indices to write, ascending (default: all).
+        name : str, optional
+            Checkpoint name used in error messages (default: `directory`).
+        on_progress : callable, optional
+            ``on_progress(pages_done, pages_total)``, called from worker threads.
+
+        Returns
+        -------
+        concurrent.futures.Future of WriteResult
+            Fails with `CheckpointWriteError` naming the checkpoint, file and
+            backend. The caller owns the snapshot's lifecycle: it commits a
+            manifest and calls ``snap.complete()``, or ``snap.cancel()`` on failure.
+            Files written before a failure are left in place (see
+            `StorageRoot.open_output_stream`); delete the directory.
+
+        Raises
+        ------
+        RuntimeError
+            If the service was shut down.
+
+        Notes
+        -----
+        Runtime complexity: O(pages) in numpy and one xxh3 call per page.
+        Pages copied: each written page once, into a per-thread buffer.
+        """
+        if self._closed:
+            raise RuntimeError("IOService is shut down")
+        label = name or directory
+        pb = snap.page_bytes
+        idx = np.arange(len(snap.page_ids), dtype=np.int64) if indices is None \
+            else np.asarray(indices, dtype=np.int64)
+        n_files = min(self.n_workers, len(idx))
+        shares = np.array_split(idx, n_files) if n_files else []
+        result: cf.Future[WriteResult] = cf.Future()
+        result.set_running_or_notify_cancel()
+        start = time.perf_counter()
+        if not n_files:
+            result.set_result(WriteResult((), PageTable.empty(), 0, 0.0))
+            return result
+        stop = threading.Event()
+        lock = threading.Lock()
+        done = [0, 0]  # finished workers, pages written
+        outcomes: list[Any] = [None] * n_files
+        errors: list[BaseException] = []
+        total = len(idx)
+
+        def progress(n: int) -> None:
+            with lock:
+                done[1] += n
+                now = done[1]
+            if on_progress is not None:
+                on_progress(now, total)
+
+        def finished(k: int, fut: cf.Future[npt.NDArray[np.uint64]]) -> None:
+            exc = fut.exception()
+            with lock:
+                if exc is not None and not isinstance(exc, _Stop):
+                    errors.append(exc)
+                    stop.set()
+                else:
+                    outcomes[k] = fut.result() if exc is None else None
+                done[0] += 1
+                last = done[0] == n_files
+            if not last:
+                return
+            if errors:
+                result.set_exception(errors[0])
+                return
+            files = tuple(PageFile(f"{directory}/{page_file_name(k)}", len(shares[k]) * pb)
+                          for k in range(n_files))
+            ids = np.concatenate([snap.page_ids[s] for s in shares])
+            file_col = np.concatenate([np.full(len(s), k, np.uint32) for k, s in enumerate(shares)])
+            offsets = np.concatenate([np.arange(len(s), dtype=np.uint64) * np.uint64(pb)
+                                      for s in shares])
+            sums = np.concatenate(outcomes)
+            table = PageTable.concat([PageTable(ids, file_col, offsets, sums)])
+            secs = time.perf_counter() - start
+            nbytes = total * pb
+            logger.debug("wrote %d pages (%d B) of %s in %.3f s", total, nbytes, label, secs)
+            result.set_result(WriteResult(files, table, nbytes, secs))
+
+        for k, share in enumerate(shares):
+            relpath = f"{directory}/{page_file_name(k)}"
+            fut = self._pool.submit(self._write_share, root, relpath, snap, share, stop,
+                                    label, progress)
+            fut.add_done_callback(lambda f, k=k: finished(k, f))
+        return result
+
+    def _write_share(self, root: StorageRoot, relpath: str, snap: SnapshotLike,
+                     share: npt.NDArray[np.int64], stop: threading.Event, label: str,
+                     progress: Callable[[int], None]) -> npt.NDArray[np.uint64]:
+        """Write one worker's pages to `relpath`; return their checksums."""
+        pb = snap.page_bytes
+        per = self._chunk_pages(pb)
+        buf = self._buffer(per * pb).reshape(-1, pb)[:per]
+        sums = np.empty(len(share), dtype=np.uint64)
+        where = f"checkpoint {label}: writing {relpath} on {root.backend} root {root.uri}"
+        if stop.is_set():
+            raise _Stop()
+        try:
+            out = root.open_output_stream(relpath)
+        except IOServiceError as exc:
+            raise CheckpointWriteError(f"{where}: {exc}") from exc
+        try:
+            for s in range(0, len(share), per):
+                if stop.is_set():
+                    raise _Stop()
+                part = share[s:s + per]
+                pages = snap.copy_pages(part, out=buf)[:len(part)]
+                sums[s:s + len(part)] = page_checksums(pages)
+                out.write(pages)
+                snap.mark_persisted(part)
+                progress(len(part))
+            out.close()
+        except _Stop:
+            _close_quietly(out)
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            _close_quietly(out)
+            raise CheckpointWriteError(f"{where}: {exc}") from exc
+        except BaseException:
+            _close_quietly(out)
+            raise
+        try:
+            root.sync(relpath)
+            size = root.size_bytes(relpath)
+        except IOServiceError as exc:
+            raise CheckpointWriteError(f"{where}: {exc}") from exc
+        if size != len(share) * pb:
+            raise CheckpointWriteError(f"{where}: the file has {size} bytes after closing, "
+                                       f"expected {len(share) * pb} (torn write)")
+        return sums
+
+    # ------------------------------------------------------------------------ read
+    def read_pages(self, root: StorageRoot, manifest: Manifest,
+                   sink: Callable[[npt.NDArray[np.uint8]], None], *, verify: bool = True,
+                   on_progress: ProgressFn | None = None) -> ReadResult:
+        """Read every page of `manifest` in parallel and hand verified pages to `sink`.
+
+        Parameters
+        ----------
+        root : StorageRoot
+            Where the checkpoint lives.
+        manifest : Manifest
+            The checkpoint to read (its page table says where each page is).
+        sink : callable
+            ``sink(pages)`` with a ``(n, page_bytes)`` uint8 array, called from
+            worker threads, in any order; the array is a reused buffer, so the
+            sink must copy what it keeps before returning (`mmm.Loader.add` does).
+        verify : bool
+            Check every page's checksum and header PageID (recovery always does).
+        on_progress : callable, optional
+            ``on_progress(pages_done, pages_total)`` from worker threads.
+
+        Returns
+        -------
+        ReadResult
+
+        Raises
+        ------
+        CheckpointDamagedError
+            If a file is missing or short, or a page fails its checksum or has
+            another PageID than the manifest says; names checkpoint, file, page.
+        StorageUnreachableError, StorageIOError
+            If the storage fails otherwise.
+        Exception
+            Whatever `sink` raises (e.g. `mmm.PoolExhaustedError`).
+
+        Notes
+        -----
+        On the first error the other workers stop at their next chunk and the
+        call returns only after all of them have stopped.
+        """
+        if self._closed:
+            raise RuntimeError("IOService is shut down")
+        start = time.perf_counter()
+        t = manifest.pages
+        total = len(t)
+        stop = threading.Event()
+        lock = threading.Lock()
+        done = [0]
+
+        def progress(n: int) -> None:
+            with lock:
+                done[0] += n
+                now = done[0]
+            if on_progress is not None:
+                on_progress(now, total)
+
+        order = np.lexsort((t.offset, t.file))
+        files_sorted = t.file[order]
+        bounds = np.flatnonzero(np.diff(files_sorted)) + 1
+        groups = np.split(order, bounds) if total else []
+        groups.sort(key=len, reverse=True)
+        futs = [self._pool.submit(self._read_file, root, manifest, g, sink, verify, stop,
+                                  progress) for g in groups]
+        first: BaseException | None = None
+        for fut in futs:
+            try:
+                fut.result()
+            except _Stop:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                stop.set()
+                if first is None:
+                    first = exc
+        if first is not None:
+            raise first
+        secs = time.perf_counter() - start
+        return ReadResult(total, total * manifest.page_bytes, secs)
+
+    def _read_file(self, root: StorageRoot, manifest: Manifest, rows: npt.NDArray[np.intp],
+                   sink: Callable[[npt.NDArray[np.uint8]], None], verify: bool,
+                   stop: threading.Event, progress: Callable[[int], None]) -> None:
+        """Read the pages `rows` (all in one file, sorted by offset)."""
+        if stop.is_set():
+            raise _Stop()
+        t = manifest.pages
+        pb = manifest.page_bytes
+        pf = manifest.files[int(t.file[rows[0]])]
+        where = (f"checkpoint {manifest.name}: {pf.path} on {root.backend} root {root.uri}")
+        per = self._chunk_pages(pb)
+        buf = self._buffer(per * pb)
+        offs = t.offset[rows]
+        breaks = np.flatnonzero(np.diff(offs) != np.uint64(pb)) + 1
+        starts = np.concatenate(([0], breaks))
+        ends = np.concatenate((breaks, [len(rows)]))
+        try:
+            f = root.open_input_file(pf.path)
+        except StorageNotFoundError as exc:
+            raise CheckpointDamagedError(f"{where}: page file is missing") from exc
+        try:
+            for a0, b0 in zip(starts.tolist(), ends.tolist()):
+                for a in range(a0, b0, per):
+                    if stop.is_set():
+                        raise _Stop()
+                    b = min(a + per, b0)
+                    n = b - a
+                    view = memoryview(buf)[:n * pb]
+                    off = int(offs[a])
+                    try:
+                        f.seek(off)
+                        got = f.readinto(view)
+                    except (OSError, pa.ArrowException) as exc:
+                        raise root._translate(exc, "read", pf.path) from exc
+                    if got != n * pb:
+                        raise CheckpointDamagedError(
+                            f"{where}: short file: {got} of {n * pb} bytes at offset {off}")
+                    pages = buf[:n * pb].reshape(n, pb)
+                    sel = rows[a:b]
+                    if verify:
+                        _verify(pages, t.page_id[sel], t.checksum[sel], offs[a:b], where)
+                    sink(pages)
+                    progress(n)
+        finally:
+            f.close()
+
+
+def _verify(pages: npt.NDArray[np.uint8], page_ids: npt.NDArray[np.uint64],
+            checksums: npt.NDArray[np.uint64], offsets: npt.NDArray[np.uint64], where: str) -> None:
+    """Raise CheckpointDamagedError unless every page matches its checksum and PageID."""
+    bad = np.flatnonzero(page_checksums(pages) != checksums)
+    if len(bad):
+        i = int(bad[0])
+        raise CheckpointDamagedError(
+            f"{where}: page {int(page_ids[i]):#x} at offset {int(offsets[i])} fails its "
+            f"xxh3_64 checksum ({len(bad)} damaged page(s) in this chunk)")
+    hdr_ids = pages[:, _PAGE_ID_AT:_PAGE_ID_AT + 8].copy().view("<u8")[:, 0]
+    bad = np.flatnonzero(hdr_ids != page_ids)
+    if len(bad):
+        i = int(bad[0])
+        raise CheckpointDamagedError(
+            f"{where}: the page at offset {int(offsets[i])} has PageID "
+            f"{int(hdr_ids[i]):#x} in its header, the manifest says {int(page_ids[i]):#x}")
+
+
+def _close_quietly(out: Any) -> None:
+    """Close a stream after a failure, ignoring errors."""
+    try:
+        out.close()
+    except (OSError, pa.ArrowException):
+        pass
