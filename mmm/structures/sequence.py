@@ -48,7 +48,7 @@ written in place.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -74,7 +74,7 @@ class _PagedSequence(Structure):
     # -- creation -------------------------------------------------------------------------
     @classmethod
     def create(cls, pm: PageManager, name: str, dtype: npt.DTypeLike, *,
-               page_slots: int | None = None) -> Any:
+               page_slots: int | None = None) -> Self:
         """Create the sequence ``name`` with record dtype ``dtype``, or reopen it.
 
         Calling ``create`` again with the same name (also after a rollback, a
@@ -122,7 +122,7 @@ class _PagedSequence(Structure):
                                  f"integer in [2, {max_slots}] for {dt.itemsize}-byte records "
                                  f"in {pm.page_bytes}-byte pages")
             page_slots = int(page_slots)
-        obj = cls._existing(pm, name, schema)
+        obj: Self | None = cls._existing(pm, name, schema)
         if obj is not None:
             obj._check_slots(page_slots)
             return obj
