@@ -902,7 +902,8 @@ class _PagedSequence(Structure):
         ``pop(n)`` returns an array of the last ``n`` records *in sequence order*
         (``s[-n:]``), so ``s.extend(s.pop(n))`` is a no-op.
 
-        Runtime complexity: O(n + n/S). Pages copied: at most 1.
+        Runtime complexity: O(n + n/S). Pages copied: at most 3 (the end page, and
+        when pages are released or merged, a neighbour and its link partner).
 
         Raises
         ------
@@ -939,7 +940,7 @@ class _PagedSequence(Structure):
     def popleft(self, n: int | None = None) -> Any:
         """Remove and return the first record, or with ``n`` the first ``n`` records (in order).
 
-        Runtime complexity: O(n + n/S + pages). Pages copied: at most 1.
+        Runtime complexity: O(n + n/S + pages). Pages copied: at most 3 (as `pop`).
 
         Raises
         ------
@@ -976,7 +977,7 @@ class _PagedSequence(Structure):
     def evict(self, n: int) -> int:
         """Drop up to ``n`` records from the front without returning them; return how many.
 
-        Runtime complexity: O(pages touched). Pages copied: at most 1.
+        Runtime complexity: O(pages touched). Pages copied: at most 3 (as `pop`).
 
         Raises
         ------
@@ -1001,7 +1002,7 @@ class _PagedSequence(Structure):
         ``None``). The last record of every page is gathered in one step and
         searched with ``np.searchsorted``, then the boundary page is searched.
 
-        Runtime complexity: O(pages) gather + O(log S). Pages copied: at most 1.
+        Runtime complexity: O(pages) gather + O(log S). Pages copied: at most 3 (as `pop`).
 
         Raises
         ------
@@ -1038,7 +1039,8 @@ class _PagedSequence(Structure):
         """``del s[i]`` or ``del s[a:b]`` (step 1); emptied pages are released and small
         neighbours merged.
 
-        Runtime complexity: O(S + pages). Pages copied: at most 2.
+        Runtime complexity: O(S + pages). Pages copied: at most 4 (the two boundary
+        pages, their outer neighbours' links; merges stay within these).
 
         Raises
         ------
@@ -1060,7 +1062,7 @@ class _PagedSequence(Structure):
     def clear(self) -> None:
         """Remove every record; all pages but one are released.
 
-        Runtime complexity: O(pages). Pages copied: at most 1.
+        Runtime complexity: O(pages). Pages copied: at most 1 (the page kept).
         """
         self._sync()
         self._delete(0, self._len)
