@@ -1039,8 +1039,8 @@ class _PagedSequence(Structure):
         """``del s[i]`` or ``del s[a:b]`` (step 1); emptied pages are released and small
         neighbours merged.
 
-        Runtime complexity: O(S + pages). Pages copied: at most 4 (the two boundary
-        pages, their outer neighbours' links; merges stay within these).
+        Runtime complexity: O(S + pages). Pages copied: at most 6 (the two boundary
+        pages, a merge partner of each, and the pages whose links the merges change).
 
         Raises
         ------
