@@ -27,9 +27,12 @@ from mmm.manager import Loader, PageManager, PageSet
 from mmm.page import Layout, make_page_id, split_page_id
 from mmm.pool import PagePool
 from mmm.snapshot import Snapshot, SnapshotState
+from mmm.structures.hashmap import HashMap
+from mmm.structures.ordered_map import OrderedMap
+from mmm.structures.sequence import PagedDeque, PagedList
 
 __all__ = [
-    "PageManager", "PageSet", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
+    "PageManager", "PageSet", "HashMap", "OrderedMap", "PagedList", "PagedDeque", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
     "make_page_id", "split_page_id",
     "MmmError", "PageFormatError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
     "PoolExhaustedError", "PoolFileError", "RecordTypeError", "SchemaError",

@@ -109,11 +109,11 @@ class PageManager:
     >>> import numpy as np, mmm
     >>> pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 20)
     >>> counts = mmm.HashMap.create(pm, "counts", key="<u4", value=[("n", "<i8")])
-    >>> counts.upsert(np.array([1, 2, 1], "<u4"), {"n": ("count", None)})
+    >>> counts.upsert(np.array([1, 2, 1], "<u4"), combine={"n": "count"})
     >>> int(counts[1]["n"])
     2
     >>> snap = pm.chkpt()          # freezes pages; no bytes copied
-    >>> counts.upsert(np.array([1], "<u4"), {"n": ("count", None)})
+    >>> counts.upsert(np.array([1], "<u4"), combine={"n": "count"})
     >>> pm.rollback(snap)          # back to the snapshot
     >>> int(counts[1]["n"])
     2

@@ -34,6 +34,7 @@ class Aggregate:
     def __init__(self, pm: PageManager, name: str = "aggregate") -> None:
         self.pm = pm
         self.state = HashMap.create(pm, name, key="<u4", value=AGG_VALUE)
+        self._add = self.state.upserter(_SPEC)
         self.tuples = 0
 
     def process(self, keys: npt.NDArray[np.uint32], ts: npt.NDArray[np.int64]) -> None:
@@ -43,7 +44,7 @@ class Aggregate:
 
     def process_record(self, key: int, ts: int) -> None:
         """Consume one tuple (convenience; buffered internally)."""
-        self.state.upsert_record(key, _SPEC, ts=ts)
+        self._add(key, ts)
         self.tuples += 1
 
     def result(self) -> tuple[npt.NDArray[np.uint32], npt.NDArray[Any]]:

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench.<topic> [--quick]``; never collected by pytest."""
