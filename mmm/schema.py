@@ -91,7 +91,9 @@ def coerce_records(values: Any, dt: np.dtype[Any], what: str, n: int | None = No
     else:
         try:
             arr = np.asarray(values)
-        except (TypeError, ValueError) as exc:
+            if arr.size == 0 and arr.dtype.kind == "f" and not isinstance(values, np.ndarray):
+                arr = arr.astype(dt)  # an empty list has no dtype of its own
+        except (TypeError, ValueError, OverflowError) as exc:
             raise RecordTypeError(f"{what}: cannot convert to {dt}: {exc}") from None
         if arr.dtype != dt:
             if arr.dtype.kind in "OUV" or not np.can_cast(arr.dtype, dt, casting="same_kind"):
@@ -116,5 +118,5 @@ def coerce_records(values: Any, dt: np.dtype[Any], what: str, n: int | None = No
 def _tuple_records(values: Any, dt: np.dtype[Any], what: str) -> np.ndarray:
     try:
         return np.array([tuple(v) if not isinstance(v, tuple) else v for v in values], dtype=dt)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise RecordTypeError(f"{what}: cannot convert to records of {dt}: {exc}") from None

@@ -58,6 +58,8 @@ class Structure:
         if self._gen == self._pm.generation:
             return
         pm = self._pm
+        if self._gen == -2:
+            raise StructureNotFoundError(f"structure {self.name!r} was destroyed")
         if self._gen >= 0:
             try:
                 self.psid = pm.recover(self.name)

@@ -61,6 +61,7 @@ _MASK32 = _U64(0xFFFFFFFF)
 
 _ONES = _U64(0x0101010101010101)
 _LOW7 = _U64(0x7F7F7F7F7F7F7F7F)
+_HIGH = _U64(0x8080808080808080)
 
 
 def _zero_bytes(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -442,7 +443,7 @@ class HashMap(Structure):
         while idx.size:
             f = frames_of[tgt[idx]]
             gid = f * nb + b
-            order = np.argsort(gid, kind="stable")
+            order = np.argsort(gid)
             gs = gid[order]
             first = np.ones(len(gs), dtype=bool)
             first[1:] = gs[1:] != gs[:-1]
@@ -450,14 +451,34 @@ class HashMap(Structure):
             rank = np.empty(len(gs), dtype=np.int64)
             rank[order] = np.arange(len(gs)) - np.repeat(starts, np.diff(np.append(starts,
                                                                                 len(gs))))
-            ctrl = self._block_ctrl(f, b)
-            free = np.cumsum(ctrl < FULL_BIT, axis=1)
-            ok = rank < free[:, -1]
-            pos = (free > rank[:, None]).argmax(axis=1)
-            w = np.flatnonzero(ok)
-            if len(w):
-                self._commit(f[w], b[w] * G + pos[w], kc[idx[w]], vals[idx[w]],
-                             tags[idx[w]])
+            if G == 16:  # free slots as bits of the two ctrl words (SWAR)
+                w = (f * self._pb + (HEADER_BYTES + 16 * b)) >> 3
+                m0 = ~np.take(self._u64, w) & _HIGH
+                m1 = ~np.take(self._u64, w + 1) & _HIGH
+                ok = rank < (np.bitwise_count(m0) + np.bitwise_count(m1))
+                r = np.where(ok, rank, 0)
+                sel = np.flatnonzero(r > 0)
+                while sel.size:  # drop the lowest free slot r times
+                    lo0 = m0[sel] != 0
+                    a, c = sel[lo0], sel[~lo0]
+                    m0[a] &= m0[a] - _U64(1)
+                    m1[c] &= m1[c] - _U64(1)
+                    r[sel] -= 1
+                    sel = sel[r[sel] > 0]
+                use0 = m0 != 0
+                m = np.where(use0, m0, m1)
+                low = m & (~m + _U64(1))
+                pos = (np.log2(np.maximum(low, _U64(1)).astype(np.float64)).astype(np.int64)
+                       >> 3) + np.where(use0, 0, 8)
+            else:
+                ctrl = self._block_ctrl(f, b)
+                free = np.cumsum(ctrl < FULL_BIT, axis=1)
+                ok = rank < free[:, -1]
+                pos = (free > rank[:, None]).argmax(axis=1)
+            w_ = np.flatnonzero(ok)
+            if len(w_):
+                self._commit(f[w_], b[w_] * G + pos[w_], kc[idx[w_]], vals[idx[w_]],
+                             tags[idx[w_]])
             lose = ~ok
             b = b[lose] + 1
             b[b == nb] = 0
