@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ioservice.errors import CheckpointDamagedError, IOServiceError
-from ioservice.format import Manifest
+from ioservice.format import Manifest, parse_checkpoint_name
 from ioservice.fs import StorageRoot, open_root
 from ioservice.recovery import CheckpointInfo, list_checkpoints, read_manifest, verify_checkpoint
 from ioservice.service import IOService
@@ -102,20 +102,27 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         restorable = [c for c in cs if c.has_manifest]
         print(f"HA unit {unit}: {len(restorable)} checkpoint(s), "
               f"{_size(sum(c.size_bytes for c in cs))} stored")
-        print(f"  {'checkpoint':<28} {'kind':<12} {'pages':>8} {'written':>10} {'state':>10} "
+        print(f"  {'checkpoint':<28} {'kind':<12} {'pages':>8} {'state':>10} {'stored':>10} "
               f"{'age':>7}")
+        rows, referenced = [], set()
         for c in cs:
-            if not c.has_manifest and not args.all:
-                continue
-            kind, pages, state = "-", "-", "partial"
+            kind, pages, state = "-", "-", "-"
             if c.has_manifest:
                 try:
                     man = read_manifest(root, c.name)
                     kind = "full" if man.full else f"incr(+{man.depth})"
                     pages, state = str(man.n_pages), _size(man.state_bytes)
+                    referenced.update(man.referenced_checkpoints)
                 except (IOServiceError, ValueError) as exc:
-                    kind, state = "?", f"BAD: {type(exc).__name__}"
-            print(f"  {c.name:<28} {kind:<12} {pages:>8} {_size(c.size_bytes):>10} {state:>10} "
+                    kind, state = "DAMAGED", type(exc).__name__
+            rows.append((c, kind, pages, state))
+        for c, kind, pages, state in rows:
+            if not c.has_manifest:
+                if not args.all:
+                    continue
+                kind = "expired" if c.name in referenced else "partial"
+                state = "(data kept)" if c.name in referenced else "(no manifest)"
+            print(f"  {c.name:<28} {kind:<12} {pages:>8} {state:>10} {_size(c.size_bytes):>10} "
                   f"{_age(c.mtime_ns):>7}")
     return 0
 
@@ -124,6 +131,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     try:
         root = _open(args)
         if args.checkpoint:
+            if parse_checkpoint_name(args.checkpoint) is None:
+                return _fail(f"{args.checkpoint!r} is not a checkpoint name (<haunit>-<seq>)")
             names = [args.checkpoint]
         else:
             names = [c.name for c in list_checkpoints(root, args.haunit) if c.has_manifest]
