@@ -240,15 +240,15 @@ class PagePool:
             self._release_locked(frames[~pinned])
 
     def pin(self, frames: np.ndarray) -> None:
-        """Pin frames for a snapshot (operator thread only)."""
+        """Pin distinct frames for a snapshot (operator thread only)."""
         with self._lock:
-            np.add.at(self.pins, frames, 1)
+            self.pins[frames] += 1
 
     def unpin(self, frames: np.ndarray) -> None:
-        """Drop one pin from each frame; orphans whose last pin goes are freed."""
+        """Drop one pin from each of distinct frames; orphans whose last pin goes are freed."""
         frames = np.asarray(frames, dtype=np.int64).reshape(-1)
         with self._lock:
-            np.subtract.at(self.pins, frames, 1)
+            self.pins[frames] -= 1
             done = frames[(self.pins[frames] == 0) & (self.state[frames] == ORPHAN)]
             self._release_locked(np.unique(done))
 
