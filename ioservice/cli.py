@@ -104,7 +104,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
               f"{_size(sum(c.size_bytes for c in cs))} stored")
         print(f"  {'checkpoint':<28} {'kind':<12} {'pages':>8} {'state':>10} {'stored':>10} "
               f"{'age':>7}")
-        rows, referenced = [], set()
+        rows: list[tuple[CheckpointInfo, str, str, str]] = []
+        referenced: set[str] = set()
         for c in cs:
             kind, pages, state = "-", "-", "-"
             if c.has_manifest:
@@ -202,7 +203,7 @@ def _print_manifest(man: Manifest, n_rows: int) -> None:
     print(f"structures      {json.dumps(dict(man.structures), sort_keys=True)}")
     print(f"user_meta       {json.dumps(dict(man.user_meta), sort_keys=True)}")
     print(f"files           {len(man.files)}")
-    counts = np.bincount(man.pages.file, minlength=len(man.files)) if len(man.files) else []
+    counts: Any = np.bincount(man.pages.file, minlength=len(man.files)) if len(man.files) else []
     for i, f in enumerate(man.files):
         print(f"  [{i}] {f.path}  {_size(f.size_bytes)}  {int(counts[i])} page(s)")
     t = man.pages

@@ -28,6 +28,7 @@ fsynced on local filesystems) and its size checked.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import logging
 import threading
 import time
@@ -49,7 +50,7 @@ from ioservice.format import Manifest, PageFile, PageTable, page_checksums, page
 from ioservice.fs import StorageRoot
 from mmm.page import HEADER_DTYPE
 
-_PAGE_ID_AT = HEADER_DTYPE.fields["page_id"][1]  # byte offset of the PageID in a page header
+_PAGE_ID_AT: int = HEADER_DTYPE.fields["page_id"][1]  # type: ignore[index]  # byte offset of the PageID in a page header
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ class IOService:
             relpath = f"{directory}/{page_file_name(k)}"
             fut = self._pool.submit(self._write_share, root, relpath, snap, share, stop,
                                     label, progress)
-            fut.add_done_callback(lambda f, k=k: finished(k, f))
+            fut.add_done_callback(functools.partial(finished, k))
         return result
 
     def _write_share(self, root: StorageRoot, relpath: str, snap: SnapshotLike,
@@ -418,7 +419,7 @@ class IOService:
                         raise _Stop()
                     b = min(a + per, b0)
                     n = b - a
-                    view = memoryview(buf)[:n * pb]
+                    view = memoryview(buf[:n * pb])  # type: ignore[arg-type]
                     off = int(offs[a])
                     try:
                         f.seek(off)

@@ -153,27 +153,31 @@ def test_skip_when_nothing_changed_and_destroy_is_a_change(tmp_path: Path) -> No
 def test_policies_interval_and_tuple_count(tmp_path: Path) -> None:
     """maybe_checkpoint fires on the tuple count and on the time interval, one at a time."""
     now = [0.0]
+    root, _ = faulty_root(pafs.LocalFileSystem(), str(tmp_path), latency_s=0.02)
     pm = new_pm()
     s = open_structures(pm)
     policy = CheckpointPolicy(interval_s=10.0, every_n_tuples=1000)
-    with CheckpointManager(pm, str(tmp_path), "pol", policy=policy, clock=lambda: now[0]) as mgr:
+    with CheckpointManager(pm, root, "pol", policy=policy, clock=lambda: now[0]) as mgr:
         mutate(s, 0)
         assert mgr.maybe_checkpoint(999) is None
         p = mgr.maybe_checkpoint(1)
-        assert p is not None
+        assert p is not None and not p.done()
         mutate(s, 1)
-        assert mgr.maybe_checkpoint(5000) is None or p.done()  # one in flight at most
+        assert mgr.maybe_checkpoint(5000) is None  # one in flight: counted, not started
         p.result()
+        q = mgr.maybe_checkpoint(0)  # the 5000 tuples counted meanwhile make it due
+        assert q is not None and q.result().name == "pol-2"
         now[0] = 5.0
         mutate(s, 2)
-        assert mgr.maybe_checkpoint(0) is None or True
-        mgr.wait()
+        assert mgr.maybe_checkpoint(10) is None  # neither due
         now[0] = 100.0
-        mutate(s, 3)
-        q = mgr.maybe_checkpoint(0)
-        assert q is not None
-        q.result()
+        r = mgr.maybe_checkpoint(0)  # interval elapsed
+        assert r is not None and r.result().name == "pol-3"
         assert mgr.maybe_checkpoint(0) is None  # interval restarted
+        now[0] = 200.0
+        assert mgr.maybe_checkpoint(0) is None  # due, but nothing changed: skipped
+        assert mgr.counters == {"committed": 3, "failed": 0, "skipped": 1,
+                                "retention_deleted": 0}
 
 
 def test_at_most_one_checkpoint_in_flight(tmp_path: Path) -> None:
