@@ -1,25 +1,37 @@
-"""``sguard demo``: the Aggregate operator on a generated stream, with state in mmm.
+"""``sguard demo``: the main job on the embedded default (local filesystem).
 
-While the operator consumes batches, the demo takes copy-on-write snapshots;
-a background I/O thread copies each snapshot's frozen pages and marks them
-persisted while the operator keeps running. At the end it rebuilds the state
-from the last snapshot's pages in a fresh page manager and checks both the
-live state and the rebuilt one against a numpy oracle.
+An Aggregate operator (count / first / last timestamp per 4-byte key) consumes
+a generated stream with its state in an mmm `HashMap`, and checkpoints it
+asynchronously (copy-on-write; incremental) to ``file://<root>`` through
+`ioservice.CheckpointManager`. The demo runs the operator in a worker process
+that **kills itself with SIGKILL mid-run**, then recovers in this process from
+the latest complete checkpoint, checks the recovered state against a numpy
+oracle of exactly the input that checkpoint covers (its manifest records the
+input position), replays the rest of the stream and checks that the final
+state equals a failure-free run: no loss, no duplicates.
 """
 from __future__ import annotations
 
 import argparse
-import threading
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import mmm
-from mmm.structures.hashmap import HashMap
-from sguard.operators import AGG_VALUE, Aggregate, expected_aggregate
+from ioservice import CheckpointManager, CheckpointPolicy, list_checkpoints, open_root
+from sguard.operators import Aggregate, expected_aggregate
 
-__all__ = ["register", "run_demo", "generate_batch"]
+__all__ = ["register", "generate_batch", "run_worker", "run_demo"]
+
+HAUNIT = "aggregate"
 
 
 def generate_batch(seed: int, index: int, size: int, groups: int
@@ -31,103 +43,142 @@ def generate_batch(seed: int, index: int, size: int, groups: int
     return keys, ts
 
 
-def run_demo(tuples: int = 2_000_000, groups: int = 100_000, batch: int = 50_000,
-             checkpoint_every: int = 8, page_bytes: int = 1 << 16, seed: int = 1,
-             out: Any = print) -> dict[str, Any]:
-    """Run the demo; returns its measurements (also printed through ``out``)."""
-    pm = mmm.PageManager(page_bytes=page_bytes, capacity_bytes=4 << 30)
-    op = Aggregate(pm)
-    n_batches = -(-tuples // batch)
-    prepare_ms: list[float] = []
-    writers: list[threading.Thread] = []
-    last: dict[str, Any] = {}
+def _stream(args: argparse.Namespace, start: int, stop: int):  # type: ignore[no-untyped-def]
+    for i in range(start, stop):
+        yield i, *generate_batch(args.seed, i, args.batch, args.groups)
 
-    def persist(snap: mmm.Snapshot, upto: int) -> None:
-        pages = np.empty((len(snap), snap.page_bytes), np.uint8)
-        for chunk in np.array_split(np.arange(len(snap)), max(1, len(snap) // 64)):
-            pages[chunk] = snap.copy_pages(chunk)
-            snap.mark_persisted(chunk)
-        snap.complete()
-        last.update(pages=pages, upto=upto)
 
+def _process(op: Aggregate, mgr: CheckpointManager, args: argparse.Namespace, start: int,
+             kill_at: int | None, report: dict[str, Any]) -> None:
+    """Consume batches ``start..`` with periodic checkpoints; SIGKILL self at ``kill_at``."""
+    prepare: list[float] = report.setdefault("prepare_ms", [])
     t0 = time.perf_counter()
-    for i in range(n_batches):
-        keys, ts = generate_batch(seed, i, min(batch, tuples - i * batch), groups)
+    done = 0
+    for i, keys, ts in _stream(args, start, args.batches):
+        if kill_at is not None and i == kill_at:
+            print(f"[worker] batch {i}: killing myself with SIGKILL "
+                  f"({len(prepare)} checkpoints started)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         op.process(keys, ts)
-        if (i + 1) % checkpoint_every == 0:
-            for w in writers:  # at most one checkpoint in flight
-                w.join()
-            t = time.perf_counter()
-            snap = pm.chkpt()
-            prepare_ms.append((time.perf_counter() - t) * 1e3)
-            w = threading.Thread(target=persist, args=(snap, i + 1))
-            w.start()
-            writers = [w]
-    for w in writers:
-        w.join()
-    elapsed = time.perf_counter() - t0
+        done += 1
+        pending = mgr.maybe_checkpoint(len(keys), user_meta={"batches": i + 1})
+        if pending is not None:
+            prepare.append(pending.prepare_s * 1e3)
+    mgr.wait()
+    report["tuples_per_s"] = done * args.batch / (time.perf_counter() - t0)
 
-    all_keys = np.concatenate([generate_batch(seed, i, min(batch, tuples - i * batch),
-                                              groups)[0] for i in range(n_batches)])
-    all_ts = np.arange(tuples, dtype=np.int64)
-    ek, ev = expected_aggregate(all_keys, all_ts)
+
+def _manager(pm: mmm.PageManager, args: argparse.Namespace) -> CheckpointManager:
+    policy = CheckpointPolicy(every_n_tuples=args.checkpoint_every * args.batch, keep=3,
+                              full_every=4)
+    return CheckpointManager(pm, str(Path(args.root).resolve()), HAUNIT, policy=policy,
+                             n_workers=args.io_workers)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """The operator process: runs until it kills itself at ``args.kill_at``."""
+    pm = mmm.PageManager(page_bytes=args.page_bytes, capacity_bytes=8 << 30)
+    op = Aggregate(pm)
+    report: dict[str, Any] = {}
+    with _manager(pm, args) as mgr:
+        _process(op, mgr, args, 0, args.kill_at, report)
+    return 0
+
+
+def _check(op: Aggregate, args: argparse.Namespace, n_batches: int) -> bool:
+    keys = np.concatenate([generate_batch(args.seed, i, args.batch, args.groups)[0]
+                           for i in range(n_batches)]) if n_batches else np.zeros(0, np.uint32)
+    ek, ev = expected_aggregate(keys, np.arange(n_batches * args.batch, dtype=np.int64))
     gk, gv = op.result()
-    live_ok = np.array_equal(ek, gk) and np.array_equal(ev, gv)
+    return bool(np.array_equal(ek, gk) and np.array_equal(ev, gv))
 
-    rebuilt_ok = None
-    if last:
-        pm2 = mmm.PageManager(page_bytes=page_bytes, capacity_bytes=4 << 30)
-        loader = pm2.begin_load()
-        loader.add(last["pages"][::-1])
-        loader.finish()
-        m2 = HashMap.create(pm2, "aggregate", key="<u4", value=AGG_VALUE)
-        n = last["upto"] * batch
-        ek2, ev2 = expected_aggregate(all_keys[:n], all_ts[:n])
-        k2, v2 = m2.items()
-        o = np.argsort(k2)
-        rebuilt_ok = bool(np.array_equal(ek2, k2[o]) and np.array_equal(ev2, v2[o]))
 
+def run_demo(args: argparse.Namespace) -> dict[str, Any]:
+    """Run worker (killed mid-run), recover, replay, verify; returns the measurements."""
+    root = Path(args.root).resolve()
+    if (root / "checkpoint").exists():
+        shutil.rmtree(root / "checkpoint")  # each demo run starts from an empty root
+    root.mkdir(parents=True, exist_ok=True)
+    kill_at = args.kill_at if args.kill_at is not None else (args.batches * 2) // 3
+    print(f"sguard demo: Aggregate over {args.batches} batches x {args.batch:,} tuples, "
+          f"{args.groups:,} keys; checkpoints every {args.checkpoint_every} batches to "
+          f"file://{root}")
+    cmd = [sys.executable, "-m", "sguard", "demo", "--worker", "--kill-at", str(kill_at),
+           *_forward(args)]
+    t = time.perf_counter()
+    child = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    print(f"[demo] worker exited with {child.returncode} after {time.perf_counter() - t:.1f} s"
+          f" ({'killed by SIGKILL' if child.returncode == -signal.SIGKILL else 'unexpected'})")
+    killed = child.returncode == -signal.SIGKILL
+
+    storage = open_root(str(root))
+    cps = list_checkpoints(storage, HAUNIT)
+    print("[demo] checkpoint directories on disk: "
+          + ", ".join(f"{c.name}{'' if c.has_manifest else ' (no manifest)'}" for c in cps)
+          + "\n       (no manifest: in flight when killed, or expired but still referenced"
+          " by an incremental checkpoint)")
+
+    pm = mmm.PageManager(page_bytes=args.page_bytes, capacity_bytes=8 << 30)
+    report: dict[str, Any] = {}
+    with _manager(pm, args) as mgr:
+        t = time.perf_counter()
+        man = mgr.restore()
+        recover_s = time.perf_counter() - t
+        op = Aggregate(pm)  # create-by-name finds the recovered state
+        start = int(man.user_meta["batches"]) if man is not None else 0
+        recovered_ok = _check(op, args, start)
+        print(f"[demo] recovered {man.name if man else 'nothing'} in {recover_s * 1e3:.0f} ms: "
+              f"state after batch {start} ({len(op.state):,} keys, {pm.stats()['used_frames']} "
+              f"pages) {'OK' if recovered_ok else 'MISMATCH'} vs oracle")
+        print(f"[demo] replaying batches {start}..{args.batches - 1}")
+        _process(op, mgr, args, start, None, report)
+        final_ok = _check(op, args, args.batches)
     stats = pm.stats()
-    result = {
-        "tuples": tuples, "groups": groups, "batches": n_batches,
-        "tuples_per_s": tuples / elapsed,
-        "snapshots": len(prepare_ms),
-        "prepare_ms_mean": float(np.mean(prepare_ms)) if prepare_ms else 0.0,
-        "prepare_ms_max": float(np.max(prepare_ms)) if prepare_ms else 0.0,
-        "pages_cloned": stats["pages_cloned"],
-        "state_pages": stats["used_frames"],
-        "state_bytes": stats["used_bytes"],
-        "live_state_ok": bool(live_ok),
-        "snapshot_rebuild_ok": rebuilt_ok,
-    }
-    out(f"Aggregate over {tuples:,} tuples, {groups:,} keys, batches of {batch:,}")
-    out(f"  throughput          {result['tuples_per_s']:,.0f} tuples/s")
-    out(f"  state               {stats['used_frames']} pages of {page_bytes} B "
-        f"({stats['used_bytes'] / 2**20:.1f} MiB)")
-    out(f"  snapshots           {len(prepare_ms)} (copy-on-write, written by a background thread)")
-    out(f"  prepare time        mean {result['prepare_ms_mean']:.3f} ms, "
-        f"max {result['prepare_ms_max']:.3f} ms")
-    out(f"  pages cloned        {stats['pages_cloned']} (writes to frozen pages)")
-    out(f"  live state          {'OK' if live_ok else 'MISMATCH'} (vs numpy oracle)")
-    if rebuilt_ok is not None:
-        out(f"  last snapshot       {'OK' if rebuilt_ok else 'MISMATCH'} "
-            f"(rebuilt from its pages in a new page manager, state after batch {last['upto']})")
+    prep = report.get("prepare_ms") or [0.0]
+    print(f"[demo] throughput {report.get('tuples_per_s', 0):,.0f} tuples/s while checkpointing;"
+          f" prepare (the only pause) mean {np.mean(prep):.2f} ms, max {np.max(prep):.2f} ms;"
+          f" pages cloned by copy-on-write {stats['pages_cloned']}")
+    print(f"[demo] final state after all {args.batches} batches: "
+          f"{'OK' if final_ok else 'MISMATCH'} — equals the failure-free result "
+          f"(exactly once)")
+    result = {"killed": killed, "recovered_from": man.name if man else None,
+              "recovered_batches": start, "recovered_ok": recovered_ok, "final_ok": final_ok,
+              "recover_ms": recover_s * 1e3, "prepare_ms_mean": float(np.mean(prep)),
+              "prepare_ms_max": float(np.max(prep)), "pages_cloned": stats["pages_cloned"],
+              "tuples_per_s": report.get("tuples_per_s", 0.0)}
+    if args.json:
+        print(json.dumps(result))
     return result
 
 
+def _forward(args: argparse.Namespace) -> list[str]:
+    return ["--batches", str(args.batches), "--batch", str(args.batch), "--groups",
+            str(args.groups), "--checkpoint-every", str(args.checkpoint_every),
+            "--page-bytes", str(args.page_bytes), "--seed", str(args.seed),
+            "--root", str(args.root), "--io-workers", str(args.io_workers)]
+
+
 def _main(args: argparse.Namespace) -> int:
-    r = run_demo(args.tuples, args.groups, args.batch, args.checkpoint_every, args.page_bytes,
-                 args.seed)
-    return 0 if r["live_state_ok"] and r["snapshot_rebuild_ok"] is not False else 1
+    if args.worker:
+        return run_worker(args)
+    r = run_demo(args)
+    ok = r["killed"] and r["recovered_ok"] and r["final_ok"] and r["recovered_from"]
+    return 0 if ok else 1
 
 
 def register(sub: Any) -> None:
     """Add the ``demo`` subcommand to the sguard CLI."""
-    p = sub.add_parser("demo", help="run the Aggregate demo with copy-on-write snapshots")
-    p.add_argument("--tuples", type=int, default=2_000_000)
-    p.add_argument("--groups", type=int, default=100_000)
+    p = sub.add_parser("demo", help="Aggregate with async checkpoints, self-kill, recovery")
+    p.add_argument("--batches", type=int, default=60)
     p.add_argument("--batch", type=int, default=50_000)
-    p.add_argument("--checkpoint-every", type=int, default=8, help="batches between snapshots")
+    p.add_argument("--groups", type=int, default=200_000)
+    p.add_argument("--checkpoint-every", type=int, default=6, help="batches between checkpoints")
     p.add_argument("--page-bytes", type=int, default=1 << 16)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--root", default="sguard-data", help="checkpoint root (local directory)")
+    p.add_argument("--io-workers", type=int, default=4)
+    p.add_argument("--kill-at", type=int, default=None,
+                   help="batch at which the worker kills itself (default: 2/3 of the run)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="also print the result as JSON")
     p.set_defaults(func=_main)
