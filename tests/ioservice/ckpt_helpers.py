@@ -141,6 +141,9 @@ def _main(argv: list[str]) -> int:
                                              "state": state_of(s), "step": step_of(s)}))
         return 0
     if cmd == "loop":
+        latency_s = float(os.environ.get("SGUARD_TEST_LATENCY_S", "0"))
+        if latency_s:  # widen the checkpoint window the parent's SIGKILL should hit
+            root, _ = faulty_root(root.filesystem, root.base_path, latency_s=latency_s)
         pm = new_pm()
         policy = CheckpointPolicy(full_every=3, keep=2)
         mgr = CheckpointManager(pm, root, haunit, policy=policy, n_workers=2)
