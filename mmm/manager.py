@@ -554,6 +554,27 @@ class PageManager:
             self.destroy(psid)
         return Loader(self)
 
+    def load(self, pages: Iterable[npt.ArrayLike]) -> None:
+        """Replace all state with the given pages (Table 4's ``load``), in any order.
+
+        A convenience over `begin_load` for pages already in memory; I/O code
+        that reads pages in parallel uses the `Loader` directly.
+
+        Raises
+        ------
+        PageFormatError
+            If the bytes are not whole pages, a PageID repeats, or a page set
+            has no super page (nothing is loaded).
+        """
+        loader = self.begin_load()
+        try:
+            for chunk in pages:
+                loader.add(chunk)
+        except BaseException:
+            loader.abort()
+            raise
+        loader.finish()
+
     def _adopt(self, frames: npt.NDArray[np.int64], dedupe: bool) -> None:
         """Build page sets and the catalog from pages already in ``frames``."""
         h = self.pool.headers
