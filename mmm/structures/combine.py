@@ -80,8 +80,8 @@ def compile_spec(value_dtype: np.dtype[Any], combine: Mapping[str, Any], where: 
     return tuple(out)
 
 
-def input_columns(values: Any, spec: tuple[CombineOp, ...], n: int, where: str
-                  ) -> dict[str, npt.NDArray[Any]]:
+def input_columns(values: Any, spec: tuple[CombineOp, ...], n: int, where: str,
+                  value_dtype: np.dtype[Any] | None = None) -> dict[str, npt.NDArray[Any]]:
     """Extract and validate the input columns a spec reads from ``values``.
 
     ``values`` is a structured array or a mapping of column name -> array.
@@ -108,6 +108,15 @@ def input_columns(values: Any, spec: tuple[CombineOp, ...], n: int, where: str
                                   f"expected ({n},)")
         if col.dtype.kind not in "iufbSMm":
             raise RecordTypeError(f"{where}: input column {name!r} has dtype {col.dtype}")
+        if value_dtype is not None and n:
+            for c in spec:
+                if c.input != name:
+                    continue
+                dst = value_dtype.fields[c.field][0]  # type: ignore[index]
+                if not np.can_cast(col.dtype, dst, casting="same_kind"):
+                    raise RecordTypeError(
+                        f"{where}: input column {name!r} of dtype {col.dtype} cannot be "
+                        f"combined into field {c.field!r} of dtype {dst} without loss")
         cols[name] = col
     return cols
 

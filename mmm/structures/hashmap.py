@@ -664,7 +664,8 @@ class HashMap(Structure):
         self._sync()
         spec = self._spec(combine)
         kc = self._canon(keys, "keys")
-        cols = input_columns(values, spec, len(kc), f"hash map {self.name!r}")
+        cols = input_columns(values, spec, len(kc), f"hash map {self.name!r}",
+                             self.value_dtype)
         self._upsert_prepared(kc, cols, spec)
 
     def _spec(self, combine: Mapping[str, Any] | None) -> tuple[CombineOp, ...]:
@@ -949,7 +950,8 @@ class HashMap(Structure):
             spec = self._spec(kind)
             names = sorted({c.input for c in spec if c.input is not None})
             arrays = {nm: np.array(cols[i]) for i, nm in enumerate(names)}
-            arrays = input_columns(arrays, spec, len(kc), f"hash map {self.name!r}")
+            arrays = input_columns(arrays, spec, len(kc), f"hash map {self.name!r}",
+                                   self.value_dtype)
             self._upsert_prepared(kc, arrays, spec)
 
     def __getitem__(self, key: Any) -> Any:

@@ -612,7 +612,7 @@ class OrderedMap(Structure):
         self._sync()
         spec = self._spec(combine)
         k = self._canon(keys)
-        cols = input_columns(values, spec, len(k), self._where)
+        cols = input_columns(values, spec, len(k), self._where, self.value_dtype)
         if len(k) == 0:
             return
         order = np.argsort(k, kind="stable")  # stable: "first"/"last" follow batch order
