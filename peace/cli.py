@@ -5,10 +5,14 @@ Subcommands:
 * ``sguard peace simulate [--writers 8 12 16] [--sizes-mb 128 256 512] [--policies ...]
   [--seeds N] [--plot out.png] [--json out.json]``: the Figure 10 experiment with a
   progress bar;
-* ``sguard peace schedule --topology {figure5,paper,PATH.json} --request W,R,K ...``:
-  run Algorithm 1 offline and print (and validate) the schedule;
-* ``sguard peace serve [--host 127.0.0.1] [--port 0] [--topology ...]``: the local
-  coordinator service (runs until interrupted, or ``--serve-s`` seconds).
+* ``sguard peace schedule --topology {figure5,paper,PATH.json} --request W,R,K ...
+  [--variant {improved,paper}]``: run the scheduler offline and print (and
+  validate) the schedule;
+* ``sguard peace serve [--host 127.0.0.1] [--port 0] [--topology ...] [--variant ...]``:
+  the local coordinator service (runs until interrupted, or ``--serve-s`` seconds).
+
+``--variant improved`` (default) is the improved scheduler, ``paper`` Algorithm 1
+as published (see :mod:`peace.scheduler`).
 """
 from __future__ import annotations
 
@@ -89,7 +93,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
     try:
         topo = load_topology(args.topology)
-        sched = PeaceScheduler(topo, seed=args.seed)
+        sched = PeaceScheduler(topo, seed=args.seed, variant=args.variant)
         reqs = [WriteRequest(w, r, k, i) for i, (w, r, k) in enumerate(args.request)]
         schedule = sched.schedule(reqs)
         report = validate_schedule(sched.network, reqs, schedule.placements)
@@ -110,7 +114,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         topo = load_topology(args.topology)
-        server = CoordinatorServer(Coordinator(topo, seed=args.seed,
+        server = CoordinatorServer(Coordinator(topo, seed=args.seed, variant=args.variant,
                                                advance_fraction=args.advance_fraction,
                                                max_pending_requests=args.max_pending),
                                    host=args.host, port=args.port)
@@ -131,7 +135,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``peace`` subcommand (and its leaves) to the top-level ``sguard`` parser."""
-    from peace.experiment import FIG10_POLICIES
+    from peace.experiment import ALL_POLICIES, FIG10_POLICIES
+    from peace.scheduler import VARIANTS
 
     peace = subparsers.add_parser("peace", help="Peace DFS write scheduler: simulate, schedule, serve")
     sub = peace.add_subparsers(dest="peace_command", required=True)
@@ -139,19 +144,23 @@ def register(subparsers: Any) -> None:
     sim = sub.add_parser("simulate", help="Figure 10 in simulation (Peace vs baselines)")
     sim.add_argument("--writers", type=int, nargs="+", default=[8, 12, 16])
     sim.add_argument("--sizes-mb", type=int, nargs="+", default=[128, 256, 512])
-    sim.add_argument("--policies", nargs="+", default=list(FIG10_POLICIES), choices=FIG10_POLICIES)
+    sim.add_argument("--policies", nargs="+", default=list(FIG10_POLICIES), choices=ALL_POLICIES,
+                     help="peace = improved scheduler, peace-paper = Algorithm 1 as published "
+                          "(both on the paper's capacity 2); default: %(default)s")
     sim.add_argument("--seeds", type=int, default=1, help="runs per configuration")
     sim.add_argument("--plot", metavar="PNG", help="write the Figure 10 plot here")
     sim.add_argument("--json", metavar="PATH", help="write every run as JSON here")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sim.set_defaults(func=_cmd_simulate)
 
-    sch = sub.add_parser("schedule", help="run Algorithm 1 offline and print the schedule")
+    sch = sub.add_parser("schedule", help="run the scheduler offline and print the schedule")
     sch.add_argument("--topology", default="figure5",
                      help="figure5, paper, paper-bw or a JSON topology file")
     sch.add_argument("--request", type=_parse_request, action="append", required=True,
                      metavar="WRITER,R,K")
     sch.add_argument("--seed", type=int, default=0)
+    sch.add_argument("--variant", choices=sorted(VARIANTS), default="improved",
+                     help="improved (default) or paper (Algorithm 1 as published)")
     sch.set_defaults(func=_cmd_schedule)
 
     srv = sub.add_parser("serve", help="serve the online coordinator on a local TCP port")
@@ -159,6 +168,8 @@ def register(subparsers: Any) -> None:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=0)
     srv.add_argument("--seed", type=int, default=0)
+    srv.add_argument("--variant", choices=sorted(VARIANTS), default="improved",
+                     help="improved (default) or paper (Algorithm 1 as published)")
     srv.add_argument("--advance-fraction", type=float, default=0.8)
     srv.add_argument("--max-pending", type=int, default=None)
     srv.add_argument("--serve-s", type=float, default=None, help="stop after this many seconds")

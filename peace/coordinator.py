@@ -1,7 +1,9 @@
 """The online Peace coordinator (end of paper §5).
 
 Writers submit requests ``(w, r, k)`` at any time. The coordinator runs
-Algorithm 1 once per timestep over the pending requests (oldest first), tells
+Algorithm 1 (the improved variant by default, ``variant="paper"`` for the
+published one; see :mod:`peace.scheduler`) once per timestep over the pending
+requests (oldest first), tells
 each writer through its callback when (timestep) and where (pipeline) each chunk
 goes, and tracks completions. A timestep ends once ``advance_fraction``
 (default 0.8, as in §6.2) of *its* chunk writes have completed; the next one is
@@ -36,7 +38,8 @@ import numpy as np
 from peace.errors import (CannotScheduleNowError, CoordinatorStateError, ScheduleInfeasibleError,
                           UnknownRequestError)
 from peace.model import Network, Topology, build_network
-from peace.scheduler import RACK_AWARE, ChunkPlacement, PeaceScheduler, ReplicaTemplate, WriteRequest
+from peace.scheduler import (RACK_AWARE, ChunkPlacement, Heuristics, PeaceScheduler, ReplicaTemplate,
+                             WriteRequest)
 
 __all__ = ["RequestState", "RequestStatus", "CoordinatorStats", "Coordinator"]
 
@@ -110,6 +113,9 @@ class Coordinator:
         requests wait for their first chunk (``None``: never reject).
     seed
         Seed of the randomized shortest paths.
+    method, variant, lookahead
+        Passed to :class:`~peace.scheduler.PeaceScheduler`: ``variant="improved"``
+        (default) or ``"paper"`` (Algorithm 1 as published).
 
     Raises
     ------
@@ -133,14 +139,14 @@ class Coordinator:
                  advance_fraction: float = 0.8, hold_inflight: bool = False,
                  max_pending_requests: int | None = None,
                  seed: int | np.random.Generator | None = None, method: str = "fast",
-                 lookahead: bool = True) -> None:
+                 variant: str | Heuristics = "improved", lookahead: bool | None = None) -> None:
         if not 0.0 < advance_fraction <= 1.0:
             raise ValueError(f"advance_fraction must be in (0, 1], got {advance_fraction}")
         if max_pending_requests is not None and max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {max_pending_requests}")
         self.network = topology if isinstance(topology, Network) else build_network(topology)
-        self.scheduler = PeaceScheduler(self.network, templates, seed=seed,
-                                        method=method, lookahead=lookahead)  # type: ignore[arg-type]
+        self.scheduler = PeaceScheduler(self.network, templates, seed=seed,  # type: ignore[arg-type]
+                                        method=method, variant=variant, lookahead=lookahead)
         self.advance_fraction = advance_fraction
         self.hold_inflight = hold_inflight
         self.max_pending_requests = max_pending_requests

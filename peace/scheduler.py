@@ -1,17 +1,63 @@
-"""Algorithm 1 of the paper: the Peace chunk scheduler, one timestep at a time.
+"""The Peace chunk scheduler, one timestep at a time: Algorithm 1 as published, and improved.
 
-For each request ``(w, r, k)`` (in order) and each of its chunks, each of the
-``r`` replicas takes a *randomized shortest path* (RSP) from the current source
-``z`` (first the writer, then the previous replica: the replicas form a chain,
-i.e. an HDFS pipeline) to a server allowed by the replica's constraint template,
-on the residual graph. A chunk is scheduled only if all its replicas are; the
-capacity a partially placed chunk took is given back, and the rest of the
-request waits for the next timestep (``W'``).
+Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)``):
+
+``"paper"`` -- Algorithm 1 exactly as published (§5)
+    For each request ``(w, r, k)`` (in the given order) and each of its chunks,
+    each of the ``r`` replicas takes a *randomized shortest path* (RSP) from the
+    current source ``z`` (first the writer, then the previous replica: the
+    replicas form a chain, i.e. an HDFS pipeline) to a server allowed by the
+    replica's constraint template, on the residual graph. A chunk is scheduled
+    only if all its replicas are; the capacity a partially placed chunk took is
+    given back, and the rest of the request waits for the next timestep
+    (``W'``). Ties among equal-cost destinations are broken uniformly at random.
+
+``"improved"`` (default; the ``peace`` policy of the benchmark) -- Algorithm 1 plus
+    five changes, all of them only *restrict or order* the candidates of the
+    same randomized shortest-path step, so every placement is still a
+    minimum-cost path on the residual graph and capacities, templates and the
+    chain property hold exactly as before (the validator checks the same
+    certificate):
+
+    1. **send look-ahead**: a replica that must forward the chunk (every replica
+       but the last) may only go to a server that still has send capacity
+       (residual on its SND->UP and UP->SW edges). The published RSP ignores
+       this, so with capacity 2 on SND->UP a chain often reaches a replica that
+       cannot forward, fails halfway, and -- Algorithm 1 line 23 -- the whole
+       rest of the request is deferred;
+    2. **bounded backtracking**: if a later hop of the chain still fails, the
+       replica before it is re-drawn among the other candidates (at most
+       ``max_backtracks`` extra RSP calls per chunk) before giving up;
+    3. **role-aware tie-break**: among equal-cost destinations, a forwarding
+       replica prefers servers whose own send capacity no request near the head
+       of the queue needs (no pending request, else the latest one in the
+       queue), and the last replica prefers servers whose send capacity *is*
+       needed (writers at the head of the queue: their receive side is
+       otherwise idle). Ties that remain are broken uniformly at random. The
+       published tie-break lets forwarding chains eat the send slots of the
+       writers scheduled next, so each request spreads over more timesteps;
+    4. **whole requests** ("scheduling all writes from the same set close
+       together", §5): a request that has not started yet starts only if it
+       gets its full rate this timestep -- ``min(k, writer's residual send
+       capacity)`` chunks -- otherwise its chunks are given back and it waits.
+       A request's service time starts with its first chunk, so a request that
+       starts with one chunk and then starves is what makes service times long.
+       If nothing at all could be placed that way, the pass is redone without
+       this rule, so nothing that Algorithm 1 would place ever stalls;
+    5. **started requests first**: requests that already have chunks written
+       are served before requests that have not started (stable otherwise), so
+       a started request keeps its rate until it is done.
+
+    The template look-ahead (``lookahead``: never pick a rack from which the
+    remaining templates cannot be met, e.g. a one-server rack when the next
+    replica must share it) is on in ``"improved"`` and off in ``"paper"``.
+
+Individual changes can be switched with :class:`Heuristics` (ablations).
 
 Randomization is explicit: among all eligible destinations whose path cost is
-minimal, one is drawn uniformly; among the minimal-cost paths to it, one is
-drawn uniformly (by counting shortest paths). networkx alone would break ties
-deterministically.
+minimal (and, in ``"improved"``, of the best tie-break class), one is drawn
+uniformly; among the minimal-cost paths to it, one is drawn uniformly (by
+counting shortest paths). networkx alone would break ties deterministically.
 
 Two RSP implementations give the same distribution:
 
@@ -36,7 +82,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -57,6 +103,8 @@ __all__ = [
     "TimestepPlan",
     "Schedule",
     "SchedulerStats",
+    "Heuristics",
+    "VARIANTS",
     "PeaceScheduler",
     "check_templates",
 ]
@@ -64,6 +112,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Residual = npt.NDArray[np.int64]
+_NO_REQUEST = 1 << 40
+"""Rank of a server without a pending request (see ``PeaceScheduler._preference``)."""
+_Rsp = Callable[[int, npt.NDArray[np.bool_], Residual, "npt.NDArray[np.int64] | None"],
+                "tuple[int, tuple[int, ...], int] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +161,36 @@ def check_templates(templates: Sequence[ReplicaTemplate], replication: int) -> N
             if isinstance(idx, bool) or not isinstance(idx, int) or not -(i + 1) <= idx <= i:
                 raise TemplateError(f"template of replica {i} names path position {idx!r}; "
                                     f"only {-(i + 1)}..{i} exist then")
+
+
+@dataclass(frozen=True, slots=True)
+class Heuristics:
+    """Which of the improvements over the published Algorithm 1 are on (see the module docstring).
+
+    >>> VARIANTS["paper"].send_lookahead, VARIANTS["improved"].send_lookahead
+    (False, True)
+    """
+
+    template_lookahead: bool = True
+    """Never pick a rack from which the remaining templates cannot be met."""
+    send_lookahead: bool = True
+    """A forwarding replica must still have send capacity (SND->UP and UP->SW)."""
+    max_backtracks: int = 4
+    """Extra RSP calls per chunk to re-draw a replica whose successor found no path."""
+    role_aware_ties: bool = True
+    """Equal-cost forwarders avoid the writers needed next; last replicas prefer them."""
+    whole_requests: bool = True
+    """An unstarted request starts only with its full per-timestep rate."""
+    started_first: bool = True
+    """Requests with chunks already placed go before requests that have not started."""
+
+
+#: named variants: ``"paper"`` is Algorithm 1 as published, ``"improved"`` the default.
+VARIANTS: dict[str, Heuristics] = {
+    "improved": Heuristics(),
+    "paper": Heuristics(template_lookahead=False, send_lookahead=False, max_backtracks=0,
+                        role_aware_ties=False, whole_requests=False, started_first=False),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +278,7 @@ class SchedulerStats:
 
 
 class PeaceScheduler:
-    """Algorithm 1 over a :class:`~peace.model.Network`.
+    """Algorithm 1 (published or improved) over a :class:`~peace.model.Network`.
 
     Parameters
     ----------
@@ -209,12 +291,16 @@ class PeaceScheduler:
         Seed or ``numpy.random.Generator`` for the randomized shortest paths.
     method
         ``"fast"`` (structured search) or ``"networkx"`` (Dijkstra on the graph).
+    variant
+        ``"improved"`` (default) or ``"paper"`` (Algorithm 1 as published), or a
+        :class:`Heuristics` for ablations. See the module docstring.
     lookahead
-        Also exclude destinations from which the remaining templates cannot be
-        met at all (e.g. a rack with one server for a replica whose successor
-        must share its rack). The published algorithm has no look-ahead
-        (``False``) and can then stall forever on such racks; on topologies
-        whose racks all hold more than ``r`` servers both settings behave the same.
+        Override the variant's template look-ahead: also exclude destinations
+        from which the remaining templates cannot be met at all (e.g. a rack
+        with one server for a replica whose successor must share its rack). The
+        published algorithm has none and can then stall forever on such racks;
+        on topologies whose racks all hold more than ``r`` servers both settings
+        behave the same. ``None``: the variant's setting.
 
     Examples
     --------
@@ -223,11 +309,21 @@ class PeaceScheduler:
     >>> plan = s.schedule_timestep([WriteRequest("svr1.1", 2, 1)], s.network.new_residual())
     >>> plan.placements[0].servers[:2]
     ('svr1.1', 'svr1.2')
+
+    Figure 5's example: the published algorithm may send SVR1.1's second replica
+    to SVR2.2 and so defer SVR2.1; the improved one sends it to SVR2.1, whose
+    receive side the writer does not need, and places both chunks at once.
+
+    >>> reqs = [WriteRequest("svr1.1", 2, 1, 0), WriteRequest("svr2.1", 2, 1, 1)]
+    >>> s = PeaceScheduler(figure5_topology(), seed=1)
+    >>> [p.servers for p in s.schedule_timestep(reqs, s.network.new_residual()).placements]
+    [('svr1.1', 'svr1.2', 'svr2.1'), ('svr2.1', 'svr2.2', 'svr1.1')]
     """
 
     def __init__(self, network: Network | Topology, templates: Sequence[ReplicaTemplate] = RACK_AWARE,
                  *, seed: int | np.random.Generator | None = None,
-                 method: Literal["fast", "networkx"] = "fast", lookahead: bool = True) -> None:
+                 method: Literal["fast", "networkx"] = "fast",
+                 variant: str | Heuristics = "improved", lookahead: bool | None = None) -> None:
         self.network = network if isinstance(network, Network) else build_network(network)
         self.templates = tuple(templates)
         check_templates(self.templates, len(self.templates))
@@ -235,7 +331,20 @@ class PeaceScheduler:
         if method not in ("fast", "networkx"):
             raise ValueError(f"unknown RSP method {method!r}")
         self.method = method
-        self.lookahead = lookahead
+        if isinstance(variant, Heuristics):
+            h = variant
+            self.variant = "custom"
+        elif variant in VARIANTS:
+            h = VARIANTS[variant]
+            self.variant = variant
+        else:
+            raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+        if lookahead is not None and lookahead != h.template_lookahead:
+            h = replace(h, template_lookahead=lookahead)
+        if h.max_backtracks < 0:
+            raise ValueError(f"max_backtracks must be >= 0, got {h.max_backtracks}")
+        self.heuristics = h
+        self.lookahead = h.template_lookahead
         self._rack_sizes = tuple(len(m) for m in self.network.rack_members)
         self._rack_ok_cache: dict[tuple[tuple[int, ...], int], npt.NDArray[np.bool_]] = {}
         self._completable_cache: dict[tuple[tuple[int, ...], int], bool] = {}
@@ -370,7 +479,8 @@ class PeaceScheduler:
         Parameters
         ----------
         requests
-            Requests in priority order (earlier requests first).
+            Requests in priority order (earlier requests first; with
+            ``started_first`` the started ones move ahead, stably).
         residual
             Residual capacity per edge for this timestep; decremented for every
             scheduled chunk (``G <- G'``), untouched by chunks that did not fit.
@@ -389,59 +499,152 @@ class PeaceScheduler:
 
         Notes
         -----
-        Runtime complexity: O(chunks * r * (switches log switches + servers)).
+        Runtime complexity: O(chunks * r * (1 + max_backtracks) * (switches log switches
+        + servers)), twice in the worst case with ``whole_requests``.
         """
         t_start = time.perf_counter()
-        net = self.network
-        placements: list[ChunkPlacement] = []
-        deferred: list[WriteRequest] = []
-        rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
-        servers = net.servers
-        for req in requests:
-            w = net.index(req.writer)
-            k = req.chunks
-            idx = req.first_chunk
-            r = req.replication
-            while k > 0:
-                z = w
-                p = [w]
-                used: list[int] = []
-                hops: list[tuple[int, ...]] = []
-                cost = 0
-                ok = True
-                for rp in range(r):
-                    allowed = self._allowed(p, rp, r)
-                    q = rsp(z, allowed, residual)
-                    self._decisions += 1
-                    if q is None:
-                        self._failed += 1
-                        ok = False
-                        break
-                    dest, eids, c = q
-                    for e in eids:
-                        residual[e] -= 1
-                    used.extend(eids)
-                    hops.append(eids)
-                    cost += c
-                    z = dest
-                    p.append(dest)
-                if not ok:
-                    for e in used:
-                        residual[e] += 1
-                    deferred.append(replace(req, chunks=k, first_chunk=idx))
-                    break
-                placements.append(ChunkPlacement(
-                    request_id=req.request_id, chunk_index=idx, timestep=timestep,
-                    servers=tuple(servers[i] for i in p),
-                    hops=tuple(net.path_vertices(h) for h in hops), cost=cost,
-                    edge_ids=tuple(used)))
-                k -= 1
-                idx += 1
+        h = self.heuristics
+        reqs = list(requests)
+        writers = [self.network.index(req.writer) for req in reqs]
+        if h.started_first:
+            order = ([i for i, q in enumerate(reqs) if q.first_chunk > 0]
+                     + [i for i, q in enumerate(reqs) if q.first_chunk == 0])
+            reqs = [reqs[i] for i in order]
+            writers = [writers[i] for i in order]
+        try:
+            placements, deferred, rolled_back = self._pass(reqs, writers, residual, timestep,
+                                                           h.whole_requests)
+            if rolled_back and not placements:
+                # whole_requests must never stall what Algorithm 1 would place
+                placements, deferred, _ = self._pass(reqs, writers, residual, timestep, False)
+        finally:
+            self._decision_time += time.perf_counter() - t_start
         self._placed += len(placements)
-        self._decision_time += time.perf_counter() - t_start
         logger.debug("timestep %d: %d chunks placed, %d requests deferred", timestep,
                      len(placements), len(deferred))
         return TimestepPlan(timestep, tuple(placements), tuple(deferred))
+
+    def _pass(self, reqs: Sequence[WriteRequest], writers: Sequence[int], residual: Residual,
+              timestep: int, whole: bool
+              ) -> tuple[list[ChunkPlacement], list[WriteRequest], int]:
+        """One pass of Algorithm 1 over ``reqs``; returns placements, deferred, rollbacks."""
+        net = self.network
+        h = self.heuristics
+        rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
+        servers = net.servers
+        # rank[s]: queue position of the next request of writer s still to process this
+        # pass (_NO_REQUEST if none): how soon s needs its own send capacity
+        n_req = len(reqs)
+        rank = np.full(net.n_servers, _NO_REQUEST, dtype=np.int64)
+        next_same = [_NO_REQUEST] * n_req
+        for i in range(n_req - 1, -1, -1):
+            w = writers[i]
+            next_same[i] = int(rank[w])
+            rank[w] = i
+        placements: list[ChunkPlacement] = []
+        deferred: list[WriteRequest] = []
+        rolled_back = 0
+        for i, req in enumerate(reqs):
+            w = writers[i]
+            k = req.chunks
+            idx = req.first_chunk
+            r = req.replication
+            mine: list[ChunkPlacement] = []
+            target = 0
+            if whole and req.first_chunk == 0:
+                target = min(k, int(residual[net.e_snd_up[w]]), int(residual[net.e_up_sw[w]]))
+            while k > 0:
+                chain = self._place_chain(w, r, residual, rsp, rank if h.role_aware_ties else None)
+                if chain is None:
+                    break
+                p, hops, cost = chain
+                mine.append(ChunkPlacement(
+                    request_id=req.request_id, chunk_index=idx, timestep=timestep,
+                    servers=tuple(servers[j] for j in p),
+                    hops=tuple(net.path_vertices(hp) for hp in hops), cost=cost,
+                    edge_ids=tuple(e for hp in hops for e in hp)))
+                k -= 1
+                idx += 1
+            if mine and len(mine) < target:  # would start below its full rate: wait
+                for pl in mine:
+                    for e in pl.edge_ids:
+                        residual[e] += 1
+                mine = []
+                k, idx = req.chunks, req.first_chunk
+                rolled_back += 1
+            rank[w] = next_same[i]
+            placements.extend(mine)
+            if k > 0:
+                deferred.append(replace(req, chunks=k, first_chunk=idx))
+        return placements, deferred, rolled_back
+
+    def _place_chain(self, w: int, r: int, residual: Residual, rsp: _Rsp,
+                     rank: npt.NDArray[np.int64] | None
+                     ) -> tuple[list[int], list[tuple[int, ...]], int] | None:
+        """Place the ``r`` replicas of one chunk from writer ``w`` as a chain, or give up.
+
+        On success the residual holds the chain's usage; on failure it is unchanged.
+        """
+        net = self.network
+        h = self.heuristics
+        path = [w]
+        hops: list[tuple[int, ...]] = []
+        costs: list[int] = []
+        budget = h.max_backtracks
+
+        def place(rp: int) -> bool:
+            nonlocal budget
+            last = rp == r - 1
+            excluded: list[int] = []
+            while True:
+                allowed = self._allowed(path, rp, r)
+                if excluded:
+                    allowed[excluded] = False
+                if h.send_lookahead and not last:
+                    allowed &= ((residual[net.e_snd_up] > 0) & (residual[net.e_up_sw] > 0))
+                prefer = None if rank is None else self._preference(residual, rank, last)
+                q = rsp(path[-1], allowed, residual, prefer)
+                self._decisions += 1
+                if q is None:
+                    self._failed += 1
+                    return False
+                dest, eids, c = q
+                for e in eids:
+                    residual[e] -= 1
+                path.append(dest)
+                hops.append(eids)
+                costs.append(c)
+                if last or place(rp + 1):
+                    return True
+                for e in eids:  # the rest of the chain found no path: re-draw this replica
+                    residual[e] += 1
+                path.pop()
+                hops.pop()
+                costs.pop()
+                if budget <= 0:
+                    return False
+                budget -= 1
+                excluded.append(dest)
+
+        if not place(0):
+            return None
+        return path, hops, sum(costs)
+
+    def _preference(self, residual: Residual, rank: npt.NDArray[np.int64], last: bool
+                    ) -> npt.NDArray[np.int64]:
+        """Tie-break key per server, lower is better (role-aware tie-break, see module doc).
+
+        A forwarding replica prefers servers whose own send capacity is needed
+        latest (``rank``: queue position of their next request, ``_NO_REQUEST``
+        if none). The last replica only receives: it prefers servers that cannot
+        forward anyway -- writers still to be served this pass (soonest first),
+        then servers without send capacity left -- before spare forwarders.
+        """
+        if not last:
+            return -rank
+        net = self.network
+        spare = (rank == _NO_REQUEST) & (residual[net.e_snd_up] > 0) & (residual[net.e_up_sw] > 0)
+        return rank + spare.astype(np.int64)
 
     def schedule(self, requests: Sequence[WriteRequest], *, max_timesteps: int = 100_000) -> Schedule:
         """Schedule every chunk offline: timestep after timestep, fresh capacity each time.
@@ -477,7 +680,8 @@ class PeaceScheduler:
         return Schedule(tuple(requests), tuple(placements), t)
 
     # ------------------------------------------------------ randomized shortest path
-    def _rsp_fast(self, z: int, allowed: npt.NDArray[np.bool_], residual: Residual
+    def _rsp_fast(self, z: int, allowed: npt.NDArray[np.bool_], residual: Residual,
+                  prefer: npt.NDArray[np.int64] | None = None
                   ) -> tuple[int, tuple[int, ...], int] | None:
         """RSP exploiting the rack structure; returns (destination, edge ids, cost) or None."""
         net = self.network
@@ -496,6 +700,9 @@ class PeaceScheduler:
         if not np.isfinite(best):
             return None
         cands = np.flatnonzero(cand_cost == best)
+        if prefer is not None and len(cands) > 1:
+            kp = prefer[cands]
+            cands = cands[kp == kp.min()]
         j = int(cands[self.rng.integers(len(cands))]) if len(cands) > 1 else int(cands[0])
         sw_path = self._random_switch_path(src_sw, int(self._server_switch[j]), preds)
         eids = (e_up, e_sw, *sw_path, int(net.e_sw_dn[j]), int(net.e_dn_rcv[j]))
@@ -562,7 +769,8 @@ class PeaceScheduler:
         path.reverse()
         return path
 
-    def _rsp_networkx(self, z: int, allowed: npt.NDArray[np.bool_], residual: Residual
+    def _rsp_networkx(self, z: int, allowed: npt.NDArray[np.bool_], residual: Residual,
+                      prefer: npt.NDArray[np.int64] | None = None
                       ) -> tuple[int, tuple[int, ...], int] | None:
         """RSP by Dijkstra on the whole graph; saturated edges are hidden by the weight function."""
         net = self.network
@@ -585,6 +793,9 @@ class PeaceScheduler:
                 cands.append(j)
         if best is None:
             return None
+        if prefer is not None and len(cands) > 1:
+            kmin = min(int(prefer[c]) for c in cands)
+            cands = [c for c in cands if int(prefer[c]) == kmin]
         j = cands[int(self.rng.integers(len(cands)))] if len(cands) > 1 else cands[0]
         sigma: dict[Vertex, int] = {src: 1}
 

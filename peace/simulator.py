@@ -12,7 +12,8 @@ is a set of persistent, optionally rate-capped flows between random servers in
 different racks.
 
 Each policy decides when and where chunks start: :class:`PeacePolicy` drives the
-online :class:`~peace.coordinator.Coordinator`; :class:`BaselinePolicy` is HDFS
+online :class:`~peace.coordinator.Coordinator` (``peace``: the improved scheduler,
+``peace-paper``: Algorithm 1 as published, see :mod:`peace.scheduler`); :class:`BaselinePolicy` is HDFS
 default placement or random placement, each writer running ``streams_per_writer``
 pipelines at once (the IOService's worker threads), optionally with an admission
 cap on concurrent requests ("admission only").
@@ -44,7 +45,7 @@ from peace.baselines import Router, hdfs_placement, random_placement
 from peace.coordinator import Coordinator
 from peace.errors import SimulationError
 from peace.model import MB, Network, Topology, build_network
-from peace.scheduler import RACK_AWARE, ChunkPlacement, ReplicaTemplate
+from peace.scheduler import RACK_AWARE, ChunkPlacement, Heuristics, ReplicaTemplate
 
 __all__ = [
     "CALIBRATION",
@@ -62,6 +63,7 @@ __all__ = [
     "make_jobs",
     "make_policy",
     "POLICIES",
+    "PEACE_VARIANTS",
 ]
 
 logger = logging.getLogger(__name__)
@@ -494,8 +496,9 @@ class PeacePolicy:
 
     def __init__(self, *, templates: Sequence[ReplicaTemplate] = RACK_AWARE,
                  advance_fraction: float = 0.8, hold_inflight: bool = False, seed: int = 0,
-                 name: str = "peace") -> None:
+                 variant: str | Heuristics = "improved", name: str = "peace") -> None:
         self.name = name
+        self.variant = variant
         self.templates = tuple(templates)
         self.advance_fraction = advance_fraction
         self.hold_inflight = hold_inflight
@@ -507,7 +510,8 @@ class PeacePolicy:
         self.sim = sim
         self.coordinator = Coordinator(sim.network, self.templates,
                                        advance_fraction=self.advance_fraction,
-                                       hold_inflight=self.hold_inflight, seed=self.seed)
+                                       hold_inflight=self.hold_inflight, seed=self.seed,
+                                       variant=self.variant)
         self._job_of: dict[int, int] = {}
         self._rid_of: dict[int, int] = {}
 
@@ -618,22 +622,34 @@ class BaselinePolicy:
             self._admit()
 
 
-POLICIES = ("peace", "hdfs", "random", "admission")
+#: Peace policy name -> scheduler variant (see :data:`peace.scheduler.VARIANTS`)
+PEACE_VARIANTS: dict[str, str | Heuristics] = {
+    "peace": "improved",
+    "peace-paper": "paper",
+    "peace-fill": Heuristics(whole_requests=False),
+}
+POLICIES = (*PEACE_VARIANTS, "hdfs", "random", "admission")
 
 
 def make_policy(name: str, *, seed: int = 0, streams_per_writer: int = 1,
                 admission_cap: int = 4, advance_fraction: float = 0.8,
                 hold_inflight: bool = False) -> PeacePolicy | BaselinePolicy:
-    """A policy by name: ``peace``, ``hdfs``, ``random`` or ``admission``.
+    """A policy by name (see :data:`POLICIES`).
+
+    ``peace`` is the improved scheduler, ``peace-paper`` Algorithm 1 as
+    published, ``peace-fill`` the improved one without the whole-requests rule
+    (a request may start below its full rate: fuller timesteps, shorter
+    makespan, longer service times); ``hdfs``, ``random``, ``admission`` are
+    the baselines.
 
     Raises
     ------
     ValueError
         For an unknown name.
     """
-    if name == "peace":
+    if name in PEACE_VARIANTS:
         return PeacePolicy(seed=seed, advance_fraction=advance_fraction,
-                           hold_inflight=hold_inflight)
+                           hold_inflight=hold_inflight, variant=PEACE_VARIANTS[name], name=name)
     if name == "hdfs":
         return BaselinePolicy("hdfs", streams_per_writer=streams_per_writer, seed=seed)
     if name == "random":

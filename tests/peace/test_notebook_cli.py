@@ -36,7 +36,9 @@ def test_notebook_executes_top_to_bottom_in_quick_mode(monkeypatch: pytest.Monke
                       for o in c.get("outputs", []))
     assert "quick mode" in outputs
     assert "svr1.1 -> svr1.2 -> svr2.2" in outputs and "deferred to t+1: ['svr2.1']" in outputs
-    assert "peace-paper-caps" in outputs
+    assert "peace-paper" in outputs and "peace-paper-caps" not in outputs
+    assert "improved t=0: svr2.1 -> svr2.2 -> svr1.1" in outputs
+    assert "improved deferred: []" in outputs
 
 
 def test_cli_simulate_writes_a_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,11 +46,11 @@ def test_cli_simulate_writes_a_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = tmp_path / "fig10.png"
     js = tmp_path / "rows.json"
     rc = main(["peace", "simulate", "--writers", "4", "--sizes-mb", "128", "--policies", "peace",
-               "hdfs", "--plot", str(out), "--json", str(js)])
+               "peace-paper", "hdfs", "--plot", str(out), "--json", str(js), "--no-progress"])
     assert rc == 0
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
     text = capsys.readouterr().out
-    assert "peace" in text and "hdfs" in text and js.exists()
+    assert "peace " in text and "peace-paper" in text and "hdfs" in text and js.exists()
 
 
 def test_cli_schedule_prints_figure5_and_rejects_unknown_writer(capsys: pytest.CaptureFixture[str]
@@ -57,6 +59,10 @@ def test_cli_schedule_prints_figure5_and_rejects_unknown_writer(capsys: pytest.C
     assert main(["peace", "schedule", "--request", "svr1.1,2,1", "--request", "svr2.1,2,1"]) == 0
     out = capsys.readouterr().out
     assert "certificate valid" in out and "svr1.1 -> svr1.2" in out
+    assert "2 chunks in 1 timesteps" in out  # improved (default): both fit at once
+    assert main(["peace", "schedule", "--variant", "paper", "--seed", "0", "--request",
+                 "svr1.1,2,1", "--request", "svr2.1,2,1"]) == 0
+    assert "certificate valid" in capsys.readouterr().out
     assert main(["peace", "schedule", "--request", "ghost,2,1"]) == 2
     assert "unknown server" in capsys.readouterr().err
 

@@ -20,11 +20,11 @@ FIG5_REQUESTS = [WriteRequest("svr1.1", 2, 1, 0), WriteRequest("svr2.1", 2, 1, 1
 
 
 def test_figure5_example_svr11_to_svr12_then_svr22_and_svr21_deferred() -> None:
-    """Paper §5: SVR1.1 -> SVR1.2 -> SVR2.2; SVR2.1 finds no path and waits for t+1."""
+    """Paper §5 (published Algorithm 1): SVR1.1 -> SVR1.2 -> SVR2.2; SVR2.1 waits for t+1."""
     net = build_network(figure5_topology())
     hits = 0
     for seed in range(40):
-        s = PeaceScheduler(net, seed=seed)
+        s = PeaceScheduler(net, seed=seed, variant="paper")
         residual = net.new_residual()
         plan = s.schedule_timestep(FIG5_REQUESTS, residual, timestep=0)
         validate_schedule(net, FIG5_REQUESTS, plan.placements, complete=False)
@@ -118,14 +118,16 @@ def test_rsp_cost_equals_brute_force_minimum_on_random_residuals(data: st.DataOb
             assert verts[0] == ("snd", net.servers[path[-1]]) and verts[-1] == ("rcv", net.servers[j])
 
 
+@pytest.mark.parametrize("variant", ["improved", "paper"])
 @settings(max_examples=30)
 @given(data=st.data(), topo=small_topologies(max_servers=5), templates=templates_st)
-def test_algorithm1_never_beats_brute_force_and_its_timestep_is_valid(data: st.DataObject, topo,
+def test_algorithm1_never_beats_brute_force_and_its_timestep_is_valid(variant: str,
+                                                                       data: st.DataObject, topo,
                                                                        templates) -> None:
     """One timestep places at most the brute-force optimum and passes the validator."""
     net = build_network(topo)
     requests = data.draw(request_sets(topo, max_requests=2, max_r=2, max_k=2))
-    s = PeaceScheduler(net, templates, seed=data.draw(st.integers(0, 1000)))
+    s = PeaceScheduler(net, templates, seed=data.draw(st.integers(0, 1000)), variant=variant)
     feasible = []
     for r in requests:
         try:
@@ -149,15 +151,19 @@ def test_algorithm1_never_beats_brute_force_and_its_timestep_is_valid(data: st.D
         orig = next(r for r in feasible if r.request_id == d.request_id)
         assert d.chunks == orig.chunks - placed[d.request_id]
         assert d.first_chunk == orig.first_chunk + placed[d.request_id]
+    assert {d.request_id for d in plan.deferred} | set(placed) >= {r.request_id for r in feasible}
 
 
+@pytest.mark.parametrize("variant", ["improved", "paper"])
 @settings(max_examples=30)
 @given(data=st.data(), topo=small_topologies(), templates=templates_st)
-def test_offline_schedule_places_every_chunk_validly(data: st.DataObject, topo, templates) -> None:
+def test_offline_schedule_places_every_chunk_validly(variant: str, data: st.DataObject, topo,
+                                                     templates) -> None:
     """schedule() finishes every feasible request set; the validator certifies it."""
     net = build_network(topo)
     requests = data.draw(request_sets(topo, max_requests=3, max_r=3, max_k=3))
-    s = PeaceScheduler(net, templates, seed=data.draw(st.integers(0, 1000)))
+    s = PeaceScheduler(net, templates, seed=data.draw(st.integers(0, 1000)),
+                       variant=variant, lookahead=True)
     try:
         for r in requests:
             s.check_request(r)
@@ -184,12 +190,13 @@ def test_paper_workload_schedule_is_valid_and_uses_capacity_well() -> None:
         assert racks[0] == racks[1] != racks[2] == racks[3]
 
 
-def test_fast_and_networkx_methods_agree_exactly_on_two_racks() -> None:
+@pytest.mark.parametrize("variant", ["improved", "paper"])
+def test_fast_and_networkx_methods_agree_exactly_on_two_racks(variant: str) -> None:
     """Without switch-path ties both methods consume the RNG alike: identical schedules."""
     t = paper_topology()
     reqs = [WriteRequest(w, 3, 4, i) for i, w in enumerate(t.servers[:10])]
-    a = PeaceScheduler(t, seed=9, method="fast").schedule(reqs)
-    b = PeaceScheduler(t, seed=9, method="networkx").schedule(reqs)
+    a = PeaceScheduler(t, seed=9, method="fast", variant=variant).schedule(reqs)
+    b = PeaceScheduler(t, seed=9, method="networkx", variant=variant).schedule(reqs)
     assert a.placements == b.placements
 
 
