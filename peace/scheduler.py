@@ -26,8 +26,8 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
        cannot forward, fails halfway, and -- Algorithm 1 line 23 -- the whole
        rest of the request is deferred;
     2. **bounded backtracking**: if a later hop of the chain still fails, the
-       replica before it is re-drawn among the other candidates (at most
-       ``max_backtracks`` extra RSP calls per chunk) before giving up;
+       replica before it is re-drawn among its other candidates (at most
+       ``max_backtracks`` re-draws per chunk) before giving up;
     3. **role-aware tie-break**: among equal-cost destinations, a forwarding
        replica prefers servers whose own send capacity no request near the head
        of the queue needs (no pending request, else the latest one in the
@@ -176,7 +176,7 @@ class Heuristics:
     send_lookahead: bool = True
     """A forwarding replica must still have send capacity (SND->UP and UP->SW)."""
     max_backtracks: int = 4
-    """Extra RSP calls per chunk to re-draw a replica whose successor found no path."""
+    """Re-draws per chunk of a replica whose successors found no path (0: none)."""
     role_aware_ties: bool = True
     """Equal-cost forwarders avoid the writers needed next; last replicas prefer them."""
     whole_requests: bool = True
