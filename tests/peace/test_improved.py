@@ -14,7 +14,8 @@ import pytest
 
 from peace.coordinator import Coordinator
 from peace.model import MB, Rack, SwitchLink, Topology, build_network, figure5_topology, paper_topology
-from peace.scheduler import VARIANTS, Heuristics, PeaceScheduler, WriteRequest
+from peace.errors import ScheduleInfeasibleError
+from peace.scheduler import VARIANTS, Heuristics, PeaceScheduler, ReplicaTemplate, WriteRequest
 from peace.simulator import make_jobs, simulate, spread_writers
 from peace.validate import validate_schedule
 
@@ -114,6 +115,31 @@ def test_backtracking_redraws_a_replica_whose_successor_has_no_path() -> None:
                 expect = net.new_residual()
                 expect[net.e_dn_rcv[full_rack2]] = 0
                 assert np.array_equal(residual, expect)
+
+
+def test_backtracking_completes_a_chain_the_published_algorithm_never_can() -> None:
+    """Found by hypothesis: racks r0={s0.0}, r1={s1.0}, r2={s2.0, s2.1} in a chain
+    sw0 -(cost 2)- sw1 -(cost 1)- sw2, every capacity 1; s2.0 writes r = 3, replica 1 in
+    another rack. The shortest paths always pick s2.0 -> s1.0 -> s2.1, after which s0.0 is
+    unreachable (sw2->sw1 is full): the published algorithm defers the chunk forever.
+    Backtracking re-draws the second replica: s2.0 -> s1.0 -> s0.0 -> s2.1."""
+    racks = (Rack("r0", "sw0", ("s0.0",)), Rack("r1", "sw1", ("s1.0",)),
+             Rack("r2", "sw2", ("s2.0", "s2.1")))
+    links = (SwitchLink("sw0", "sw1", 1, 125 * MB, cost=2), SwitchLink("sw1", "sw2", 1, 125 * MB))
+    t = Topology(racks=racks, links=links, snd_up_chunks=1, up_sw_chunks=1, sw_dn_chunks=1,
+                 dn_rcv_chunks=1)
+    templates = (ReplicaTemplate(other_rack_than=(0,)),)
+    req = [WriteRequest("s2.0", 3, 1, 0)]
+    for seed in range(5):
+        paper = PeaceScheduler(t, templates, seed=seed, variant="paper")
+        paper.check_request(req[0])  # a valid chain exists
+        with pytest.raises(ScheduleInfeasibleError):
+            paper.schedule(req)
+        s = PeaceScheduler(t, templates, seed=seed)
+        sched = s.schedule(req)
+        validate_schedule(s.network, req, sched.placements, templates)
+        assert sched.placements[0].servers == ("s2.0", "s1.0", "s0.0", "s2.1")
+        assert sched.timesteps == 1
 
 
 def test_role_aware_forwarders_keep_the_next_writers_send_slots() -> None:

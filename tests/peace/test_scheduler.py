@@ -8,8 +8,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from peace.errors import (InfeasibleRequestError, InvalidRequestError, TemplateError,
-                          UnknownServerError)
+from peace.errors import (InfeasibleRequestError, InvalidRequestError, ScheduleInfeasibleError,
+                          TemplateError, UnknownServerError)
 from peace.model import build_network, figure5_topology, leaf_spine_topology, paper_topology
 from peace.scheduler import RACK_AWARE, UNCONSTRAINED, PeaceScheduler, ReplicaTemplate, WriteRequest
 from peace.validate import validate_schedule
@@ -159,7 +159,8 @@ def test_algorithm1_never_beats_brute_force_and_its_timestep_is_valid(variant: s
 @given(data=st.data(), topo=small_topologies(), templates=templates_st)
 def test_offline_schedule_places_every_chunk_validly(variant: str, data: st.DataObject, topo,
                                                      templates) -> None:
-    """schedule() finishes every feasible request set; the validator certifies it."""
+    """schedule() finishes every feasible request set (improved; the published algorithm
+    finishes or reports a stall); the validator certifies it."""
     net = build_network(topo)
     requests = data.draw(request_sets(topo, max_requests=3, max_r=3, max_k=3))
     s = PeaceScheduler(net, templates, seed=data.draw(st.integers(0, 1000)),
@@ -169,7 +170,15 @@ def test_offline_schedule_places_every_chunk_validly(variant: str, data: st.Data
             s.check_request(r)
     except (InfeasibleRequestError, TemplateError):
         assume(False)
-    sched = s.schedule(requests)
+    if variant == "paper":
+        # the published greedy chain can dead-end deterministically (see
+        # test_improved.py::test_backtracking_completes_a_chain_the_published_algorithm_never_can)
+        try:
+            sched = s.schedule(requests)
+        except ScheduleInfeasibleError:
+            return
+    else:
+        sched = s.schedule(requests)
     report = validate_schedule(net, requests, sched.placements, templates)
     assert report.chunks == sum(r.chunks for r in requests)
     assert report.timesteps == sched.timesteps
