@@ -370,7 +370,7 @@ class PageManager:
 
     def _clone(self, ps: PageSet, seqs: npt.NDArray[np.int64],
                old: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        new = self.pool.allocate(len(old))
+        new = self.pool.allocate(len(old), zero=False)  # overwritten right away
         frames = self.pool.frames
         frames[new] = frames[old]
         self.pool.clock += 1
@@ -689,7 +689,7 @@ class Loader:
                                   f"(magic {int(hdr['magic'][bad[0]]):#x})")
         if self._done:
             raise SnapshotStateError("loader already finished")
-        frames = self._pm.pool.allocate(len(buf))
+        frames = self._pm.pool.allocate(len(buf), zero=False)  # overwritten right away
         self._pm.pool.frames[frames] = buf
         with self._lock:
             self._frames.append(frames)

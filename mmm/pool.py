@@ -187,8 +187,12 @@ class PagePool:
         """Frames available to `allocate`."""
         return self.n_frames - self._used
 
-    def allocate(self, n: int = 1) -> np.ndarray:
+    def allocate(self, n: int = 1, *, zero: bool = True) -> np.ndarray:
         """Take ``n`` free frames; they are marked LIVE and zeroed.
+
+        ``zero=False`` skips zeroing recycled frames, for callers that
+        overwrite the whole frame at once (a copy-on-write clone, a page
+        being loaded): their bytes are then undefined until written.
 
         Raises
         ------
@@ -212,7 +216,7 @@ class PagePool:
                 self._watermark += rest
             self._used += n
             self.state[out] = LIVE
-        if take:
+        if take and zero:
             self.frames[out[:take]] = 0  # recycled frames; fresh ones are already zero
         return out
 

@@ -1,0 +1,430 @@
+"""Paper Table 7 and Figures 7-8: stream latency while the Aggregate is checkpointed.
+
+The Aggregate (count, first and last timestamp per 4-byte key) holds about
+128 MB of state (``--quick``: 32 MB) and is fed at a steady rate: a batch of
+``--batch`` tuples every ``--period-ms`` milliseconds, keys drawn uniformly
+from the existing groups (the paper's worst case for copy-on-write: pages are
+touched at random). A batch *arrives* at its scheduled time; its latency is the
+time from arrival to the end of its processing, so it includes the wait behind
+earlier batches and behind any checkpoint work done in the operator thread.
+Every ``--interval-s`` seconds the state is checkpointed to ``file://`` (a
+temporary directory; every variant fsyncs what it writes). Variants:
+
+* ``none (mmm)`` / ``none (dict)``: no checkpoint; state in an mmm `HashMap`
+  (the `Aggregate` operator, batch API) or in a Python dict of
+  ``[count, first, last]`` lists updated tuple by tuple (the idiomatic operator);
+* ``mmm``: `ioservice.CheckpointManager` (prepare = freeze pages, then the I/O
+  threads write them while the operator runs; copy-on-write of touched pages);
+* ``sync pickle``: ``pickle.dumps`` of the dict, write and fsync the file, all
+  in the operator thread;
+* ``async pickle``: ``pickle.dumps`` in the operator thread; write and fsync in
+  a background thread;
+* ``fork``: ``os.fork``; the child pickles the dict, writes and fsyncs the file
+  and exits (Redis BGSAVE); the parent keeps processing.
+
+Partitions: the state is split by ``key % P`` into P = 1 or 4 independent
+operators (4 `Aggregate` s with 4 page managers / 4 HA units, or 4 dicts); every
+batch is split and each part fed to its partition. At a checkpoint tick the
+partitions are checkpointed *in turn*, one after the other: the next one starts
+once the previous one is done (mmm: committed; fork: child exited; async
+pickle: written), and a synchronous one between two batches. The same amount
+of state is written per tick as with one partition; each interruption is 1/P.
+
+Before its timed run every variant is warmed up (untimed): it processes
+batches back to back while taking two rounds of checkpoints (see `warm_up`).
+The first mmm checkpoint is full; later ones are incremental, with random
+updates nearly as large.
+Objects built before the runs are moved out of the garbage collector's reach
+(``gc.freeze``) so no variant pays a full collection of millions of lists.
+
+Run: ``python -m bench.chkpt_latency [--quick]``. Writes
+``bench/results/chkpt_latency.json`` (summary: ``mmm_mean_ratio_1p``,
+``mmm_p99_ratio_1p``, ``spike_ratio_sync_pickle_over_mmm``,
+``spike_ratio_fork_over_mmm``) and ``bench/results/chkpt_latency.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import gc
+import os
+import pickle
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+import mmm
+from bench._harness import figure, write_result
+from ioservice import CheckpointManager, CheckpointPolicy
+from sguard.operators import Aggregate
+
+MB = 1 << 20
+VARIANTS = ("none (mmm)", "none (dict)", "mmm", "sync pickle", "async pickle", "fork")
+
+
+# -- state -------------------------------------------------------------------------------------
+def build_mmm(target_bytes: int, n_parts: int, page_bytes: int) -> tuple[list[Aggregate], int]:
+    """``n_parts`` Aggregates over keys ``0..n-1`` (key % n_parts), together ~target_bytes."""
+    ops = [Aggregate(mmm.PageManager(page_bytes=page_bytes,
+                                     capacity_bytes=max(4 * target_bytes // n_parts, 1 << 26)))
+           for _ in range(n_parts)]
+    step = 1 << 16
+    n = 0
+    while sum(op.pm.stats()["used_bytes"] for op in ops) < target_bytes:
+        keys = np.arange(n, n + step, dtype=np.uint32)
+        ts = keys.astype(np.int64)
+        for p, op in enumerate(ops):
+            sel = keys % n_parts == p
+            op.process(keys[sel], ts[sel])
+        n += step
+    return ops, n
+
+
+def to_dict(op: Aggregate) -> dict[int, list[int]]:
+    """The same state as a dict of ``[count, first, last]`` lists."""
+    k, v = op.state.items()
+    return {a: [c, f, l] for a, c, f, l in zip(k.tolist(), v["count"].tolist(),
+                                                v["first_ts"].tolist(), v["last_ts"].tolist())}
+
+
+def dict_process(state: dict[int, list[int]], keys: list[int], ts: list[int]) -> None:
+    """The idiomatic Python Aggregate: one dict update per tuple."""
+    get = state.get
+    for k, t in zip(keys, ts):
+        s = get(k)
+        if s is None:
+            state[k] = [1, t, t]
+        else:
+            s[0] += 1
+            if t < s[1]:
+                s[1] = t
+            if t > s[2]:
+                s[2] = t
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Write and fsync (durable, as the mmm checkpoint is)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# -- checkpoint handles ---------------------------------------------------------------------------
+class Done:
+    """A checkpoint already finished (synchronous variants)."""
+
+    def done(self) -> bool:
+        return True
+
+
+class Child:
+    """A forked checkpoint process; done once reaped."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.status: int | None = None
+
+    def done(self) -> bool:
+        if self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = status
+                if os.waitstatus_to_exitcode(status) != 0:
+                    raise RuntimeError(f"fork checkpoint child {self.pid} failed: {status}")
+        return self.status is not None
+
+    def wait(self) -> None:
+        while not self.done():
+            time.sleep(0.001)
+
+
+class Runner:
+    """One variant with P partitions: process a batch; start a partition's checkpoint."""
+
+    def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
+                 workdir: str, n_workers: int) -> None:
+        self.variant = variant
+        self.ops, self.dicts = ops, dicts
+        self.workdir = workdir
+        self.mgrs: list[CheckpointManager] = []
+        self.pool: cf.ThreadPoolExecutor | None = None
+        self.round = 0
+        self.uses_mmm = variant in ("none (mmm)", "mmm")
+        if variant == "mmm":
+            root = os.path.join(workdir, "mmm")
+            self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
+                                           policy=CheckpointPolicy(keep=2), n_workers=n_workers)
+                         for p, op in enumerate(ops)]
+        if variant == "async pickle":
+            self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pickle-writer")
+
+    def process(self, parts: list[tuple[Any, Any]]) -> None:
+        if self.uses_mmm:
+            for op, (k, t) in zip(self.ops, parts):
+                op.process(k, t)
+        else:
+            for d, (k, t) in zip(self.dicts, parts):
+                dict_process(d, k, t)
+
+    def _path(self, p: int) -> str:
+        return os.path.join(self.workdir, f"{self.variant.replace(' ', '_')}-p{p}-{self.round}.pkl")
+
+    def checkpoint(self, p: int) -> Any:
+        """Start (or, if synchronous, do) the checkpoint of partition ``p``."""
+        v = self.variant
+        if v == "mmm":
+            return self.mgrs[p].checkpoint()
+        path = self._path(p)
+        if v == "sync pickle":
+            write_file(path, pickle.dumps(self.dicts[p], protocol=pickle.HIGHEST_PROTOCOL))
+            return Done()
+        if v == "async pickle":
+            assert self.pool is not None
+            data = pickle.dumps(self.dicts[p], protocol=pickle.HIGHEST_PROTOCOL)
+            return self.pool.submit(write_file, path, data)
+        if v == "fork":
+            pid = os.fork()
+            if pid == 0:  # child: serialize the (copy-on-write) state, write, exit
+                code = 0
+                try:
+                    write_file(path, pickle.dumps(self.dicts[p], protocol=pickle.HIGHEST_PROTOCOL))
+                except BaseException:  # noqa: BLE001 - reported through the exit code
+                    code = 1
+                os._exit(code)
+            return Child(pid)
+        raise ValueError(v)
+
+    def finish_round(self) -> None:
+        """Delete the previous round's pickles (keep disk use bounded)."""
+        if not self.uses_mmm and self.round:
+            self.round -= 1
+            for p in range(len(self.dicts)):
+                if os.path.exists(self._path(p)):
+                    os.unlink(self._path(p))
+            self.round += 1
+        self.round += 1
+
+    def close(self) -> None:
+        for m in self.mgrs:
+            m.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+def wait_handle(h: Any) -> None:
+    if isinstance(h, Child):
+        h.wait()
+    elif hasattr(h, "result"):
+        h.result()
+
+
+# -- one run ---------------------------------------------------------------------------------------
+def warm_up(runner: Runner, batches: list[list[tuple[Any, Any]]], n_parts: int,
+            checkpoint: bool, rounds: int = 2, min_batches: int = 100) -> None:
+    """Untimed: process batches back to back, taking `rounds` checkpoints meanwhile.
+
+    Brings every variant to its steady state (as the paper measures "after
+    warm up"): caches warm; for mmm, the frames copy-on-write clones need are
+    faulted in once (first touches of fresh memory are slow in a VM) and the
+    first, full checkpoint is behind us.
+    """
+    i = 0
+    for _ in range(rounds if checkpoint else 0):
+        for p in range(n_parts):
+            h = runner.checkpoint(p)
+            while h is not None and not h.done():
+                runner.process(batches[i % len(batches)])
+                i += 1
+            wait_handle(h)
+        runner.finish_round()
+    while i < min_batches:
+        runner.process(batches[i % len(batches)])
+        i += 1
+
+
+def run(runner: Runner, batches: list[list[tuple[Any, Any]]], period_s: float,
+        interval_s: float, first_s: float, checkpoint: bool) -> dict[str, Any]:
+    """Feed ``batches`` one per ``period_s``; checkpoint every ``interval_s`` (in turn)."""
+    n_parts = len(batches[0])
+    warm_up(runner, batches, n_parts, checkpoint)
+    lat = np.empty(len(batches))
+    events: list[dict[str, Any]] = []
+    queue: list[int] = []
+    inflight: Any = None
+    next_due = first_s
+    t0 = time.perf_counter() + 0.01
+    for i, parts in enumerate(batches):
+        arrive = t0 + i * period_s
+        now = time.perf_counter()
+        if now < arrive:
+            time.sleep(arrive - now)
+        if checkpoint:
+            now = time.perf_counter() - t0
+            if inflight is None and not queue and now >= next_due:
+                queue = list(range(n_parts))
+                next_due += interval_s
+            if inflight is not None and inflight.done():
+                events[-1]["end_s"] = time.perf_counter() - t0
+                inflight = None
+                if not queue:
+                    runner.finish_round()
+            if inflight is None and queue:
+                p = queue.pop(0)
+                s = time.perf_counter()
+                inflight = runner.checkpoint(p)
+                e = time.perf_counter()
+                events.append({"partition": p, "start_s": s - t0, "pause_s": e - s,
+                               "end_s": None})
+                if inflight is None:  # mmm skipped it: nothing changed
+                    events[-1]["end_s"] = e - t0
+        runner.process(parts)
+        lat[i] = time.perf_counter() - arrive
+    if inflight is not None:
+        wait_handle(inflight)
+        events[-1]["end_s"] = time.perf_counter() - t0
+    return {"latency_s": lat, "events": events}
+
+
+def summarize(lat: np.ndarray) -> dict[str, float]:
+    ms = lat * 1e3
+    return {"mean_ms": float(ms.mean()), "std_ms": float(ms.std()),
+            "median_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99)),
+            "max_ms": float(ms.max()), "n": int(len(ms))}
+
+
+def make_stream(n_keys: int, n_batches: int, batch: int, n_parts: int, seed: int
+                ) -> tuple[list[list[tuple[Any, Any]]], list[list[tuple[Any, Any]]]]:
+    """The batches, split by partition, as numpy columns (mmm) and as lists (dict)."""
+    rng = np.random.default_rng(seed)
+    cols, recs = [], []
+    for i in range(n_batches):
+        keys = rng.integers(0, n_keys, batch).astype(np.uint32)
+        ts = np.arange(i * batch, (i + 1) * batch, dtype=np.int64) + (1 << 32)
+        c, r = [], []
+        for p in range(n_parts):
+            sel = keys % n_parts == p if n_parts > 1 else slice(None)
+            k, t = keys[sel], ts[sel]
+            c.append((k, t))
+            r.append((k.tolist(), t.tolist()))
+        cols.append(c)
+        recs.append(r)
+    return cols, recs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--state-mb", type=int, default=None,
+                    help="state size (default 128, --quick 32)")
+    ap.add_argument("--batch", type=int, default=200, help="tuples per batch")
+    ap.add_argument("--period-ms", type=float, default=10.0, help="one batch every ... ms")
+    ap.add_argument("--interval-s", type=float, default=None,
+                    help="checkpoint interval (default 20, --quick 5)")
+    ap.add_argument("--first-s", type=float, default=None,
+                    help="first checkpoint after ... s (default 10, --quick 1.5)")
+    ap.add_argument("--duration-s", type=float, default=None,
+                    help="length of each run (default 60, --quick 8)")
+    ap.add_argument("--page-bytes", type=int, default=1 << 16)
+    ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
+    ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
+    args = ap.parse_args(argv)
+    state_mb = args.state_mb or (32 if args.quick else 128)
+    interval = args.interval_s or (5.0 if args.quick else 20.0)
+    first = args.first_s or (1.5 if args.quick else 10.0)
+    duration = args.duration_s or (8.0 if args.quick else 60.0)
+    period = args.period_ms / 1e3
+    n_batches = int(duration / period)
+    workdir = tempfile.mkdtemp(prefix="sguard-chkpt-latency-")
+    results: dict[str, Any] = {}
+    curves: dict[str, Any] = {}
+    try:
+        for n_parts in args.partitions:
+            gc.collect()
+            gc.disable()
+            t = time.perf_counter()
+            ops, n_keys = build_mmm(state_mb * MB, n_parts, args.page_bytes)
+            dicts = [to_dict(op) for op in ops]
+            gc.freeze()
+            gc.enable()
+            mmm_bytes = sum(op.pm.stats()["used_bytes"] for op in ops)
+            pickled = sum(len(pickle.dumps(d, protocol=pickle.HIGHEST_PROTOCOL)) for d in dicts)
+            cols, recs = make_stream(n_keys, n_batches, args.batch, n_parts, seed=1)
+            print(f"{n_parts} partition(s): {n_keys:,} keys, mmm state {mmm_bytes / MB:.0f} MB, "
+                  f"pickled {pickled / MB:.0f} MB (built in {time.perf_counter() - t:.1f} s)")
+            res: dict[str, Any] = {"n_keys": n_keys, "mmm_state_bytes": mmm_bytes,
+                                   "pickled_bytes": pickled, "variants": {}}
+            for v in VARIANTS:
+                runner = Runner(v, ops, dicts, workdir, args.workers)
+                try:
+                    out = run(runner, cols if runner.uses_mmm else recs, period, interval,
+                              first, checkpoint=not v.startswith("none"))
+                finally:
+                    runner.close()
+                s = summarize(out["latency_s"])
+                s["checkpoints"] = out["events"]
+                if runner.mgrs:
+                    s["pages_cloned"] = int(sum(op.pm.stats()["pages_cloned"] for op in ops))
+                res["variants"][v] = s
+                curves[f"{n_parts}:{v}"] = out["latency_s"]
+                pauses = [e["pause_s"] * 1e3 for e in out["events"]]
+                print(f"  {v:<13} mean {s['mean_ms']:8.2f} ms  std {s['std_ms']:8.2f}  "
+                      f"p99 {s['p99_ms']:8.2f}  max {s['max_ms']:8.1f}  "
+                      f"({len(pauses)} checkpoints, max pause {max(pauses, default=0):.1f} ms)")
+            results[str(n_parts)] = res
+            gc.unfreeze()
+            del ops, dicts, cols, recs
+            gc.collect()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    def ratio(parts: str, v: str, base: str, key: str) -> float:
+        r = results[parts]["variants"]
+        return r[v][key] / r[base][key]
+
+    summary: dict[str, Any] = {}
+    for parts, tag in (("1", "1p"), ("4", "4p")):
+        if parts not in results:
+            continue
+        summary[f"mmm_mean_ratio_{tag}"] = ratio(parts, "mmm", "none (mmm)", "mean_ms")
+        summary[f"mmm_p99_ratio_{tag}"] = ratio(parts, "mmm", "none (mmm)", "p99_ms")
+        for v, short in (("sync pickle", "sync_pickle"), ("async pickle", "async_pickle"),
+                         ("fork", "fork")):
+            summary[f"spike_ratio_{short}_over_mmm" + ("" if tag == "1p" else "_4p")] = \
+                ratio(parts, v, "mmm", "max_ms")
+    summary["targets"] = {"mmm_mean_ratio_1p": "<= 1.1", "mmm_p99_ratio_1p": "<= 1.5",
+                          "spike_ratio_sync_pickle_over_mmm": ">= 10"}
+    summary["state_mb"] = state_mb
+    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.items()})
+    params = {"quick": args.quick, "state_mb": state_mb, "batch_tuples": args.batch,
+              "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
+              "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
+              "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
+              "partitions": args.partitions, "storage": "file:// (temporary dir, fsync)",
+              "partition_checkpoints": "in turn (next partition once the previous is done)"}
+    path = write_result("chkpt_latency", summary, {"results": results}, params)
+    plt, png = figure("chkpt_latency")
+    nrow = len(args.partitions)
+    fig, axes = plt.subplots(nrow, 1, figsize=(9, 3.6 * nrow), squeeze=False)
+    for ax, n_parts in zip(axes[:, 0], args.partitions):
+        for v in VARIANTS:
+            y = curves[f"{n_parts}:{v}"] * 1e3
+            ax.plot(np.arange(len(y)) * period, y, lw=0.8, label=v)
+        ax.set_yscale("log")
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("batch latency (ms)")
+        ax.set_title(f"{state_mb} MB Aggregate in {n_parts} partition(s), checkpoint every "
+                     f"{interval:g} s, {args.batch / period:,.0f} tuples/s")
+        ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {path} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
