@@ -854,15 +854,54 @@ class OrderedMap(Structure):
         v = self._values(value.reshape(1) if isinstance(value, np.ndarray) else [value], 1)
         i, p, found = self._find1(k)
         if not found:
-            self._write_sorted(np.array([k], dtype=self.key_dtype), v)
+            c = int(self._counts[i])
+            if c >= self.S:  # the leaf splits: the batch path handles it
+                self._write_sorted(np.array([k], dtype=self.key_dtype), v)
+                return
+            f = self._pm.writable1(self.psid, int(self._seqs[i]))
+            K, V = self._K[f], self._V[f]
+            K[p + 1:c + 1] = K[p:c]  # numpy copies overlapping slices safely
+            V[p + 1:c + 1] = V[p:c]
+            K[p] = k
+            V[p] = v[0]
+            self._hdr["count"][f] = c + 1
+            self._counts[i] = c + 1
+            self._n += 1
+            if p == 0:
+                self._fence[i] = k
+            self._version += 1
             return
         f = self._pm.writable1(self.psid, int(self._seqs[i]))
         self._V[f, p] = v[0]
         self._version += 1
 
     def __delitem__(self, key: Any) -> None:
-        if not self.delete(self._one(key))[0]:
+        """Delete one key. Pages copied: at most 1 (or as `delete` when leaves merge).
+
+        Raises
+        ------
+        KeyError
+            If ``key`` is absent.
+        """
+        self._sync()
+        i, p, found = self._find1(self._key1(key))
+        if not found:
             raise KeyError(key)
+        c = int(self._counts[i])
+        if c == 1 or (c - 1 < self.S // 2 and len(self._seqs) > 1) or (p == 0 and i > 0):
+            # the leaf may merge or empty, or its fence moves: the batch path handles it
+            self.delete(self._one(key))
+            return
+        f = self._pm.writable1(self.psid, int(self._seqs[i]))
+        K, V = self._K[f], self._V[f]
+        K[p:c - 1] = K[p + 1:c]
+        V[p:c - 1] = V[p + 1:c]
+        self._hdr["count"][f] = c - 1
+        self._counts[i] = c - 1
+        self._n -= 1
+        if p == 0:
+            self._fence[i] = K[0]
+        self._version += 1
 
     def __contains__(self, key: Any) -> bool:
         self._sync()
