@@ -4,7 +4,9 @@ Writing: the pages of a checkpoint are split into one contiguous share per
 worker; each worker writes its share to one file of the checkpoint directory
 (``w000.pages`` ...) in large sequential writes. For each write it gathers up
 to ``chunk_bytes`` of frozen pages into a reusable per-thread buffer with
-`mmm.Snapshot.copy_pages`, checksums them, hands the buffer to the stream
+`mmm.Snapshot.copy_pages` (on local storage, pages lying in consecutive frames
+are written straight from the frames, `mmm.Snapshot.pages_view`), checksums
+them, hands the buffer to the stream
 (pyarrow releases the GIL while writing) and marks the pages persisted, which
 unpins them in mmm. Completion or failure is reported through a
 `concurrent.futures.Future`; on the first failure the other workers stop at
@@ -278,6 +280,11 @@ class IOService:
         buf = self._buffer(per * pb).reshape(-1, pb)[:per]
         sums = np.empty(len(share), dtype=np.uint64)
         where = f"checkpoint {label}: writing {relpath} on {root.backend} root {root.uri}"
+        # Local writes copy the bytes into the kernel before returning, so pages in
+        # consecutive frames are written straight from the (pinned) frames. Other
+        # streams may keep a reference to a large buffer after write() returns
+        # (S3 background uploads), so they get a private copy.
+        view_pages = getattr(snap, "pages_view", None) if root.backend == "local" else None
         if stop.is_set():
             raise _Stop()
         try:
@@ -289,7 +296,9 @@ class IOService:
                 if stop.is_set():
                     raise _Stop()
                 part = share[s:s + per]
-                pages = snap.copy_pages(part, out=buf)[:len(part)]
+                pages = view_pages(part) if view_pages is not None else None
+                if pages is None:
+                    pages = snap.copy_pages(part, out=buf)[:len(part)]
                 sums[s:s + len(part)] = page_checksums(pages)
                 out.write(pages)
                 snap.mark_persisted(part)

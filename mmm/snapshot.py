@@ -119,6 +119,36 @@ class Snapshot:
         view.flags.writeable = False
         return view
 
+    def pages_view(self, indices: npt.ArrayLike) -> npt.NDArray[np.uint8] | None:
+        """Read-only ``(n, page_bytes)`` view of frozen pages ``indices`` when their
+        frames are consecutive in the pool, else None (then use `copy_pages`).
+
+        Lets an I/O thread hand pages to a synchronous write without gathering
+        them first. The view is valid until the pages are marked persisted
+        (their frames may then be written or reused). Pages copied: 0.
+
+        Raises
+        ------
+        SnapshotStateError
+            As `page`.
+        """
+        self._require_active("view pages")
+        idx = np.asarray(indices, dtype=np.int64)
+        if not len(idx):
+            return None
+        if self._persisted[idx].any():
+            bad = idx[self._persisted[idx]][0]
+            raise SnapshotStateError(
+                f"snapshot {self.snapshot_id}: page {int(self.page_ids[bad]):#x} was already "
+                f"persisted and released")
+        fr = self._frames[idx]
+        f0 = int(fr[0])
+        if int(fr[-1]) - f0 != len(fr) - 1 or (len(fr) > 2 and not np.all(np.diff(fr) == 1)):
+            return None
+        view = self._pm.pool.frames[f0:f0 + len(fr)].view()
+        view.flags.writeable = False
+        return view
+
     def copy_pages(self, indices: npt.ArrayLike, out: npt.NDArray[np.uint8] | None = None
                    ) -> npt.NDArray[np.uint8]:
         """Gather frozen pages ``indices`` into one contiguous ``(n, page_bytes)`` buffer.

@@ -240,12 +240,14 @@ class HashMap(Structure):
         has = nxt != _U64(NIL_INT)
         self._next_of[seqs[has]] = (nxt[has] & _MASK32).astype(np.int64)
         self._last_seq = self._bucket_seq.copy()
-        if has.any():
-            for b in range(n):
-                s = self._last_seq[b]
-                while self._next_of[s] >= 0:
-                    s = self._next_of[s]
-                self._last_seq[b] = s
+        if has.any():  # follow every overflow chain one step per pass (chains are short)
+            last = self._last_seq
+            live = np.flatnonzero(last >= 0)
+            while len(live):
+                nxt_seq = self._next_of[last[live]]
+                more = nxt_seq >= 0
+                live = live[more]
+                last[live] = nxt_seq[more]
         self._len = int(h["count"][frames].sum())
         self._n_buckets = n
 
