@@ -339,6 +339,8 @@ class IOService:
             ``sink(pages)`` with a ``(n, page_bytes)`` uint8 array, called from
             worker threads, in any order; the array is a reused buffer, so the
             sink must copy what it keeps before returning (`mmm.Loader.add` does).
+            When `sink` is a bound `mmm.Loader.add`, pages are read straight
+            into frames the loader reserves (`Loader.reserve`/`commit`): no copy.
         verify : bool
             Check every page's checksum and header PageID (recovery always does).
         on_progress : callable, optional
@@ -413,6 +415,8 @@ class IOService:
         where = (f"checkpoint {manifest.name}: {pf.path} on {root.backend} root {root.uri}")
         per = self._chunk_pages(pb)
         buf = self._buffer(per * pb)
+        owner = getattr(sink, "__self__", None)  # a bound `mmm.Loader.add`: zero-copy reads
+        reserve = getattr(owner, "reserve", None) if hasattr(owner, "commit") else None
         offs = t.offset[rows]
         breaks = np.flatnonzero(np.diff(offs) != np.uint64(pb)) + 1
         starts = np.concatenate(([0], breaks))
@@ -428,21 +432,33 @@ class IOService:
                         raise _Stop()
                     b = min(a + per, b0)
                     n = b - a
-                    view = memoryview(buf[:n * pb])  # type: ignore[arg-type]
-                    off = int(offs[a])
+                    # read straight into page frames when the sink can lend them
+                    frames, dest = reserve(n) if reserve is not None else (None, None)
                     try:
-                        f.seek(off)
-                        got = f.readinto(view)
-                    except (OSError, pa.ArrowException) as exc:
-                        raise root._translate(exc, "read", pf.path) from exc
-                    if got != n * pb:
-                        raise CheckpointDamagedError(
-                            f"{where}: short file: {got} of {n * pb} bytes at offset {off}")
-                    pages = buf[:n * pb].reshape(n, pb)
-                    sel = rows[a:b]
-                    if verify:
-                        _verify(pages, t.page_id[sel], t.checksum[sel], offs[a:b], where)
-                    sink(pages)
+                        target = dest if dest is not None else buf[:n * pb].reshape(n, pb)
+                        view = memoryview(target.reshape(-1))  # type: ignore[arg-type]
+                        off = int(offs[a])
+                        try:
+                            f.seek(off)
+                            got = f.readinto(view)
+                        except (OSError, pa.ArrowException) as exc:
+                            raise root._translate(exc, "read", pf.path) from exc
+                        if got != n * pb:
+                            raise CheckpointDamagedError(
+                                f"{where}: short file: {got} of {n * pb} bytes at offset {off}")
+                        sel = rows[a:b]
+                        if verify:
+                            _verify(target, t.page_id[sel], t.checksum[sel], offs[a:b], where)
+                    except BaseException:
+                        if frames is not None:
+                            owner.unreserve(frames)
+                        raise
+                    if dest is not None:
+                        owner.commit(frames)
+                    elif frames is not None:
+                        owner.place(frames, target)
+                    else:
+                        sink(target)
                     progress(n)
         finally:
             f.close()

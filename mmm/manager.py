@@ -552,6 +552,7 @@ class PageManager:
         """
         for psid in list(self._sets):
             self.destroy(psid)
+        self.pool.reset_if_empty()  # consecutive frames: pages can be read straight into them
         return Loader(self)
 
     def load(self, pages: Iterable[npt.ArrayLike]) -> None:
@@ -693,6 +694,56 @@ class Loader:
         self._pm.pool.frames[frames] = buf
         with self._lock:
             self._frames.append(frames)
+
+    def reserve(self, n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8] | None]:
+        """Take ``n`` free frames to read pages straight into (zero-copy loading).
+
+        Returns the frames and, when they are consecutive, a writable
+        ``(n, page_bytes)`` view of them to read into; otherwise None (read
+        elsewhere, then `place`). Finish with `commit`, `place` or `unreserve`.
+        Thread-safe.
+
+        Raises
+        ------
+        PoolExhaustedError
+            If fewer than ``n`` frames are free.
+        SnapshotStateError
+            If the loader already finished.
+        """
+        if self._done:
+            raise SnapshotStateError("loader already finished")
+        frames = self._pm.pool.allocate(n, zero=False)
+        if n and int(frames[-1]) - int(frames[0]) == n - 1 and \
+                (n == 1 or bool(np.all(np.diff(frames) == 1))):
+            f0 = int(frames[0])
+            return frames, self._pm.pool.frames[f0:f0 + n]
+        return frames, None
+
+    def place(self, frames: npt.NDArray[np.int64], pages: npt.NDArray[np.uint8]) -> None:
+        """Copy pages into reserved frames (when `reserve` lent no view), then `commit`."""
+        self._pm.pool.frames[frames] = pages
+        self.commit(frames)
+
+    def commit(self, frames: npt.NDArray[np.int64]) -> None:
+        """Keep reserved frames whose bytes now hold whole pages.
+
+        Raises
+        ------
+        PageFormatError
+            If a frame has no page header (the frames are freed).
+        """
+        magic = self._pm.pool.headers["magic"][frames]
+        bad = np.flatnonzero(magic != PAGE_MAGIC)
+        if len(bad):
+            self._pm.pool.free(frames)
+            raise PageFormatError(f"page {int(bad[0])} of this batch has no page header "
+                                  f"(magic {int(magic[bad[0]]):#x})")
+        with self._lock:
+            self._frames.append(frames)
+
+    def unreserve(self, frames: npt.NDArray[np.int64]) -> None:
+        """Give reserved frames back (e.g. their bytes failed a checksum)."""
+        self._pm.pool.free(frames)
 
     def finish(self) -> None:
         """Rebuild the page tables and catalog from the loaded pages.

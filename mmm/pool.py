@@ -256,6 +256,16 @@ class PagePool:
             done = frames[(self.pins[frames] == 0) & (self.state[frames] == ORPHAN)]
             self._release_locked(np.unique(done))
 
+    def reset_if_empty(self) -> bool:
+        """When no frame is in use, forget the free list: later allocations are
+        consecutive from frame 0 (already touched memory). Returns whether it reset."""
+        with self._lock:
+            if self._used:
+                return False
+            self._free = []
+            self._watermark = 0
+            return True
+
     def tick(self) -> int:
         """Advance and return the pool clock (page versions)."""
         self.clock += 1
