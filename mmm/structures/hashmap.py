@@ -4,33 +4,41 @@ Layout
 ------
 Bucket ``b`` is a chain of pages: a primary page (header flag ``PRIMARY``,
 ``aux0 = b``) and overflow pages linked by the header's ``next`` PageID. Inside
-a page, slots form an open-addressing table with linear probing::
+a page, slots form an open-addressing table probed by *groups* of 16 slots::
 
     [header 64 B][ctrl: S bytes][keys: S keys][values: S values]
 
 A ctrl byte is 0 (EMPTY), 1 (TOMB, a deleted key) or ``0x80 | tag`` (FULL) where
 ``tag`` is 7 bits of the key's hash, as in SwissTable: a probe compares the 16
-ctrl bytes of a slot group (gathered as two 64-bit words) with the tag and reads
-a key only where the tag matches.
+ctrl bytes of a group (gathered as two 64-bit words, SWAR) with the tag and reads
+a key only where the tag matches. A key's probe starts at group
+``((h >> 32) * n_groups) >> 32`` and moves group by group; a group with an EMPTY
+slot ends it. A key sits in the first group of its probe sequence that had a
+free slot when it was inserted, so probes find it (`_check` verifies this).
+Pages of fewer than 16 slots (tests) form one group.
 
 Header ``count`` is the number of FULL slots and ``start`` the *fill*, FULL
-plus TOMB slots. A page never fills beyond ``max_fill`` < S, so every probe ends
-at an EMPTY slot; a key goes to the next page of the chain only when a page's
-fill reached ``max_fill``, and fill never shrinks except when a whole bucket is
-rewritten (split, merge, compaction). Hence a lookup that reaches an EMPTY slot
-of a page with no next page knows the key is absent; otherwise it goes on in the
-next page (a key reaches an overflow page only when the last page had no room).
+plus TOMB slots. A page never fills beyond ``max_fill`` < S, so every probe
+meets an EMPTY slot; a key goes to an overflow page only when the last page of
+its chain has no room, and fill never shrinks except when a whole bucket is
+rewritten (split, merge, compaction). A probe that ends in a page with no next
+page knows the key is absent; otherwise it goes on in the next page.
 
 The file holds no directory: the bucket number is in each primary page's header,
 and the level ``i`` and split pointer ``p`` follow from the number of buckets
 ``n = 2**i + p``. A key with hash ``h`` lives in bucket ``h mod 2**(i+1)`` if that
-is below ``n``, else ``h mod 2**i``; its probe starts at slot ``((h >> 32) * S) >> 32``.
-The map splits bucket ``p`` when the mean load exceeds ``MAX_LOAD`` and merges
-the last bucket into its buddy below ``MIN_LOAD``.
+is below ``n``, else ``h mod 2**i``. The map splits bucket ``p`` when the mean
+load exceeds ``MAX_LOAD`` (many buckets per vectorized pass when a batch brings
+many new keys; a full re-addressing when it more than doubles) and merges the
+last bucket into its buddy below ``MIN_LOAD``.
 
-Every operation is vectorized over a batch: hashing, probing (one round per
-probe step, over all keys still probing), insertion (conflicts for one empty
-slot resolved with ``np.unique``) and aggregation (`mmm.structures.combine`).
+Every operation is vectorized over a batch: hashing (splitmix64 over the key's
+bytes), probing (one round per group step over all keys still probing; about
+one round at the default load), insertion (keys grouped by target group; the
+``r``-th key takes the ``r``-th free slot) and aggregation (a sort-based
+pre-aggregation, then one gather/scatter per value field through flat column
+views, `mmm.structures.columns`). Per-record writes are buffered and applied
+as a batch before any read (`HashMap.upserter`).
 The in-memory index (bucket -> primary page, page -> next page, bucket -> last
 page, length) is redundant with the pages and rebuilt lazily.
 """
