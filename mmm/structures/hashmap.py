@@ -11,9 +11,10 @@ a page, slots form an open-addressing table probed by *groups* of 16 slots::
 A ctrl byte is 0 (EMPTY), 1 (TOMB, a deleted key) or ``0x80 | tag`` (FULL) where
 ``tag`` is 7 bits of the key's hash, as in SwissTable: a probe compares the 16
 ctrl bytes of a group (gathered as two 64-bit words, SWAR) with the tag and reads
-a key only where the tag matches. A key's probe starts at group
-``((h >> 32) * n_groups) >> 32`` and moves group by group; a group with an EMPTY
-slot ends it. A key sits in the first group of its probe sequence that had a
+a key only where the tag matches. A page has a prime number of groups; a key's
+probe starts at group ``((h >> 32) * n_groups) >> 32`` and moves by a per-key
+step in ``[1, n_groups)`` from a second hash (double hashing: no clustering of
+full groups); a group with an EMPTY slot ends it. A key sits in the first group of its probe sequence that had a
 free slot when it was inserted, so probes find it (`_check` verifies this).
 Pages of fewer than 16 slots (tests) form one group.
 
@@ -75,6 +76,14 @@ _HIGH = _U64(0x8080808080808080)
 def _zero_bytes(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """0x80 in each byte of ``x`` that is zero, 0 elsewhere (exact, no borrow)."""
     return ~(((x & _LOW7) + _LOW7) | x | _LOW7)
+
+
+def _prev_prime(n: int) -> int:
+    """The largest prime <= n (n >= 1; 1 for n == 1)."""
+    for m in range(n, 1, -1):
+        if all(m % d for d in range(2, int(m ** 0.5) + 1)):
+            return m
+    return 1
 
 
 def _widen(b: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint64]:
@@ -160,8 +169,8 @@ class HashMap(Structure):
                 raise ValueError(f"hash map {name!r}: page_slots={page_slots} exceeds the "
                                  f"{s} slots a {page_bytes}-byte page holds")
             s = page_slots
-        if s >= HashMap.GROUP:
-            s -= s % HashMap.GROUP  # whole probe groups
+        if s >= HashMap.GROUP:  # whole probe groups, a prime number of them
+            s = HashMap.GROUP * _prev_prime(s // HashMap.GROUP)
         elif page_slots is None and s < 2:
             pass
         if s < 2:
@@ -295,6 +304,15 @@ class HashMap(Structure):
     def _block_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
         return (((h >> _U64(32)) * _U64(self.n_blocks)) >> _U64(32)).astype(np.int64)
 
+    def _step_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """Group step of double hashing: in ``[1, n_groups)``, coprime with the
+        (prime) number of groups, from bits independent of the home group."""
+        nb = self.n_blocks
+        if nb == 1:
+            return np.zeros(len(h), dtype=np.int64)
+        h2 = _mix(h ^ _U64(0x5851F42D4C957F2D))
+        return 1 + (((h2 >> _U64(40)) * _U64(nb - 1)) >> _U64(24)).astype(np.int64)
+
     # -- core vectorized operations -----------------------------------------------------------------
     def _tag_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:
         return ((h >> _U64(24)) & _U64(0x7F)).astype(np.uint8) | np.uint8(FULL_BIT)
@@ -329,6 +347,7 @@ class HashMap(Structure):
         idx = np.arange(n)
         q = self._bucket_seq[self._bucket_of(h)]
         b0 = self._block_of(h)
+        step = self._step_of(h)
         b = b0
         k = kc
         tag = self._tag_of(h)
@@ -377,10 +396,11 @@ class HashMap(Structure):
             keep = move | ~(hit | empty)
             if not keep.any():
                 break
-            b = np.where(move, b0, b + 1)
-            b[b == nb] = 0
+            b = np.where(move, b0, b + step)
+            b[b >= nb] -= nb
             q = np.where(move, nxt, q)
-            idx, q, b, b0, k, tag = idx[keep], q[keep], b[keep], b0[keep], k[keep], tag[keep]
+            idx, q, b, b0, k, tag, step = (idx[keep], q[keep], b[keep], b0[keep], k[keep],
+                                           tag[keep], step[keep])
         return out_seq, out_slot
 
     def _touch(self, seqs: npt.NDArray[np.int64]) -> None:
@@ -432,12 +452,12 @@ class HashMap(Structure):
                 sel = order[over & (ts == seq)]
                 tgt[sel] = new
         self._touch(tgt)
-        self._place(tgt, self._block_of(h), kc, vals, self._tag_of(h))
+        self._place(tgt, self._block_of(h), kc, vals, self._tag_of(h), self._step_of(h))
         self._len += m
 
     def _place(self, tgt: npt.NDArray[np.int64], b0: npt.NDArray[np.int64],
-               kc: npt.NDArray[Any], vals: npt.NDArray[Any], tags: npt.NDArray[np.uint8]
-               ) -> None:
+               kc: npt.NDArray[Any], vals: npt.NDArray[Any], tags: npt.NDArray[np.uint8],
+               step: npt.NDArray[np.int64]) -> None:
         """Write keys into the first block, from their home block on, with a free slot.
 
         One round per block step: keys are grouped by (page, block) and the
@@ -490,8 +510,8 @@ class HashMap(Structure):
                 self._commit(f[w_], b[w_] * G + pos[w_], kc[idx[w_]], vals[idx[w_]],
                              tags[idx[w_]])
             lose = ~ok
-            b = b[lose] + 1
-            b[b == nb] = 0
+            b = b[lose] + step[idx[lose]]
+            b[b >= nb] -= nb
             idx = idx[lose]
 
     def _commit(self, f: npt.NDArray[np.int64], slot: npt.NDArray[np.int64],
@@ -1034,10 +1054,14 @@ class HashMap(Structure):
                     blk = np.flatnonzero(full) // self.G
                     has_empty = (self._ctrl[f][:self.n_blocks * self.G]
                                  .reshape(self.n_blocks, self.G) == EMPTY).any(1)
-                    for home, at in zip(self._block_of(hk).tolist(), blk.tolist()):
-                        while home != at:  # every group before the key's is full
+                    for home, st, at in zip(self._block_of(hk).tolist(),
+                                            self._step_of(hk).tolist(), blk.tolist()):
+                        for _ in range(self.n_blocks):  # every group before the key's is full
+                            if home == at:
+                                break
                             assert not has_empty[home], "key unreachable by probing"
-                            home = (home + 1) % self.n_blocks
+                            home = (home + st) % self.n_blocks
+                        assert home == at, "key off its probe sequence"
                 allkeys.append(k)
                 total += int(full.sum())
                 seen += 1

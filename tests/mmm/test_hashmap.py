@@ -15,7 +15,7 @@ from mmm.structures.hashmap import HashMap
 
 VALUE = np.dtype([("n", "<i8"), ("lo", "<i8"), ("hi", "<i8"), ("last", "<f8")])
 SPEC = {"n": "count", "lo": ("min", "ts"), "hi": ("max", "ts"), "last": ("last", "x")}
-keys_st = st.lists(st.integers(0, 200), max_size=60)
+keys_st = st.lists(st.integers(0, 400), max_size=80)
 
 
 def oracle_upsert(model: dict, keys: list[int], ts: list[int], xs: list[float]) -> None:
@@ -166,12 +166,12 @@ TestHashMapVsDict.settings = settings(max_examples=40, stateful_step_count=30, d
 
 
 class HashMapGroupsVsDict(HashMapVsDict):
-    """Same machine with 32-slot pages: two 16-slot probe groups (the SWAR path)."""
+    """Same machine with 80-slot pages: five 16-slot probe groups (SWAR, double hashing)."""
 
     def __init__(self) -> None:
         RuleBasedStateMachine.__init__(self)
         self.pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
-        self.slots = 32
+        self.slots = 80
         self.m = HashMap.create(self.pm, "m", key="<u4", value=VALUE, page_slots=self.slots)
         self.model = {}
         self.live_snaps = []
