@@ -59,6 +59,7 @@ import numpy as np
 
 import mmm
 from bench._harness import figure, write_result
+from bench.mmm_ops import dict_update
 from ioservice import CheckpointManager, CheckpointPolicy
 from sguard.operators import Aggregate
 
@@ -89,21 +90,6 @@ def to_dict(op: Aggregate) -> dict[int, list[int]]:
     k, v = op.state.items()
     return {a: [c, f, l] for a, c, f, l in zip(k.tolist(), v["count"].tolist(),
                                                 v["first_ts"].tolist(), v["last_ts"].tolist())}
-
-
-def dict_process(state: dict[int, list[int]], keys: list[int], ts: list[int]) -> None:
-    """The idiomatic Python Aggregate: one dict update per tuple."""
-    get = state.get
-    for k, t in zip(keys, ts):
-        s = get(k)
-        if s is None:
-            state[k] = [1, t, t]
-        else:
-            s[0] += 1
-            if t < s[1]:
-                s[1] = t
-            if t > s[2]:
-                s[2] = t
 
 
 def write_file(path: str, data: bytes) -> None:
@@ -169,7 +155,7 @@ class Runner:
                 op.process(k, t)
         else:
             for d, (k, t) in zip(self.dicts, parts):
-                dict_process(d, k, t)
+                dict_update(d, k, t)
 
     def _path(self, p: int) -> str:
         return os.path.join(self.workdir, f"{self.variant.replace(' ', '_')}-p{p}-{self.round}.pkl")

@@ -33,9 +33,8 @@ WINDOW_REC = np.dtype([("ts", "<i8"), ("key", "<u4"), ("val", "<i8")])
 
 
 # -- aggregate -------------------------------------------------------------------------------
-def agg_dict(keys: list[int], ts: list[int]) -> dict[int, list[int]]:
-    """(a) the idiomatic Python operator: a dict of [count, first, last]."""
-    state: dict[int, list[int]] = {}
+def dict_update(state: dict[int, list[int]], keys: list[int], ts: list[int]) -> None:
+    """(a) the idiomatic Python Aggregate: one dict update of [count, first, last] per tuple."""
     get = state.get
     for k, t in zip(keys, ts):
         s = get(k)
@@ -47,6 +46,12 @@ def agg_dict(keys: list[int], ts: list[int]) -> dict[int, list[int]]:
                 s[1] = t
             if t > s[2]:
                 s[2] = t
+
+
+def agg_dict(keys: list[int], ts: list[int]) -> dict[int, list[int]]:
+    """(a) over the whole stream."""
+    state: dict[int, list[int]] = {}
+    dict_update(state, keys, ts)
     return state
 
 
