@@ -81,4 +81,5 @@ def decode_meta(area: np.ndarray) -> dict[str, Any]:
     n = int.from_bytes(bytes(area[:4]), "little")
     if n <= 0 or n > len(area) - 4:
         raise ValueError(f"super page metadata length {n} out of range")
-    return json.loads(bytes(area[4:4 + n]))
+    meta: dict[str, Any] = json.loads(bytes(area[4:4 + n]))
+    return meta

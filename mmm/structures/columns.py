@@ -45,7 +45,8 @@ class Column:
         """Values at frames ``f``, slots ``s`` (a new array)."""
         if self.flat is not None:
             return np.take(self.flat, f * self.pbu + self.base + s * self.step)
-        return self.view2d[f, s]  # type: ignore[no-any-return]
+        out: npt.NDArray[Any] = self.view2d[f, s]
+        return out
 
     def set(self, f: npt.NDArray[np.int64], s: npt.NDArray[np.int64], v: Any) -> None:
         """Store ``v`` at frames ``f``, slots ``s`` (no duplicate positions)."""

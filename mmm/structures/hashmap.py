@@ -190,7 +190,7 @@ class HashMap(Structure):
         self._buf_keys: list[Any] = []
         self._buf_cols: list[list[Any]] = []
         self._upserters: dict[int, Any] = {}
-        self._spec_cache: dict[Any, tuple[CombineOp, ...]] = {}
+        self._spec_cache: dict[int, tuple[Mapping[str, Any], tuple[CombineOp, ...]]] = {}
         super().__init__(pm, name, schema, {"page_slots": slots})
         self.S = int(self._params["page_slots"])
         if self._ps.n_pages == 1:  # new: one empty bucket
@@ -220,7 +220,7 @@ class HashMap(Structure):
         self._key_c = Column(frames, self._ko, kdt.itemsize, self._cmp_dtype, S)
         vs = vdt.itemsize
         if vdt.fields is None:
-            self._val_c = {None: Column(frames, self._vo, vs, vdt, S)}
+            self._val_c: dict[str | None, Column] = {None: Column(frames, self._vo, vs, vdt, S)}
         else:
             self._val_c = {name: Column(frames, self._vo + off, vs, sub, S)
                            for name, (sub, off, *_r) in vdt.fields.items()}
@@ -704,11 +704,11 @@ class HashMap(Structure):
         key = id(combine)
         hit = self._spec_cache.get(key)
         if hit is not None and hit[0] is combine:
-            return hit[1]  # type: ignore[no-any-return]
+            return hit[1]
         spec = compile_spec(self.value_dtype, combine, f"hash map {self.name!r}")
         if len(self._spec_cache) > 64:
             self._spec_cache.clear()
-        self._spec_cache[key] = (combine, spec)  # type: ignore[assignment]
+        self._spec_cache[key] = (combine, spec)
         return spec
 
     def _upsert_prepared(self, kc: npt.NDArray[Any], cols: dict[str, npt.NDArray[Any]],
