@@ -50,9 +50,10 @@ from ioservice.errors import (
 )
 from ioservice.format import Manifest, PageFile, PageTable, page_checksums, page_file_name
 from ioservice.fs import StorageRoot
+from mmm.manager import Loader
 from mmm.page import HEADER_DTYPE
 
-_PAGE_ID_AT: int = HEADER_DTYPE.fields["page_id"][1]  # type: ignore[index]  # byte offset of the PageID in a page header
+_PAGE_ID_AT: int = HEADER_DTYPE.fields["page_id"][1]  # byte offset of the PageID in a page header
 
 logger = logging.getLogger(__name__)
 
@@ -416,7 +417,8 @@ class IOService:
         per = self._chunk_pages(pb)
         buf = self._buffer(per * pb)
         owner = getattr(sink, "__self__", None)  # a bound `mmm.Loader.add`: zero-copy reads
-        reserve = getattr(owner, "reserve", None) if hasattr(owner, "commit") else None
+        loader = owner if isinstance(owner, Loader) else None
+        reserve = loader.reserve if loader is not None else None
         offs = t.offset[rows]
         breaks = np.flatnonzero(np.diff(offs) != np.uint64(pb)) + 1
         starts = np.concatenate(([0], breaks))
@@ -436,7 +438,7 @@ class IOService:
                     frames, dest = reserve(n) if reserve is not None else (None, None)
                     try:
                         target = dest if dest is not None else buf[:n * pb].reshape(n, pb)
-                        view = memoryview(target.reshape(-1))  # type: ignore[arg-type]
+                        view = memoryview(target.reshape(-1))
                         off = int(offs[a])
                         try:
                             f.seek(off)
@@ -451,12 +453,12 @@ class IOService:
                             _verify(target, t.page_id[sel], t.checksum[sel], offs[a:b], where)
                     except BaseException:
                         if frames is not None:
-                            owner.unreserve(frames)
+                            loader.unreserve(frames)  # type: ignore[union-attr]
                         raise
                     if dest is not None:
-                        owner.commit(frames)
+                        loader.commit(frames)  # type: ignore[union-attr]
                     elif frames is not None:
-                        owner.place(frames, target)
+                        loader.place(frames, target)  # type: ignore[union-attr]
                     else:
                         sink(target)
                     progress(n)
