@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +27,7 @@ from peace.scheduler import PeaceScheduler
 
 __all__ = ["hdfs_placement", "random_placement", "Router"]
 
-IntArray = npt.NDArray[np.int64]
+IntArray: TypeAlias = npt.NDArray[np.int64]
 
 
 def _pick(rng: np.random.Generator, cands: Sequence[int] | IntArray) -> int:

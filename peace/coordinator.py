@@ -32,6 +32,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class RequestStatus:
     chunks: int
     assigned: int
     completed: int
-    state: RequestState  # type: ignore[valid-type]
+    state: RequestState
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,14 +139,15 @@ class Coordinator:
                  templates: Sequence[ReplicaTemplate] = RACK_AWARE, *,
                  advance_fraction: float = 0.8, hold_inflight: bool = False,
                  max_pending_requests: int | None = None,
-                 seed: int | np.random.Generator | None = None, method: str = "fast",
+                 seed: int | np.random.Generator | None = None,
+                 method: Literal["fast", "networkx"] = "fast",
                  variant: str | Heuristics = "improved", lookahead: bool | None = None) -> None:
         if not 0.0 < advance_fraction <= 1.0:
             raise ValueError(f"advance_fraction must be in (0, 1], got {advance_fraction}")
         if max_pending_requests is not None and max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {max_pending_requests}")
         self.network = topology if isinstance(topology, Network) else build_network(topology)
-        self.scheduler = PeaceScheduler(self.network, templates, seed=seed,  # type: ignore[arg-type]
+        self.scheduler = PeaceScheduler(self.network, templates, seed=seed,
                                         method=method, variant=variant, lookahead=lookahead)
         self.advance_fraction = advance_fraction
         self.hold_inflight = hold_inflight

@@ -84,7 +84,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import networkx as nx
 import numpy as np
@@ -111,7 +111,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Residual = npt.NDArray[np.int64]
+Residual: TypeAlias = npt.NDArray[np.int64]
 _NO_REQUEST = 1 << 40
 """Rank of a server without a pending request (see ``PeaceScheduler._preference``)."""
 _Rsp = Callable[[int, npt.NDArray[np.bool_], Residual, "npt.NDArray[np.int64] | None"],

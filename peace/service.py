@@ -241,7 +241,7 @@ class CoordinatorClient:
         if not line:
             raise ServiceError("peace service closed the connection")
         try:
-            reply = json.loads(line)
+            reply: dict[str, Any] = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ServiceError(f"malformed reply {line[:80]!r}") from exc
         if not reply.get("ok"):

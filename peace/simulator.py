@@ -36,7 +36,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -68,8 +68,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+FloatArray: TypeAlias = npt.NDArray[np.float64]
+IntArray: TypeAlias = npt.NDArray[np.int64]
 
 #: the parameters the baseline was calibrated with (issue 4: stock HDFS ~46 s / ~53 s
 #: for 16 writers x 512 MB, r = 3, on the 17-server topology).

@@ -64,10 +64,10 @@ def validate_schedule(network: Network, requests: Sequence[WriteRequest],
     Runtime complexity: O(total hop length + edges * timesteps).
     """
     by_id: dict[int, WriteRequest] = {}
-    for req in requests:
-        if req.request_id in by_id:
-            raise InvalidScheduleError(f"duplicate request id {req.request_id}")
-        by_id[req.request_id] = req
+    for request in requests:
+        if request.request_id in by_id:
+            raise InvalidScheduleError(f"duplicate request id {request.request_id}")
+        by_id[request.request_id] = request
     seen: set[tuple[int, int]] = set()
     load: dict[int, dict[tuple[Vertex, Vertex], int]] = defaultdict(lambda: defaultdict(int))
     graph = network.graph
