@@ -320,7 +320,7 @@ class PageManager:
 
     def page(self, page_id: int) -> npt.NDArray[np.uint8]:
         """Read-only view of a page's bytes (use `writable` before writing)."""
-        v = self.pool.frames[self.resolve(page_id)].view()
+        v: npt.NDArray[np.uint8] = self.pool.frames[self.resolve(page_id)].view()
         v.flags.writeable = False
         return v
 

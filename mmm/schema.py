@@ -112,7 +112,8 @@ def coerce_records(values: Any, dt: np.dtype[Any], what: str, n: int | None = No
         raise RecordTypeError(f"{what}: expected a 1-D array of {dt}, got shape {arr.shape}")
     if n is not None and len(arr) != n:
         raise RecordTypeError(f"{what}: expected {n} records, got {len(arr)}")
-    return arr
+    result: np.ndarray = arr
+    return result
 
 
 def _tuple_records(values: Any, dt: np.dtype[Any], what: str) -> np.ndarray:

@@ -114,8 +114,7 @@ class Snapshot:
             raise SnapshotStateError(
                 f"snapshot {self.snapshot_id}: page {int(self.page_ids[i]):#x} was already "
                 f"persisted and released")
-        view = self._pm.pool.frames[self._frames[i]]
-        view = view.view()
+        view: npt.NDArray[np.uint8] = self._pm.pool.frames[self._frames[i]].view()
         view.flags.writeable = False
         return view
 
@@ -145,7 +144,7 @@ class Snapshot:
         f0 = int(fr[0])
         if int(fr[-1]) - f0 != len(fr) - 1 or (len(fr) > 2 and not np.all(np.diff(fr) == 1)):
             return None
-        view = self._pm.pool.frames[f0:f0 + len(fr)].view()
+        view: npt.NDArray[np.uint8] = self._pm.pool.frames[f0:f0 + len(fr)].view()
         view.flags.writeable = False
         return view
 

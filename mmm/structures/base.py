@@ -93,7 +93,8 @@ class Structure:
 
     def _frames_u8(self, offset: int, nbytes: int) -> np.ndarray:
         """2-D ``(n_frames, nbytes)`` view of a byte range of every frame."""
-        return self._pm.pool.frames[:, offset:offset + nbytes]
+        out: np.ndarray = self._pm.pool.frames[:, offset:offset + nbytes]
+        return out
 
     @staticmethod
     def _room(page_bytes: int) -> int:

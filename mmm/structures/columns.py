@@ -43,9 +43,11 @@ class Column:
 
     def get(self, f: npt.NDArray[np.int64], s: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
         """Values at frames ``f``, slots ``s`` (a new array)."""
+        out: npt.NDArray[Any]
         if self.flat is not None:
-            return np.take(self.flat, f * self.pbu + self.base + s * self.step)
-        out: npt.NDArray[Any] = self.view2d[f, s]
+            out = np.take(self.flat, f * self.pbu + self.base + s * self.step)
+            return out
+        out = self.view2d[f, s]
         return out
 
     def set(self, f: npt.NDArray[np.int64], s: npt.NDArray[np.int64], v: Any) -> None:

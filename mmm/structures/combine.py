@@ -72,10 +72,12 @@ def compile_spec(value_dtype: np.dtype[Any], combine: Mapping[str, Any], where: 
         if op not in OPS:
             raise RecordTypeError(f"{where}: combine[{field!r}]: unknown op {op!r}; "
                                   f"expected one of {OPS}")
-        kind = value_dtype.fields[field][0].kind
+        fields = value_dtype.fields
+        assert fields is not None
+        kind = fields[field][0].kind
         if op in ("count", "sum") and kind not in "iuf":
             raise RecordTypeError(f"{where}: combine[{field!r}]: {op} needs a numeric field, "
-                                  f"not {value_dtype.fields[field][0]}")
+                                  f"not {fields[field][0]}")
         out.append(CombineOp(field, op, None if op == "count" else (src or field)))
     return tuple(out)
 
@@ -112,7 +114,9 @@ def input_columns(values: Any, spec: tuple[CombineOp, ...], n: int, where: str,
             for c in spec:
                 if c.input != name:
                     continue
-                dst = value_dtype.fields[c.field][0]
+                vfields = value_dtype.fields
+                assert vfields is not None
+                dst = vfields[c.field][0]
                 if not np.can_cast(col.dtype, dst, casting="same_kind"):
                     raise RecordTypeError(
                         f"{where}: input column {name!r} of dtype {col.dtype} cannot be "

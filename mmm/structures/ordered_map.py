@@ -344,7 +344,9 @@ class OrderedMap(Structure):
         k = self._canon([x], "range bound")
         i = int(self._leaf_of(k)[0])
         f = self._ps.frames[self._seqs[i]]
-        return int(cum[i]) + int(np.searchsorted(self._K[f, :self._counts[i]], k[0], side=side))
+        row: npt.NDArray[Any] = self._K[f, :self._counts[i]]
+        pos = np.searchsorted(row, k[0], side="left" if side == "left" else "right")
+        return int(cum[i]) + int(pos)
 
     def _span(self, lo: Bound, hi: Bound, inclusive: tuple[bool, bool]
               ) -> tuple[int, int, npt.NDArray[np.int64]]:
@@ -420,9 +422,9 @@ class OrderedMap(Structure):
                 if i in pack_full:
                     cuts = np.arange(S, n, S)
                 else:
-                    m = -(-n // S)
-                    sizes = np.full(m, n // m)
-                    sizes[:n % m] += 1
+                    parts = -(-n // S)
+                    sizes = np.full(parts, n // parts)
+                    sizes[:n % parts] += 1
                     cuts = np.cumsum(sizes)[:-1]
                 out[i] = list(zip(np.split(k, cuts), np.split(v, cuts)))
         idx = np.array(sorted(out), dtype=np.int64)

@@ -330,7 +330,8 @@ class _PagedSequence(Structure):
         p = np.searchsorted(cum, idx, "right") - 1
         frames = self._ps.frames[self._seqs[p]]
         slots = self._hs[frames].astype(np.int64) + (idx - cum[p])
-        return self._R[frames, slots]
+        out: np.ndarray = self._R[frames, slots]
+        return out
 
     def _write(self, a: int, arr: np.ndarray) -> None:
         """Overwrite records ``[a, a + len(arr))`` in place (no resize)."""
