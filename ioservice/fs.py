@@ -360,7 +360,8 @@ class StorageRoot:
         path = self.full_path(relpath)
         with self._translating("stat", relpath):
             info = self.filesystem.get_file_info(path)
-        return info.type != pafs.FileType.NotFound
+        found: bool = info.type != pafs.FileType.NotFound
+        return found
 
     def size_bytes(self, relpath: str) -> int:
         """Size of the file at `relpath`.
@@ -907,7 +908,7 @@ def _open_s3(uri: str, parsed: urllib.parse.SplitResult, endpoint: str | None,
         retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=max_attempts),
         allow_bucket_creation=False,
         allow_bucket_deletion=False,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
     base = f"{bucket}/{prefix}" if prefix else bucket
     root = StorageRoot(fs, base, uri=f"{uri} (endpoint {where})")

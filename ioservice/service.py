@@ -53,7 +53,9 @@ from ioservice.fs import StorageRoot
 from mmm.manager import Loader
 from mmm.page import HEADER_DTYPE
 
-_PAGE_ID_AT: int = HEADER_DTYPE.fields["page_id"][1]  # byte offset of the PageID in a page header
+_HEADER_FIELDS = HEADER_DTYPE.fields
+assert _HEADER_FIELDS is not None  # HEADER_DTYPE is a structured dtype
+_PAGE_ID_AT: int = _HEADER_FIELDS["page_id"][1]  # byte offset of the PageID in a page header
 
 logger = logging.getLogger(__name__)
 
@@ -438,7 +440,7 @@ class IOService:
                     frames, dest = reserve(n) if reserve is not None else (None, None)
                     try:
                         target = dest if dest is not None else buf[:n * pb].reshape(n, pb)
-                        view = memoryview(target.reshape(-1))
+                        view = target.reshape(-1).data  # memoryview of the frame bytes
                         off = int(offs[a])
                         try:
                             f.seek(off)
@@ -453,12 +455,15 @@ class IOService:
                             _verify(target, t.page_id[sel], t.checksum[sel], offs[a:b], where)
                     except BaseException:
                         if frames is not None:
-                            loader.unreserve(frames)  # type: ignore[union-attr]
+                            assert loader is not None  # frames come only from `loader.reserve`
+                            loader.unreserve(frames)
                         raise
                     if dest is not None:
-                        loader.commit(frames)  # type: ignore[union-attr]
+                        assert loader is not None and frames is not None  # lent by `reserve`
+                        loader.commit(frames)
                     elif frames is not None:
-                        loader.place(frames, target)  # type: ignore[union-attr]
+                        assert loader is not None
+                        loader.place(frames, target)
                     else:
                         sink(target)
                     progress(n)

@@ -109,18 +109,24 @@ class _SlowInput:
 
     def read(self, nbytes: int = -1) -> bytes:
         self._owner._op("read")
+        data: bytes
         if nbytes is None or nbytes < 0:
-            return self._inner.read()
-        return self._inner.read(nbytes)
+            data = self._inner.read()
+        else:
+            data = self._inner.read(nbytes)
+        return data
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        return self._inner.seek(offset, whence)
+        pos: int = self._inner.seek(offset, whence)
+        return pos
 
     def tell(self) -> int:
-        return self._inner.tell()
+        pos: int = self._inner.tell()
+        return pos
 
     def size(self) -> int:
-        return self._inner.size()
+        n: int = self._inner.size()
+        return n
 
     def close(self) -> None:
         if not self.closed:
@@ -134,10 +140,11 @@ class _SlowInput:
         return False
 
     def seekable(self) -> bool:
-        return self._inner.seekable()
+        seekable: bool = self._inner.seekable()
+        return seekable
 
 
-class FaultyFS(pafs.FileSystemHandler):
+class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships no type stubs
     """A fault-injecting `pyarrow.fs.FileSystemHandler` over a real filesystem.
 
     Parameters
@@ -252,18 +259,21 @@ class FaultyFS(pafs.FileSystemHandler):
         return f"faulty+{self.inner.type_name}"
 
     def normalize_path(self, path: str) -> str:
-        return self.inner.normalize_path(path)
+        normalized: str = self.inner.normalize_path(path)
+        return normalized
 
     def equals(self, other: Any) -> bool:
         return isinstance(other, FaultyFS) and other is self
 
-    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:  # type: ignore[override]
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
         self._op("get_file_info")
-        return self.inner.get_file_info(paths)
+        infos: list[pafs.FileInfo] = self.inner.get_file_info(paths)
+        return infos
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
         self._op("get_file_info_selector")
-        return self.inner.get_file_info(selector)
+        infos: list[pafs.FileInfo] = self.inner.get_file_info(selector)
+        return infos
 
     def create_dir(self, path: str, recursive: bool) -> None:
         self._op("create_dir")

@@ -644,7 +644,8 @@ class PeaceScheduler:
             return -rank
         net = self.network
         spare = (rank == _NO_REQUEST) & (residual[net.e_snd_up] > 0) & (residual[net.e_up_sw] > 0)
-        return rank + spare.astype(np.int64)
+        out: npt.NDArray[np.int64] = rank + spare.astype(np.int64)
+        return out
 
     def schedule(self, requests: Sequence[WriteRequest], *, max_timesteps: int = 100_000) -> Schedule:
         """Schedule every chunk offline: timestep after timestep, fresh capacity each time.
