@@ -78,6 +78,20 @@ def _zero_bytes(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     return ~(((x & _LOW7) + _LOW7) | x | _LOW7)
 
 
+def _group_ranks(ids: npt.NDArray[np.int64]
+                 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
+    """``(order, rank)``: a sort of ``ids`` and each element's rank among equal ids."""
+    n = len(ids)
+    order = np.argsort(ids)
+    s = ids[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    starts = np.flatnonzero(first)
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+    return order, rank
+
+
 def _prev_prime(n: int) -> int:
     """The largest prime <= n (n >= 1; 1 for n == 1)."""
     for m in range(n, 1, -1):
@@ -432,12 +446,9 @@ class HashMap(Structure):
         tgt = self._last_seq[bucket]
         hdr, S, pm = self._hdr, self.S, self._pm
         while True:  # make room: keys beyond a last page's room go to a new overflow page
-            order = np.argsort(tgt, kind="stable")
+            order, rank = _group_ranks(tgt)
             ts = tgt[order]
-            first = np.ones(m, dtype=bool)
-            first[1:] = ts[1:] != ts[:-1]
-            start = np.flatnonzero(first)
-            rank = np.arange(m) - np.repeat(start, np.diff(np.append(start, m)))
+            rank = rank[order]
             room = self.max_fill - hdr["start"][self._ps.frames[ts]].astype(np.int64)
             over = rank >= room
             if not over.any():
@@ -472,15 +483,7 @@ class HashMap(Structure):
         b = b0.copy()
         while idx.size:
             f = frames_of[tgt[idx]]
-            gid = f * nb + b
-            order = np.argsort(gid)
-            gs = gid[order]
-            first = np.ones(len(gs), dtype=bool)
-            first[1:] = gs[1:] != gs[:-1]
-            starts = np.flatnonzero(first)
-            rank = np.empty(len(gs), dtype=np.int64)
-            rank[order] = np.arange(len(gs)) - np.repeat(starts, np.diff(np.append(starts,
-                                                                                len(gs))))
+            _, rank = _group_ranks(f * nb + b)
             if G == 16:  # free slots as bits of the two ctrl words (SWAR)
                 w = (f * self._pb + (HEADER_BYTES + 16 * b)) >> 3
                 m0 = ~np.take(self._u64, w) & _HIGH
@@ -827,13 +830,16 @@ class HashMap(Structure):
             self._len -= int(np.count_nonzero(found))
             # rewrite buckets whose tombstones crowd out free slots
             buckets = np.unique(self._hdr["aux0"][fr].astype(np.int64))
-            tomb = np.zeros(self._n_buckets, dtype=np.int64)
-            seqs = self._ps.seqs()
-            seqs = seqs[seqs != 0]
-            pf = self._ps.frames[seqs]
-            np.add.at(tomb, self._hdr["aux0"][pf].astype(np.int64),
-                      self._hdr["start"][pf].astype(np.int64) - self._hdr["count"][pf])
-            crowded = buckets[tomb[buckets] > self.S // 2]
+            tomb = np.zeros(len(buckets), dtype=np.int64)
+            at = np.arange(len(buckets))
+            q = self._bucket_seq[buckets]
+            while len(q):  # walk the touched buckets' chains, one page per bucket a step
+                pf = self._ps.frames[q]
+                tomb[at] += (self._hdr["start"][pf].astype(np.int64)
+                             - self._hdr["count"][pf].astype(np.int64))
+                q = self._next_of[q]
+                at, q = at[q >= 0], q[q >= 0]
+            crowded = buckets[tomb > self.S // 2]
             if len(crowded):
                 self._compact(crowded)
             self._rebalance()
