@@ -299,23 +299,29 @@ class _PagedSequence(Structure):
     def _read(self, a: int, b: int) -> np.ndarray:
         """Records ``[a, b)`` as a new array (page-by-page slice copies)."""
         out = np.empty(max(b - a, 0), self._dt)
+        R = self._R
+        for f, lo, hi, pos in self._spans(a, b, writable=False):
+            out[pos:pos + hi - lo] = R[f, lo:hi]
+        return out
+
+    def _spans(self, a: int, b: int, writable: bool) -> Iterator[tuple[int, int, int, int]]:
+        """``(frame, first slot, end slot, position in [a, b))`` of each page holding
+        records ``[a, b)``; with ``writable`` the pages pass the write barrier first."""
         if b <= a:
-            return out
+            return
         cum = self._cumc()
         p0 = int(np.searchsorted(cum, a, "right")) - 1
         p1 = int(np.searchsorted(cum, b - 1, "right")) - 1
-        frames = self._ps.frames[self._seqs[p0:p1 + 1]]
+        seqs = self._seqs[p0:p1 + 1]
+        frames = self._pm.writable(self.psid, seqs) if writable else self._ps.frames[seqs]
         starts = self._hs[frames].tolist()
         cl = cum[p0:p1 + 2].tolist()
-        R = self._R
         pos = 0
         for j, f in enumerate(frames.tolist()):
             lo = max(a, cl[j]) - cl[j]
             hi = min(b, cl[j + 1]) - cl[j]
-            st = starts[j]
-            out[pos:pos + hi - lo] = R[f, st + lo:st + hi]
+            yield f, starts[j] + lo, starts[j] + hi, pos
             pos += hi - lo
-        return out
 
     def _slot(self, j: int) -> tuple[int, int]:
         """``(list position, slot)`` of global index ``j`` (in ``[0, len)``)."""
@@ -335,23 +341,9 @@ class _PagedSequence(Structure):
 
     def _write(self, a: int, arr: np.ndarray) -> None:
         """Overwrite records ``[a, a + len(arr))`` in place (no resize)."""
-        b = a + len(arr)
-        if b <= a:
-            return
-        cum = self._cumc()
-        p0 = int(np.searchsorted(cum, a, "right")) - 1
-        p1 = int(np.searchsorted(cum, b - 1, "right")) - 1
-        frames = self._pm.writable(self.psid, self._seqs[p0:p1 + 1])
-        starts = self._hs[frames].tolist()
-        cl = cum[p0:p1 + 2].tolist()
         R = self._R
-        pos = 0
-        for j, f in enumerate(frames.tolist()):
-            lo = max(a, cl[j]) - cl[j]
-            hi = min(b, cl[j + 1]) - cl[j]
-            st = starts[j]
-            R[f, st + lo:st + hi] = arr[pos:pos + hi - lo]
-            pos += hi - lo
+        for f, lo, hi, pos in self._spans(a, a + len(arr), writable=True):
+            R[f, lo:hi] = arr[pos:pos + hi - lo]
 
     def _alloc(self, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Allocate ``k`` sequence pages: ``(seqs, frames)``."""
