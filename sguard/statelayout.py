@@ -1,0 +1,157 @@
+"""The layout of one stateful operator's state under a state URI.
+
+This is the contract shared by the Spark runtime (`sguard.spark`), which writes
+and restores the state, and the repartitioning tool (`sguard.rescale`), which
+splits and merges it. Everything an operator keeps durable lives under one
+`ioservice.StorageRoot`::
+
+    <state-uri>/
+        sguard-operator.json              the layout document (this module), written
+                                          atomically; its `generation` is the commit
+                                          point of a repartitioning
+        checkpoint/<haunit>-<seq>/...     ordinary ioservice checkpoints, one HA unit
+                                          per partition of the current generation
+        inputlog/...                      the runtime's input log (see sguard.spark)
+
+The HA unit of partition ``p`` in generation ``g`` of operator ``name`` is
+``f"{name}.g{g}.p{p:04d}"`` (`haunit_name`). A repartitioning writes the HA
+units of generation ``g + 1`` next to those of ``g`` and then replaces the
+layout document; until that replacement the old generation is the state, after
+it the new one is, so a crash in between leaves the source untouched and the
+target simply ignored (and overwritten by a rerun).
+
+Manifests of the runtime's checkpoints carry in ``user_meta``:
+``{"operator": <kind>, "name": <name>, "generation": g, "partition": p,
+"num_partitions": P, "batch_id": b}`` where ``b`` is the last Spark batch the
+state includes (``-1`` for the empty state).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from ioservice import StorageRoot, validate_name
+from ioservice.errors import StorageNotFoundError
+
+__all__ = ["LAYOUT_FILE", "LAYOUT_VERSION", "LayoutError", "OperatorLayout", "haunit_name",
+           "parse_haunit_name", "read_layout", "write_layout"]
+
+LAYOUT_FILE: Final = "sguard-operator.json"
+LAYOUT_VERSION: Final = 1
+_HAUNIT_RE: Final = re.compile(r"^(?P<name>.+)\.g(?P<gen>\d+)\.p(?P<part>\d{4,})$")
+
+
+class LayoutError(ValueError):
+    """The layout document is missing a field, damaged, or does not match the caller."""
+
+
+@dataclass(frozen=True)
+class OperatorLayout:
+    """What is under a state URI: which operator, its schema, and how it is partitioned.
+
+    Attributes
+    ----------
+    operator
+        The operator kind (e.g. ``"running_aggregate"``); a different kind on an
+        existing state URI is refused by the runtime.
+    name
+        The operator's name (a valid HA unit name prefix).
+    schema
+        A JSON object describing the state's structures (key dtype, value fields...);
+        a change between restarts is refused by the runtime.
+    schema_version
+        Bumped by the runtime when the meaning of `schema` changes.
+    num_partitions
+        P: the number of partitions of the current generation.
+    generation
+        Bumped by every repartitioning.
+    partitioner
+        How keys map to partitions; ``"spark-murmur3"`` is
+        ``pmod(murmur3_hash(key, seed=42), P)``, what ``repartition(P, key)`` does.
+    key
+        The name of the key column.
+    """
+
+    operator: str
+    name: str
+    schema: dict[str, Any]
+    num_partitions: int
+    key: str
+    generation: int = 0
+    schema_version: int = 1
+    partitioner: str = "spark-murmur3"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_name(self.name, what="operator name")
+        if not isinstance(self.num_partitions, int) or isinstance(self.num_partitions, bool) \
+                or self.num_partitions < 1:
+            raise LayoutError(f"num_partitions must be an integer >= 1, got {self.num_partitions!r}")
+        if not isinstance(self.generation, int) or isinstance(self.generation, bool) \
+                or self.generation < 0:
+            raise LayoutError(f"generation must be an integer >= 0, got {self.generation!r}")
+        if not isinstance(self.schema, dict):
+            raise LayoutError(f"schema must be a JSON object, got {type(self.schema).__name__}")
+
+    def haunit(self, partition: int) -> str:
+        """The HA unit name of `partition` in this generation."""
+        if not 0 <= partition < self.num_partitions:
+            raise LayoutError(f"partition {partition} out of range for {self.num_partitions} partitions")
+        return haunit_name(self.name, self.generation, partition)
+
+    def to_json(self) -> bytes:
+        doc = {"layout_version": LAYOUT_VERSION, **asdict(self)}
+        return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, where: str = LAYOUT_FILE) -> OperatorLayout:
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise LayoutError(f"{where}: not valid JSON ({type(exc).__name__})") from None
+        if not isinstance(doc, dict):
+            raise LayoutError(f"{where}: expected a JSON object")
+        if doc.get("layout_version") != LAYOUT_VERSION:
+            raise LayoutError(f"{where}: unsupported layout_version {doc.get('layout_version')!r}")
+        kwargs = {k: doc[k] for k in ("operator", "name", "schema", "num_partitions", "key",
+                                      "generation", "schema_version", "partitioner", "extra")
+                  if k in doc}
+        missing = {"operator", "name", "schema", "num_partitions", "key"} - set(kwargs)
+        if missing:
+            raise LayoutError(f"{where}: missing field(s) {sorted(missing)}")
+        for k in ("operator", "name", "key", "partitioner"):
+            if k in kwargs and not isinstance(kwargs[k], str):
+                raise LayoutError(f"{where}: field {k!r} must be a string")
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise LayoutError(f"{where}: {exc}") from None
+
+
+def haunit_name(name: str, generation: int, partition: int) -> str:
+    """``f"{name}.g{generation}.p{partition:04d}"``, validated as an HA unit name."""
+    return validate_name(f"{name}.g{generation}.p{partition:04d}")
+
+
+def parse_haunit_name(haunit: str) -> tuple[str, int, int] | None:
+    """``(name, generation, partition)`` of a runtime HA unit name, or None."""
+    m = _HAUNIT_RE.match(haunit)
+    if m is None:
+        return None
+    return m["name"], int(m["gen"]), int(m["part"])
+
+
+def read_layout(root: StorageRoot) -> OperatorLayout | None:
+    """The layout document under `root`, or None when there is none yet."""
+    try:
+        data = root.read_bytes(LAYOUT_FILE)
+    except StorageNotFoundError:
+        return None
+    return OperatorLayout.from_json(data, where=f"{root.full_path(LAYOUT_FILE)}")
+
+
+def write_layout(root: StorageRoot, layout: OperatorLayout) -> None:
+    """Write the layout document atomically (the commit point of a repartitioning)."""
+    root.write_atomic(LAYOUT_FILE, layout.to_json())
