@@ -16,7 +16,12 @@ Invariants (checked by `_check`):
 * a frame is FREE, LIVE (in exactly one page table) or ORPHAN (replaced or
   released while a snapshot still pins it);
 * the free stack, the never-used tail and the used frames partition the pool;
-* an ORPHAN frame is pinned; it is freed when its last pin goes.
+* an ORPHAN frame is pinned; it is freed when its last pin goes;
+* every frame at or above ``_dirty_end`` holds only zero bytes: it was never
+  handed out since the buffer was created. A frame below it may hold stale
+  bytes of an earlier use, whatever the free list or the high-water mark say
+  (`reset_if_empty` forgets the allocation order, not the bytes), so
+  ``allocate(zero=True)`` zeroes it.
 
 Thread safety: allocation, freeing and unpinning take one lock, so I/O
 threads may unpin (and thereby free) frames while the operator thread
@@ -109,6 +114,10 @@ class PagePool:
         self.pins = np.zeros(self.n_frames, dtype=np.int32)
         self._free: list[int] = []
         self._watermark = 0
+        # frames >= _dirty_end were never handed out: zero. An attached file's
+        # history is unknown (the process that wrote it may have used and freed
+        # frames far above the live ones), so every frame may be dirty.
+        self._dirty_end = self.n_frames if _attach else 0
         self._used = 0
         self.clock = 1
         if _attach:
@@ -190,9 +199,15 @@ class PagePool:
     def allocate(self, n: int = 1, *, zero: bool = True) -> np.ndarray:
         """Take ``n`` free frames; they are marked LIVE and zeroed.
 
-        ``zero=False`` skips zeroing recycled frames, for callers that
-        overwrite the whole frame at once (a copy-on-write clone, a page
-        being loaded): their bytes are then undefined until written.
+        A frame handed out with ``zero=True`` is all zero bytes whatever its
+        history: recycled from the free list, reused below an old high-water
+        mark after `reset_if_empty`, or inherited from another process's pool
+        file (`attach`). Only frames never handed out since the buffer was
+        created are known to be zero already and are not written.
+
+        ``zero=False`` skips zeroing, for callers that overwrite the whole
+        frame at once (a copy-on-write clone, a page being loaded): their
+        bytes are then undefined until written.
 
         Raises
         ------
@@ -216,8 +231,11 @@ class PagePool:
                 self._watermark += rest
             self._used += n
             self.state[out] = LIVE
-        if take and zero:
-            self.frames[out[:take]] = 0  # recycled frames; fresh ones are already zero
+            dirty = out[out < self._dirty_end] if zero else out[:0]
+            if n:
+                self._dirty_end = max(self._dirty_end, int(out.max()) + 1)
+        if len(dirty):  # outside the lock: these frames are ours alone now
+            self.frames[dirty] = 0
         return out
 
     def free(self, frames: np.ndarray) -> None:
@@ -258,7 +276,10 @@ class PagePool:
 
     def reset_if_empty(self) -> bool:
         """When no frame is in use, forget the free list: later allocations are
-        consecutive from frame 0 (already touched memory). Returns whether it reset."""
+        consecutive from frame 0 (already touched memory). Returns whether it reset.
+
+        The frames keep their bytes; `allocate` zeroes the ones it hands out
+        with ``zero=True`` (every frame below the highest one ever used)."""
         with self._lock:
             if self._used:
                 return False
@@ -304,3 +325,4 @@ class PagePool:
         orphans = self.state[:wm] == ORPHAN
         assert np.all(self.pins[:wm][orphans] > 0), "orphan frame without pin"
         assert np.all(self.pins >= 0)
+        assert wm <= self._dirty_end <= self.n_frames
