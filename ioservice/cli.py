@@ -5,7 +5,8 @@
   checks its checksum; exit status 1 if any is damaged;
 - ``show`` prints a manifest (the latest one, or a named checkpoint).
 
-Exit status: 0 success, 1 damage found, 2 bad input or unreachable storage.
+Exit status: 0 success, 1 damage found, 2 bad input, a root that does not
+exist (it is never created) or unreachable storage.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ioservice.errors import CheckpointDamagedError, IOServiceError
+from ioservice.errors import CheckpointDamagedError, IOServiceError, StorageNotFoundError
 from ioservice.format import Manifest, parse_checkpoint_name
 from ioservice.fs import StorageRoot, open_root
 from ioservice.recovery import CheckpointInfo, list_checkpoints, read_manifest, verify_checkpoint
@@ -60,7 +61,19 @@ def register(subparsers: Any) -> None:
 
 
 def _open(args: argparse.Namespace) -> StorageRoot:
-    return open_root(args.uri, create=False, s3_endpoint=args.s3_endpoint)
+    """Open an existing root; never creates it (inspection only).
+
+    Raises
+    ------
+    StorageNotFoundError
+        If the root does not exist (a mistyped path must not read as "no checkpoints").
+    IOServiceError, ValueError
+        From `open_root`.
+    """
+    root = open_root(args.uri, create=False, s3_endpoint=args.s3_endpoint)
+    if not root.exists(""):
+        raise StorageNotFoundError(f"storage root {root.uri} does not exist ({root.backend})")
+    return root
 
 
 def _size(n: int) -> str:
@@ -114,7 +127,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                     kind = "full" if man.full else f"incr(+{man.depth})"
                     pages, state = str(man.n_pages), _size(man.state_bytes)
                     referenced.update(man.referenced_checkpoints)
-                except (IOServiceError, ValueError) as exc:
+                except Exception as exc:  # noqa: BLE001 - a listing reports, never crashes
                     kind, state = "DAMAGED", type(exc).__name__
             rows.append((c, kind, pages, state))
         for c, kind, pages, state in rows:

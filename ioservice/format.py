@@ -43,8 +43,10 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import time
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -55,10 +57,12 @@ import xxhash
 
 from ioservice.errors import InvalidNameError, ManifestError
 from ioservice.fs import validate_name
+from mmm.page import MAX_PAGE_BYTES, MIN_PAGE_BYTES
 
 __all__ = [
     "CHECKPOINT_DIR",
     "CHECKSUM_ALGO",
+    "DOCUMENT_CHECKSUM_KEY",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "Manifest",
@@ -66,13 +70,19 @@ __all__ = [
     "PageTable",
     "checkpoint_dir",
     "checkpoint_name",
+    "document_checksum",
     "page_checksums",
     "page_file_name",
     "parse_checkpoint_name",
 ]
 
-FORMAT_VERSION: Final = 1
-"""Version of the manifest format written; readers refuse other versions."""
+FORMAT_VERSION: Final = 2
+"""Version of the manifest format written. Version 2 added the document
+checksum (`DOCUMENT_CHECKSUM_KEY`); readers also accept version 1 manifests
+(written by sguard before it), whose page table is checksummed but whose other
+fields are not, and refuse every other version."""
+DOCUMENT_CHECKSUM_KEY: Final = "document_xxh3_64"
+"""Manifest field holding `document_checksum` of every other field (version >= 2)."""
 CHECKPOINT_DIR: Final = "checkpoint"
 """Directory under the storage root that holds every checkpoint."""
 MANIFEST_NAME: Final = "manifest.json"
@@ -80,6 +90,18 @@ MANIFEST_NAME: Final = "manifest.json"
 CHECKSUM_ALGO: Final = "xxh3_64"
 """Per-page checksum algorithm."""
 
+_READABLE_VERSIONS: Final = (1, 2)
+_KIND: Final = "sguard-checkpoint"
+_FIELDS: Final = frozenset({
+    "format_version", "kind", "haunit", "seq", "name", "snapshot_id", "created_unix_s",
+    "page_bytes", "checksum_algo", "full", "depth", "base", "structures", "user_meta", "files",
+    "page_table"})
+_MAX_SEQ: Final = 10**18 - 1  # a checkpoint name holds at most 18 digits
+_MAX_U63: Final = 2**63 - 1
+_MAX_U32: Final = 2**32 - 1
+_MAX_U31: Final = 2**31 - 1
+_MAX_FILE_BYTES: Final = 2**62  # no sum of an offset and a page size can wrap a uint64
+_MAX_PAGES: Final = 2**40
 _NAME_RE: Final = re.compile(r"^(?P<haunit>.+)-(?P<seq>[0-9]{1,18})$")
 _COLUMNS: Final = (("page_id", "<u8"), ("file", "<u4"), ("offset", "<u8"), ("checksum", "<u8"))
 
@@ -285,7 +307,8 @@ class Manifest:
 
     # -- encoding ------------------------------------------------------------------------
     def to_json(self) -> bytes:
-        """Encode as UTF-8 JSON. Runtime complexity: O(pages), vectorized."""
+        """Encode as UTF-8 JSON in the current format (`FORMAT_VERSION`), sealed with
+        the document checksum. Runtime complexity: O(pages), vectorized."""
         cols = {}
         digest = xxhash.xxh3_64()
         for name, dt in _COLUMNS:
@@ -293,8 +316,8 @@ class Manifest:
             digest.update(raw)
             cols[name] = [dt, base64.b64encode(raw).decode("ascii")]
         doc = {
-            "format_version": self.format_version,
-            "kind": "sguard-checkpoint",
+            "format_version": FORMAT_VERSION,
+            "kind": _KIND,
             "haunit": self.haunit,
             "seq": self.seq,
             "name": self.name,
@@ -311,11 +334,14 @@ class Manifest:
             "page_table": {"n_pages": len(self.pages), "encoding": "base64",
                            "columns": cols, "xxh3_64": digest.hexdigest()},
         }
-        return json.dumps(doc, indent=1, allow_nan=False).encode("utf-8")
+        # seal what a reader will parse (tuples become lists, int keys strings)
+        parsed = json.loads(json.dumps(doc, allow_nan=False))
+        parsed[DOCUMENT_CHECKSUM_KEY] = document_checksum(parsed)
+        return json.dumps(parsed, indent=1, allow_nan=False).encode("utf-8")
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str = "manifest") -> Manifest:
-        """Parse and validate a manifest.
+        """Parse and validate a manifest (this format version or version 1).
 
         Parameters
         ----------
@@ -327,65 +353,132 @@ class Manifest:
         Raises
         ------
         ManifestError
-            If it is not JSON, has another ``format_version``, lacks or mistypes
-            a field, or its page table is inconsistent; the message says which.
+            For *any* damage: not JSON (also NaN, infinities, nesting too deep,
+            integers too long), another ``format_version``, a missing, unknown,
+            mistyped or out-of-range field, an inconsistent page table, or a
+            document checksum that does not match; the message says which.
+            Never another exception for any bytes.
         """
         try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ManifestError(f"{where}: not valid JSON ({exc})") from None
+            return cls._parse(data, where)
+        except ManifestError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
+                RecursionError) as exc:  # a net under the checks below: bytes are untrusted
+            raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: "
+                                f"{str(exc)[:200]})") from None
+
+    @classmethod
+    def _parse(cls, data: bytes, where: str) -> Manifest:
+        try:
+            doc = json.loads(data, parse_constant=_no_constant, parse_float=_finite_float)
+        except RecursionError:
+            raise ManifestError(f"{where}: not valid JSON (nested too deeply)") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
+            raise ManifestError(f"{where}: not valid JSON ({str(exc)[:200]})") from None
         if not isinstance(doc, dict):
             raise ManifestError(f"{where}: expected a JSON object, got {type(doc).__name__}")
         version = doc.get("format_version")
-        if version != FORMAT_VERSION:
+        if type(version) is not int or version not in _READABLE_VERSIONS:
             raise ManifestError(f"{where}: format_version {version!r} is not supported "
-                                f"(this sguard reads version {FORMAT_VERSION})")
+                                f"(this sguard reads versions "
+                                f"{', '.join(map(str, _READABLE_VERSIONS))})")
+        allowed = _FIELDS | ({DOCUMENT_CHECKSUM_KEY} if version >= 2 else set())
+        unknown = sorted(set(doc) - allowed)
+        if unknown:
+            raise ManifestError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))} "
+                                f"in a version {version} manifest")
 
         def get(key: str, typ: type | tuple[type, ...]) -> Any:
             if key not in doc:
                 raise ManifestError(f"{where}: field {key!r} is missing")
             val = doc[key]
-            if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
+            if not isinstance(val, typ) or (isinstance(val, bool) and bool not in
+                                            (typ if isinstance(typ, tuple) else (typ,))):
                 raise ManifestError(f"{where}: field {key!r} has type {type(val).__name__}")
             return val
 
+        def get_int(key: str, lo: int, hi: int) -> int:
+            val: int = get(key, int)
+            if not lo <= val <= hi:
+                raise ManifestError(f"{where}: field {key!r} is {_short(val)}, outside "
+                                    f"[{lo}, {hi}]")
+            return val
+
+        if get("kind", str) != _KIND:
+            raise ManifestError(f"{where}: field 'kind' is {_short(doc['kind'])}, not {_KIND!r}")
         haunit = get("haunit", str)
         try:
             validate_name(haunit)
         except InvalidNameError as exc:
             raise ManifestError(f"{where}: {exc}") from None
-        seq = get("seq", int)
-        page_bytes = get("page_bytes", int)
-        if page_bytes <= 0:
-            raise ManifestError(f"{where}: page_bytes {page_bytes} must be positive")
+        seq = get_int("seq", 0, _MAX_SEQ)
+        if get("name", str) != f"{haunit}-{seq}":
+            raise ManifestError(f"{where}: field 'name' {_short(doc['name'])} does not match "
+                                f"haunit and seq ({haunit}-{seq})")
+        page_bytes = get_int("page_bytes", MIN_PAGE_BYTES, MAX_PAGE_BYTES)
+        if page_bytes & (page_bytes - 1):
+            raise ManifestError(f"{where}: page_bytes {page_bytes} is not a power of two")
+        snapshot_id = get_int("snapshot_id", 0, _MAX_U63)
         algo = get("checksum_algo", str)
         if algo != CHECKSUM_ALGO:
-            raise ManifestError(f"{where}: unknown checksum_algo {algo!r}")
-        base = doc.get("base")
-        if base is not None and not isinstance(base, str):
-            raise ManifestError(f"{where}: field 'base' has type {type(base).__name__}")
+            raise ManifestError(f"{where}: unknown checksum_algo {_short(algo)}")
+        full = get("full", bool)
+        depth = get_int("depth", 0, _MAX_U31)
+        if "base" not in doc:
+            raise ManifestError(f"{where}: field 'base' is missing")
+        base = doc["base"]
+        if full:
+            if base is not None or depth != 0:
+                raise ManifestError(f"{where}: a full checkpoint has base {_short(base)} and "
+                                    f"depth {depth} (expected none and 0)")
+        else:
+            parsed_base = parse_checkpoint_name(base) if isinstance(base, str) else None
+            if parsed_base is None or parsed_base[0] != haunit or parsed_base[1] >= seq \
+                    or depth < 1:
+                raise ManifestError(f"{where}: an incremental checkpoint needs an earlier "
+                                    f"checkpoint of {haunit!r} as base and depth >= 1, got "
+                                    f"base {_short(base)}, depth {depth}")
+        created = get("created_unix_s", (int, float))
+        if not 0 <= created < 1e13:
+            raise ManifestError(f"{where}: created_unix_s {_short(created)} is out of range")
         structures = get("structures", dict)
-        if not all(isinstance(k, str) and isinstance(v, int) for k, v in structures.items()):
-            raise ManifestError(f"{where}: 'structures' must map names to page set ids")
+        for k, v in structures.items():
+            if not (k and type(v) is int and 0 <= v <= _MAX_U32):
+                raise ManifestError(f"{where}: 'structures' must map names to page set ids "
+                                    f"(0 .. {_MAX_U32}), got {_short(k)}: {_short(v)}")
+        user_meta = get("user_meta", dict)
         files = []
         for i, f in enumerate(get("files", list)):
-            if not (isinstance(f, dict) and isinstance(f.get("path"), str)
-                    and isinstance(f.get("size_bytes"), int)):
-                raise ManifestError(f"{where}: files[{i}] must have a str 'path' and int 'size_bytes'")
+            if not (isinstance(f, dict) and set(f) == {"path", "size_bytes"}
+                    and isinstance(f["path"], str) and type(f["size_bytes"]) is int):
+                raise ManifestError(f"{where}: files[{i}] must be exactly a str 'path' and "
+                                    f"an int 'size_bytes'")
             parts = f["path"].split("/")
             if len(parts) != 3 or parts[0] != CHECKPOINT_DIR or parse_checkpoint_name(parts[1]) is None \
-                    or parts[2] in ("", ".", "..") or parts[2].startswith("."):
-                raise ManifestError(f"{where}: files[{i}] path {f['path']!r} is not "
+                    or parts[2] in ("", ".", "..") or parts[2].startswith(".") \
+                    or any(unicodedata.category(ch).startswith("C") or ch == "\\"
+                           for ch in parts[2]):
+                raise ManifestError(f"{where}: files[{i}] path {_short(f['path'])} is not "
                                     f"{CHECKPOINT_DIR}/<haunit>-<seq>/<file>")
-            files.append(PageFile(f["path"], f["size_bytes"]))
+            size = f["size_bytes"]
+            if not 0 <= size <= _MAX_FILE_BYTES or size % page_bytes:
+                raise ManifestError(f"{where}: files[{i}] size_bytes {_short(size)} is not a "
+                                    f"multiple of {page_bytes} in [0, {_MAX_FILE_BYTES}]")
+            files.append(PageFile(f["path"], size))
         pages = _decode_table(get("page_table", dict), where)
-        man = cls(haunit=haunit, seq=seq, snapshot_id=get("snapshot_id", int),
-                  page_bytes=page_bytes, full=get("full", bool), depth=get("depth", int),
+        man = cls(haunit=haunit, seq=seq, snapshot_id=snapshot_id,
+                  page_bytes=page_bytes, full=full, depth=depth,
                   base=base, files=tuple(files), pages=pages, structures=structures,
-                  user_meta=get("user_meta", dict),
-                  created_unix_s=float(get("created_unix_s", (int, float))),
+                  user_meta=user_meta, created_unix_s=float(created),
                   format_version=version, checksum_algo=algo)
         man.validate(where)
+        if version >= 2:
+            want = get(DOCUMENT_CHECKSUM_KEY, str)
+            body = {k: v for k, v in doc.items() if k != DOCUMENT_CHECKSUM_KEY}
+            if document_checksum(body) != want:
+                raise ManifestError(f"{where}: document checksum mismatch (the manifest is "
+                                    f"damaged or was altered)")
         return man
 
     def validate(self, where: str = "manifest") -> None:
@@ -405,9 +498,15 @@ class Manifest:
             if int(t.file.max()) >= len(self.files):
                 raise ManifestError(f"{where}: page table names file {int(t.file.max())} "
                                     f"of {len(self.files)}")
-            sizes = np.array([f.size_bytes for f in self.files], dtype=np.uint64)
-            end = t.offset + np.uint64(self.page_bytes)
-            bad = np.flatnonzero(end > sizes[t.file])
+            pb = np.uint64(self.page_bytes)
+            if np.any(t.offset % pb):
+                i = int(np.flatnonzero(t.offset % pb)[0])
+                raise ManifestError(f"{where}: page {int(t.page_id[i]):#x} at offset "
+                                    f"{int(t.offset[i])} is not page-aligned")
+            sizes = np.array([min(max(f.size_bytes, 0), _MAX_FILE_BYTES) for f in self.files],
+                             dtype=np.uint64)[t.file]
+            # no wrap-around: compare offset with size - page_bytes only where size >= page_bytes
+            bad = np.flatnonzero((sizes < pb) | (t.offset > sizes - np.minimum(sizes, pb)))
             if len(bad):
                 i = int(bad[0])
                 raise ManifestError(
@@ -418,21 +517,68 @@ class Manifest:
             raise ManifestError(f"{where}: a full checkpoint references other checkpoints' files")
 
 
+def document_checksum(doc: Mapping[str, Any]) -> str:
+    """xxh3_64 (hex) of a manifest document in canonical JSON form (sorted keys,
+    no whitespace, ASCII), without the `DOCUMENT_CHECKSUM_KEY` field itself.
+
+    The canonical form depends only on the parsed document, so the checksum
+    covers every field (``user_meta`` included) whatever the file's layout.
+
+    Raises
+    ------
+    ValueError
+        If `doc` holds NaN or infinities; TypeError if it is not JSON data.
+    """
+    body = {k: v for k, v in doc.items() if k != DOCUMENT_CHECKSUM_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)
+    return xxhash.xxh3_64_hexdigest(text.encode("ascii"))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a manifest")
+
+
+def _finite_float(text: str) -> float:
+    val = float(text)
+    if not math.isfinite(val):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return val
+
+
+def _short(val: Any, limit: int = 60) -> str:
+    """repr of a (possibly huge) value from a damaged manifest, cut to `limit` chars."""
+    if isinstance(val, int) and not isinstance(val, bool) and abs(val) > 10**40:
+        return f"an integer of {len(str(abs(val)))} digits"
+    text = repr(val)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _decode_table(sec: dict[str, Any], where: str) -> PageTable:
     """Decode and verify the page_table section."""
     try:
+        if set(sec) != {"n_pages", "encoding", "columns", "xxh3_64"}:
+            raise TypeError(f"fields {sorted(sec)[:8]}")
         n = sec["n_pages"]
         cols = sec["columns"]
         want = sec["xxh3_64"]
-        if sec.get("encoding") != "base64" or not isinstance(n, int) or not isinstance(cols, dict):
+        if sec["encoding"] != "base64" or type(n) is not int or not 0 <= n <= _MAX_PAGES \
+                or not isinstance(cols, dict) or set(cols) != {c for c, _ in _COLUMNS} \
+                or not isinstance(want, str):
             raise TypeError("bad header")
         digest = xxhash.xxh3_64()
         arrays = {}
         for name, dt in _COLUMNS:
-            got_dt, text = cols[name]
+            col = cols[name]
+            if not (isinstance(col, list) and len(col) == 2 and isinstance(col[0], str)
+                    and isinstance(col[1], str)):
+                raise TypeError(f"column {name!r} is not [dtype, base64 text]")
+            got_dt, text = col
             if got_dt != dt:
-                raise ManifestError(f"{where}: page_table column {name!r} has dtype {got_dt!r}, "
+                raise ManifestError(f"{where}: page_table column {name!r} has dtype {_short(got_dt)}, "
                                     f"expected {dt!r}")
+            if len(text) > 4 * (n * 8 // 3 + 4):
+                raise ValueError(f"column {name!r} is longer than {n} rows")
             raw = base64.b64decode(text, validate=True)
             digest.update(raw)
             arr = np.frombuffer(raw, dtype=dt)

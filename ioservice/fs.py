@@ -797,8 +797,9 @@ def open_root(
     UnsupportedURIError
         For a scheme other than ``file``, ``s3``, ``hdfs`` (or none).
     InvalidURIError
-        For a malformed URI (``s3://`` without a bucket, ``hdfs://`` without a
-        host, a ``file://`` URI with a remote host, a query string).
+        For a malformed URI (empty, blank, leading or trailing whitespace,
+        ``s3://`` without a bucket, ``hdfs://`` without a host, a ``file://``
+        URI with a remote host, a query string).
     StorageUnreachableError
         If the S3 endpoint or HDFS namenode cannot be reached within about
         ``max_attempts * timeout_s`` seconds.
@@ -818,8 +819,10 @@ def open_root(
     >>> [e.name for e in root.list_dir("checkpoint/agg-1")]
     ['manifest.json']
     """
-    if not isinstance(uri, str) or not uri:
-        raise InvalidURIError(f"storage URI must be a non-empty str, got {uri!r}")
+    if not isinstance(uri, str) or not uri.strip():
+        raise InvalidURIError(f"storage URI must be a non-blank str, got {uri!r}")
+    if uri != uri.strip():
+        raise InvalidURIError(f"storage URI {uri!r} has leading or trailing whitespace")
     if any(unicodedata.category(ch).startswith("C") for ch in uri):
         raise InvalidURIError(f"storage URI {uri!r} contains control characters")
     scheme, sep, _ = uri.partition("://")

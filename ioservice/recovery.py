@@ -218,7 +218,8 @@ def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | 
         If `haunit` has no checkpoint, or every candidate is damaged (each one
         was reported by a `DamagedCheckpointWarning`); `pm` is then empty.
     InvalidNameError
-        If `haunit` is not a valid name.
+        If `haunit` is not a valid name (None, empty or blank included: an
+        HA unit is always named, so another unit's checkpoint is never loaded).
     ValueError
         If a checkpoint's page size differs from `pm`'s.
     StorageUnreachableError
@@ -232,6 +233,7 @@ def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | 
     Runtime complexity: O(pages) plus the reads; pages are checksummed and
     copied into frames once.
     """
+    validate_name(haunit)  # None would list every HA unit's checkpoints
     cands = [c for c in list_checkpoints(root, haunit)
              if c.has_manifest and (before_seq is None or c.seq < before_seq)]
     if not cands:

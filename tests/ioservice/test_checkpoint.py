@@ -234,7 +234,7 @@ def test_manifest_format_is_versioned_json_and_validated(tmp_path: Path) -> None
     assert set(doc["page_table"]["columns"]) == {"page_id", "file", "offset", "checksum"}
     again = Manifest.from_json(raw)
     assert np.array_equal(again.pages.checksum, man.pages.checksum)
-    for bad, msg in [(b"{", "not valid JSON"), (raw.replace(b'"format_version": 1', b'"format_version": 99'), "format_version 99"),
+    for bad, msg in [(b"{", "not valid JSON"), (raw.replace(f'"format_version": {FORMAT_VERSION}'.encode(), b'"format_version": 99'), "format_version 99"),
                      (json.dumps({**doc, "page_bytes": "x"}).encode(), "page_bytes"),
                      (json.dumps({**doc, "files": doc["files"][:1]}).encode(), "file"),
                      (json.dumps({**doc, "files": [{"path": "../../etc/passwd", "size_bytes": 1}]}).encode(), "not checkpoint/")]:

@@ -67,7 +67,7 @@ def test_show_prints_manifest(two_units: Path, capsys: pytest.CaptureFixture[str
     assert '"step": 2' in out and "page table (first 10" in out
     assert main(["checkpoints", "show", str(two_units), "b-1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["format_version"] == 1 and doc["name"] == "b-1"
+    assert doc["format_version"] == 2 and doc["name"] == "b-1"
     assert main(["checkpoints", "show", str(two_units)]) == 2  # two units: ambiguous
     assert "several HA units" in capsys.readouterr().err
 
