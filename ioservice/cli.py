@@ -189,6 +189,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
             if len(units) > 1:
                 return _fail(f"several HA units ({', '.join(units)}): pass --haunit or a name")
             name = cs[-1].name
+        elif parse_checkpoint_name(name) is None:
+            return _fail(f"{name!r} is not a checkpoint name (<haunit>-<seq>)")
         if args.json:
             sys.stdout.write(root.read_bytes(f"checkpoint/{name}/manifest.json").decode("utf-8",
                                                                                        "replace"))
@@ -212,7 +214,9 @@ def _print_manifest(man: Manifest, n_rows: int) -> None:
     print(f"kind            {'full' if man.full else f'incremental, depth {man.depth}, base {man.base}'}")
     print(f"pages           {man.n_pages} x {man.page_bytes} B = {_size(man.state_bytes)}; "
           f"written here {man.n_pages_written} ({_size(man.written_bytes)})")
-    print(f"checksum        {man.checksum_algo} per page")
+    seal = "and over the whole manifest" if man.format_version >= 2 else \
+        "(format 1: the manifest itself is not checksummed)"
+    print(f"checksum        {man.checksum_algo} per page {seal}")
     print(f"structures      {json.dumps(dict(man.structures), sort_keys=True)}")
     print(f"user_meta       {json.dumps(dict(man.user_meta), sort_keys=True)}")
     print(f"files           {len(man.files)}")

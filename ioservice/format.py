@@ -31,9 +31,24 @@ checkpoint writes only the pages that changed since its base checkpoint and
 references the others where they already lie, in earlier checkpoints'
 directories: the ``files`` list then names files of several checkpoints.
 
-Invariants (checked by `Manifest.from_json`): the page table is sorted by
-page_id without duplicates; every row's file index is valid; every page lies
-inside its file's recorded size; the checksum of the columns matches.
+The whole document is sealed by ``document_xxh3_64``: the xxh3_64 of every
+other field in canonical JSON (`document_checksum`: sorted keys, no
+whitespace, ASCII). So no field, ``user_meta`` included (the input positions
+recovery replays from), can change undetected, whatever the file's layout.
+
+Invariants (checked by `Manifest.from_json`): every field is present, of its
+type and in range (no unknown field); ``full`` means no base and depth 0, an
+incremental checkpoint names an earlier checkpoint of its HA unit as base; the
+page table is sorted by page_id without duplicates; every row's file index is
+valid; every page is page-aligned and lies inside its file's recorded size; the
+checksum of the columns matches; the document checksum matches. Any damage to
+the bytes raises `ManifestError`, never another exception.
+
+Format versions: ``1`` (before the document checksum) is still read: its
+fields are checked as above, but nothing seals them. ``2`` (current) adds
+``document_xxh3_64``. A version-1 manifest that carries the field is refused
+(it would otherwise switch the seal off by a downgrade). Writers always write
+the current version; an incremental checkpoint may build on a version-1 base.
 
 A checkpoint *exists* only when its manifest does; page files without a
 manifest are leftovers of a failed or interrupted checkpoint.

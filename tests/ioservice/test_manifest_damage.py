@@ -394,3 +394,12 @@ def test_all_damaged_gives_checkpoint_not_found(pristine: dict[str, Any],
         with pytest.raises(CheckpointNotFoundError, match="damaged: m-2, m-1"):
             restore(_pm(), open_root(str(root)), "m")
     assert issubclass(ManifestError, CheckpointDamagedError)
+
+
+def test_cli_show_refuses_a_blank_checkpoint_name(pristine: dict[str, Any], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    root = _root_with(tmp_path, pristine, None)
+    assert main(["checkpoints", "show", str(root), "   "]) == 2
+    assert "not a checkpoint name" in capsys.readouterr().err
+    assert main(["checkpoints", "show", str(root), "m-2"]) == 0
+    assert "over the whole manifest" in capsys.readouterr().out
