@@ -13,6 +13,7 @@ would): the sealed ones prove the range and type checks themselves.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import subprocess
@@ -30,7 +31,8 @@ from ioservice import CheckpointManager, CheckpointPolicy, open_root, restore
 from ioservice.errors import (CheckpointDamagedError, CheckpointNotFoundError,
                               DamagedCheckpointWarning, InvalidNameError, InvalidURIError,
                               ManifestError)
-from ioservice.format import DOCUMENT_CHECKSUM_KEY, FORMAT_VERSION, Manifest, document_checksum
+from ioservice.format import (DOCUMENT_CHECKSUM_KEY, FORMAT_VERSION, Manifest, PageFile,
+                              PageTable, document_checksum)
 from mmm.structures.hashmap import HashMap
 from sguard.cli import main
 from tests.ioservice.ckpt_helpers import REPO, child_env
@@ -403,3 +405,22 @@ def test_cli_show_refuses_a_blank_checkpoint_name(pristine: dict[str, Any], tmp_
     assert "not a checkpoint name" in capsys.readouterr().err
     assert main(["checkpoints", "show", str(root), "m-2"]) == 0
     assert "over the whole manifest" in capsys.readouterr().out
+
+
+def test_non_canonical_base64_column_is_refused() -> None:
+    """Two texts decoding to the same column bytes would slip past both checksums."""
+    one = np.ones(1, np.uint64)
+    man = Manifest("m", 1, 1, 4096, True, 0, None, (PageFile("checkpoint/m-1/w000.pages", 4096),),
+                   PageTable(one * 0, np.zeros(1, np.uint32), one * 0, one * 7), {}, {})
+    doc = json.loads(man.to_json())
+    text = doc["page_table"]["columns"]["checksum"][1]
+    assert text.endswith("=")  # 8 bytes: the last character carries unused bits
+    i = len(text.rstrip("=")) - 1
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    twins = [t for t in (text[:i] + ch + text[i + 1:] for ch in alphabet)
+             if t != text and base64.b64decode(t) == base64.b64decode(text)]
+    assert twins
+    doc["page_table"]["columns"]["checksum"][1] = twins[0]
+    doc[DOCUMENT_CHECKSUM_KEY] = document_checksum(doc)
+    with pytest.raises(ManifestError, match="canonical base64"):
+        Manifest.from_json(json.dumps(doc).encode())
