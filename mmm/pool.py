@@ -226,16 +226,20 @@ class PagePool:
                 out[:take] = self._free[len(self._free) - take:]
                 del self._free[len(self._free) - take:]
             rest = n - take
+            fresh0 = self._watermark
             if rest:
-                out[take:] = np.arange(self._watermark, self._watermark + rest)
+                out[take:] = np.arange(fresh0, fresh0 + rest)
                 self._watermark += rest
+            # fresh frames below _dirty_end were used before a reset or by another process
+            stale_end = min(fresh0 + rest, self._dirty_end)
+            self._dirty_end = max(self._dirty_end, self._watermark)
             self._used += n
             self.state[out] = LIVE
-            dirty = out[out < self._dirty_end] if zero else out[:0]
-            if n:
-                self._dirty_end = max(self._dirty_end, int(out.max()) + 1)
-        if len(dirty):  # outside the lock: these frames are ours alone now
-            self.frames[dirty] = 0
+        if zero:  # outside the lock: these frames are ours alone now
+            if take:
+                self.frames[out[:take]] = 0  # recycled (always below _dirty_end)
+            if stale_end > fresh0:
+                self.frames[fresh0:stale_end] = 0
         return out
 
     def free(self, frames: np.ndarray) -> None:
