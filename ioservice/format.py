@@ -394,13 +394,14 @@ class Manifest:
             raise ManifestError(f"{where}: expected a JSON object, got {type(doc).__name__}")
         version = doc.get("format_version")
         if type(version) is not int or version not in _READABLE_VERSIONS:
-            raise ManifestError(f"{where}: format_version {version!r} is not supported "
+            raise ManifestError(f"{where}: format_version {_short(version)} is not supported "
                                 f"(this sguard reads versions "
                                 f"{', '.join(map(str, _READABLE_VERSIONS))})")
         allowed = _FIELDS | ({DOCUMENT_CHECKSUM_KEY} if version >= 2 else set())
         unknown = sorted(set(doc) - allowed)
         if unknown:
-            raise ManifestError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))} "
+            raise ManifestError(f"{where}: unknown field(s) "
+                                f"{', '.join(_short(k, 40) for k in unknown[:5])} "
                                 f"in a version {version} manifest")
 
         def get(key: str, typ: type | tuple[type, ...]) -> Any:

@@ -215,8 +215,11 @@ def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | 
     Raises
     ------
     CheckpointNotFoundError
-        If `haunit` has no checkpoint, or every candidate is damaged (each one
-        was reported by a `DamagedCheckpointWarning`); `pm` is then empty.
+        If `haunit` has no checkpoint (`pm` is then untouched), or every
+        candidate is damaged (each one was reported by a
+        `DamagedCheckpointWarning`; `pm` is then empty, whichever stage the
+        candidates failed at: its previous state may already have been
+        replaced by a candidate's pages, so it is never half kept).
     InvalidNameError
         If `haunit` is not a valid name (None, empty or blank included: an
         HA unit is always named, so another unit's checkpoint is never loaded).
@@ -271,6 +274,7 @@ def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | 
     finally:
         if own:
             io.shutdown()
+    pm.begin_load().abort()  # the documented outcome: empty, as after a damaged load
     raise CheckpointNotFoundError(
         f"HA unit {haunit!r}: no restorable checkpoint under {root.uri} ({root.backend}); "
         f"damaged: {', '.join(skipped)}")

@@ -239,10 +239,17 @@ def io() -> Any:
         yield service
 
 
+@pytest.fixture(scope="module")
+def live_pm() -> mmm.PageManager:
+    """One page manager every case restores into: frames of earlier, larger
+    states (and of abandoned candidates) are reused, as in a long-lived operator."""
+    return _pm()
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("case", range(N_CASES))
 def test_restore_after_random_damage(case: int, pristine: dict[str, Any], io: IOService,
-                                     tmp_path: Path) -> None:
+                                     live_pm: mmm.PageManager, tmp_path: Path) -> None:
     files, kinds = _plan(case, pristine)
     for rel, data in files.items():
         if data is not None:
@@ -253,7 +260,7 @@ def test_restore_after_random_damage(case: int, pristine: dict[str, Any], io: IO
     ckpts: list[Ckpt] = pristine["ckpts"]
     newer = ckpts[ckpts.index(want) + 1:] if want is not None else ckpts
     tried = [c.name for c in newer if files.get(c.manifest.manifest_path) is not None]
-    pm = _pm()
+    pm = live_pm if case % 2 else _pm()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         if want is None:
@@ -271,6 +278,23 @@ def test_restore_after_random_damage(case: int, pristine: dict[str, Any], io: IO
             k, v = hm.items()
             assert {int(a): (int(b["n"]), float(b["s"])) for a, b in zip(k, v)} == want.counts
             assert log.to_numpy().tobytes() == want.log
+            # the restored state keeps working: new pages come from reused frames
+            rng = np.random.default_rng(case)
+            keys = rng.integers(0, 8000, 800).astype("<u8")
+            hm.upsert(keys, {"x": np.ones(len(keys))}, {"n": "count", "s": ("sum", "x")})
+            hm.delete(keys[:100])
+            oracle = dict(want.counts)
+            for key in keys.tolist():
+                n, total = oracle.get(key, (0, 0.0))
+                oracle[key] = (n + 1, total + 1.0)
+            for key in keys[:100].tolist():
+                oracle.pop(key, None)
+            k, v = hm.items()
+            assert len(np.unique(k)) == len(k) == len(oracle)
+            got = {int(a): (int(b["n"]), float(b["s"])) for a, b in zip(k, v)}
+            assert got.keys() == oracle.keys()
+            assert all(got[x][0] == oracle[x][0] and abs(got[x][1] - oracle[x][1]) < 1e-6
+                       for x in oracle)
     skipped = [str(x.message).split()[1] for x in w
                if issubclass(x.category, DamagedCheckpointWarning)]
     assert skipped == tried[::-1], f"damages {kinds}"
