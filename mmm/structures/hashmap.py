@@ -150,8 +150,8 @@ class _Lanes:
         counts = [0, 0, 0, 0]
         vs = vdt.itemsize
         fields = vdt.fields
-        assert fields is not None
         for j, c in enumerate(spec):
+            assert fields is not None
             fdt, off = fields[c.field][0], int(fields[c.field][1])
             key = f"{fdt.kind}{fdt.itemsize}"
             if fdt.kind in "iub" and fdt.subdtype is None and key in K.DTYPE_CODES:
@@ -332,19 +332,16 @@ class HashMap(Structure):
         self.G = min(self.GROUP, S)
         self.n_blocks = S // self.G
         self._pb = self._pm.page_bytes
-        flat = frames.reshape(-1)
-        self._TV = tuple(flat.view(t) for t in (np.int8, np.int16, np.int32, np.int64,
-                                                 np.uint8, np.uint16, np.uint32, np.uint64,
-                                                 np.float32, np.float64))
-        s8 = np.zeros(1, np.uint64)
-        s4 = np.zeros(1, np.uint32)
-        self._SC = (s8, s8.view(np.float64), s4, s4.view(np.float32))
+        self._flat = frames.reshape(-1)
+        self._no_ops = _Lanes((), vdt, self._vo, "")
         self._W = pad8(self._ks) // 8
 
     def _rebuild(self) -> None:
         if not hasattr(self, "S"):
             self.S = int(self._params["page_slots"])
         self._views()
+        self._no_out = np.zeros((0, self._vs), np.uint8)
+        self._no_found = np.zeros(0, np.bool_)
         ps = self._ps
         seqs = ps.seqs()
         seqs = seqs[seqs != 0]
@@ -479,7 +476,7 @@ class HashMap(Structure):
         geo = self._geo()
         geo[0], geo[1] = n_buckets, n_buckets.bit_length() - 1
         used, n_spare = K.rechain(allp, np.asarray(targets, np.int64),
-                                  np.asarray(primaries, np.int64), self._TV, self._ps.frames,
+                                  np.asarray(primaries, np.int64), self._flat, self._ps.frames,
                                   self._next_of, self._bucket_seq, self._last_seq, geo,
                                   self.psid, kw, kw.view(np.uint8), vbuf, spare)
         assert used >= 0, "rechain ran out of pages"
@@ -671,11 +668,11 @@ class HashMap(Structure):
         i = 0
         while True:
             state[0] = self._len
-            code = K.upsert_rows(i, kw, kb, self._TV, self._SC, self._ps.frames, self._next_of,
-                                 self._bucket_seq, self._last_seq, pm.pool.pins, self._ps.mod,
-                                 self._geo(), lanes.ops, lanes.codes, lanes.offs, lanes.sizes,
-                                 lanes.lanes, lanes.lidx, lanes.aligned, ic, uc, fc, bc, ob,
-                                 state)
+            code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
+                          self._bucket_seq, self._last_seq, pm.pool.pins, self._ps.mod,
+                          self._geo(), lanes.ops, lanes.codes, lanes.offs, lanes.sizes,
+                          lanes.lanes, lanes.lidx, lanes.aligned, ic, uc, fc, bc, ob,
+                          self._no_found, state)
             self._len = int(state[0])
             i = int(state[1])
             if code == K.DONE:
@@ -731,12 +728,29 @@ class HashMap(Structure):
         out = np.zeros(n, dtype=self.value_dtype)
         found = np.zeros(n, dtype=bool)
         if n:
-            kw, kb = self._words(kc)
-            K.lookup_rows(kw, kb, self._TV, self._ps.frames, self._next_of, self._bucket_seq,
-                          self._geo(), out.view(np.uint8).reshape(n, self._vs), found)
+            self._lookup(kc, out.view(np.uint8).reshape(n, self._vs), found)
         if default is not None:
             out[~found] = default
         return found, out
+
+    def _call(self, mode: int, i: int, kw: npt.NDArray[np.uint64], kb: npt.NDArray[np.uint8],
+              out: npt.NDArray[np.uint8], found: npt.NDArray[np.bool_],
+              state: npt.NDArray[np.int64]) -> int:
+        """`K.rows` without a combine spec (get, contains, delete)."""
+        ls = self._no_ops
+        n = len(kw)
+        code: int = K.rows(mode, i, kw, kb, self._flat, self._ps.frames, self._next_of,
+                           self._bucket_seq, self._last_seq, self._pm.pool.pins, self._ps.mod,
+                           self._geo(), ls.ops, ls.codes, ls.offs, ls.sizes, ls.lanes, ls.lidx,
+                           ls.aligned, np.empty((0, n), np.int64), np.empty((0, n), np.uint64),
+                           np.empty((0, n), np.float64), np.empty((n, 0), np.uint8), out, found,
+                           state)
+        return code
+
+    def _lookup(self, kc: npt.NDArray[Any], out: npt.NDArray[np.uint8],
+                found: npt.NDArray[np.bool_]) -> None:
+        kw, kb = self._words(kc)
+        self._call(K.MODE_GET, 0, kw, kb, out, found, np.zeros(3, np.int64))
 
     def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         """Boolean mask: which keys are present."""
@@ -746,9 +760,7 @@ class HashMap(Structure):
         n = len(kc)
         found = np.zeros(n, dtype=bool)
         if n:
-            kw, kb = self._words(kc)
-            K.lookup_rows(kw, kb, self._TV, self._ps.frames, self._next_of, self._bucket_seq,
-                          self._geo(), np.zeros((0, self._vs), np.uint8), found)
+            self._lookup(kc, np.zeros((0, self._vs), np.uint8), found)
         return found
 
     def delete(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
@@ -780,9 +792,7 @@ class HashMap(Structure):
         i = 0
         while True:
             state[0] = self._len
-            code = K.delete_rows(i, kw, kb, self._TV, self._ps.frames, self._next_of,
-                                 self._bucket_seq, pm.pool.pins, self._ps.mod, self._geo(),
-                                 found, state)
+            code = self._call(K.MODE_DELETE, i, kw, kb, self._no_out, found, state)
             self._len = int(state[0])
             i = int(state[1])
             if code == K.DONE:
