@@ -30,6 +30,9 @@ from typing import Any, Callable, TypeVar
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from mmm._kernels import jit
 
@@ -99,6 +102,27 @@ def _sext(v, size):  # type: ignore[no-untyped-def]
     return np.int64(v << sh) >> np.int64(64 - 8 * size)
 
 
+@intrinsic
+def _prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+    """``llvm.prefetch`` of ``arr[idx]`` (read, keep in all cache levels): a hint, no effect
+    on results."""
+    sig = types.void(arr, idx)
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+AHEAD = 8  # rows of lookahead: ctrl bytes at 2 * AHEAD, key and value at AHEAD
+
+
 @jit
 def hash_keys(kw):  # type: ignore[no-untyped-def]
     """splitmix64 hash of each key row of ``kw`` (uint64 words)."""
@@ -152,6 +176,29 @@ def rows(mode, i0, kw, kb, pool, fseq, next_of, bucket_seq, last_seq, pins, mod,
     nops = ops.shape[0]
     want = out.shape[0] > 0
     for i in range(i0, n):
+        # -- prefetch: the home group's ctrl bytes 2 * AHEAD rows ahead, then the key and
+        # value of its first tag match AHEAD rows ahead (the ctrl line is then in cache)
+        for d in range(1, 3):
+            r = i + d * AHEAD
+            if r >= n:
+                break
+            hp = _mix(kw[r, 0])
+            for j in range(1, W):
+                hp = _mix(hp ^ kw[r, j])
+            bp = fseq[bucket_seq[_bucket(hp, nbk, lvl)]] * pb
+            gp = _home(hp, nb)
+            cp = bp + HDR + gp * G
+            if d == 2:
+                _prefetch(u8, cp)
+            else:
+                tp = _tag(hp)
+                for j in range(G):
+                    if u8[cp + j] == tp:
+                        sp = gp * G + j
+                        _prefetch(u8, bp + ko + sp * ks)
+                        if mode != MODE_DELETE:
+                            _prefetch(u8, bp + vo + sp * vs)
+                        break
         # -- hash and probe -------------------------------------------------------------
         h = _mix(kw[i, 0])
         for j in range(1, W):
