@@ -117,7 +117,15 @@ def input_columns(values: Any, spec: tuple[CombineOp, ...], n: int, where: str,
                 vfields = value_dtype.fields
                 assert vfields is not None
                 dst = vfields[c.field][0]
-                if not np.can_cast(col.dtype, dst, casting="same_kind"):
+                if col.dtype.kind in "iub" and dst.kind in "iu":
+                    if col.dtype.kind != "b":  # any integers whose values fit the field
+                        info = np.iinfo(dst)
+                        lo, hi = col.min(), col.max()
+                        if lo < info.min or hi > info.max:
+                            raise RecordTypeError(
+                                f"{where}: input column {name!r} has values in [{lo}, {hi}] "
+                                f"that do not fit field {c.field!r} of dtype {dst}")
+                elif not np.can_cast(col.dtype, dst, casting="same_kind"):
                     raise RecordTypeError(
                         f"{where}: input column {name!r} of dtype {col.dtype} cannot be "
                         f"combined into field {c.field!r} of dtype {dst} without loss")

@@ -128,6 +128,10 @@ def _check_bytes_width(raw: Any, dt: np.dtype[Any], where: str) -> None:
             _check_bytes_width(col, dt.fields[n][0], f"{where}.{n}")
 
 
+class _Never:
+    """A type no value has: per-record fast paths that never apply."""
+
+
 class _Lanes:
     """A compiled combine spec: op/field arrays for the kernel and the input lanes."""
 
@@ -189,7 +193,8 @@ class _Lanes:
     def columns(self, cols: Mapping[str, npt.NDArray[Any]], n: int, where: str
                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64],
                            npt.NDArray[np.float64], npt.NDArray[np.uint8]]:
-        """The input lanes of ``n`` rows (validated: values must fit their fields)."""
+        """The input lanes of ``n`` rows (`input_columns` validated them: integers fit
+        their fields, casts are same-kind)."""
         ic = np.empty((self.inputs[K.L_INT], n), np.int64)
         uc = np.empty((self.inputs[K.L_UINT], n), np.uint64)
         fc = np.empty((self.inputs[K.L_FLOAT], n), np.float64)
@@ -201,13 +206,6 @@ class _Lanes:
             fdt = self.dtypes[j]
             lane = self.kinds[j]
             at = int(self.lidx[j])
-            if col.dtype.kind in "iu" and fdt.kind in "iu" and n:
-                info = np.iinfo(fdt)
-                lo, hi = col.min(), col.max()
-                if lo < info.min or hi > info.max:
-                    raise RecordTypeError(
-                        f"{where}: input column {c.input!r} has values in [{lo}, {hi}] that "
-                        f"do not fit field {c.field!r} of dtype {fdt}")
             if lane == K.L_INT:
                 ic[at] = col.astype(fdt).view(np.int64) if fdt.kind in "Mm" else col
             elif lane == K.L_UINT:
@@ -377,6 +375,15 @@ class HashMap(Structure):
             Wrong dtype or shape, NaN float keys, bytes longer than an ``S<n>`` field.
         """
         where = f"hash map {self.name!r}: {what}"
+        if self.key_dtype.kind == "S":
+            try:
+                kind = (keys if isinstance(keys, np.ndarray) else np.asarray(keys)).dtype.kind
+            except (TypeError, ValueError) as exc:
+                raise RecordTypeError(f"{where}: cannot convert to {self.key_dtype}: {exc}"
+                                      ) from None
+            if kind != "S" and not (kind == "f" and np.size(keys) == 0):
+                raise RecordTypeError(f"{where}: keys of dtype {self.key_dtype} must be bytes, "
+                                      f"not {kind!r}-kind values")
         _check_bytes_width(keys, self.key_dtype, where)
         arr = coerce_records(keys, self.key_dtype, where)
         if self._float_key:
@@ -530,11 +537,12 @@ class HashMap(Structure):
         pm = self._pm
         if pm.pool.free_frames >= self._need_frames(n_new):
             return fn()
+        was = self._applying
         self._applying = True  # the snapshot flushes structures: not this buffer
         try:
             snap = pm.chkpt(psids=[self.psid])
         finally:
-            self._applying = False
+            self._applying = was
         try:
             out = fn()
         except BaseException:
@@ -542,7 +550,7 @@ class HashMap(Structure):
             try:
                 pm.rollback(snap)
             finally:
-                self._applying = False
+                self._applying = was
             self._sync()
             raise
         snap.release()
@@ -906,7 +914,7 @@ class HashMap(Structure):
         if kdt.kind == "f" and kdt.fields is None:
             return float, -math.inf, math.inf, slow
         del where
-        return type(None), 1, 0, slow
+        return _Never, 0, 0, slow
 
     def _value_checkers(self, lanes: _Lanes, names: tuple[str, ...]
                         ) -> list[tuple[Any, Any, Any, Callable[[Any], Any]]]:
@@ -935,7 +943,7 @@ class HashMap(Structure):
             elif fdt.kind == "f":
                 out.append((float, -math.inf, math.inf, slow))
             else:
-                out.append((type(None), 1, 0, slow))
+                out.append((_Never, 0, 0, slow))
         return out
 
     def upserter(self, combine: Mapping[str, Any]) -> Any:
@@ -1040,7 +1048,9 @@ class HashMap(Structure):
 
     def _flush(self) -> None:
         """Apply buffered per-record writes as one batch; the buffer is cleared only
-        once they are in the map (if applying fails, they stay buffered)."""
+        once they are in the map (if applying fails, they stay buffered). A read made
+        while they are being applied (a snapshot taken between kernel calls) does
+        not apply them again."""
         if not self._buf_keys:
             self._buf_kind = None
             return
@@ -1054,7 +1064,6 @@ class HashMap(Structure):
             n = len(kc)
             if kind == "put":
                 v = np.array(self._buf_cols[0], dtype=self.value_dtype)
-                self._applying = False
                 self._put_prepared(kc, v)
             else:
                 lanes = self._lanes(kind)
@@ -1063,7 +1072,6 @@ class HashMap(Structure):
                 where = f"hash map {self.name!r}"
                 arrays = input_columns(arrays, lanes.spec, n, where, self.value_dtype)
                 lane_arrays = lanes.columns(arrays, n, where)
-                self._applying = False
                 self._guarded(lambda: self._upsert_rows(kc, lanes, lane_arrays, None), n)
         finally:
             self._applying = False
