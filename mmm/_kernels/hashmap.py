@@ -30,7 +30,7 @@ from typing import Any, Callable, TypeVar
 
 import numba
 import numpy as np
-from llvmlite import ir
+from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -44,7 +44,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _scalar(fn: F) -> F:
     """A scalar helper, compiled into its callers."""
-    return numba.njit(inline="always", cache=True, nogil=True)(fn)  # type: ignore[no-any-return]
+    out: F = numba.njit(inline="always", cache=True, nogil=True)(fn)  # type: ignore[assignment]
+    return out
 
 
 HDR = 64
@@ -62,7 +63,7 @@ L_INT, L_UINT, L_FLOAT, L_BYTES = 0, 1, 2, 3
 
 
 @_scalar
-def _mix(x):  # type: ignore[no-untyped-def]
+def _mix(x: Any) -> Any:
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -70,7 +71,7 @@ def _mix(x):  # type: ignore[no-untyped-def]
 
 
 @_scalar
-def _bucket(h, nbk, lvl):  # type: ignore[no-untyped-def]
+def _bucket(h: Any, nbk: Any, lvl: Any) -> Any:
     b = np.int64(h & np.uint64((1 << (lvl + 1)) - 1))
     if b >= nbk:
         b -= np.int64(1) << lvl
@@ -78,12 +79,12 @@ def _bucket(h, nbk, lvl):  # type: ignore[no-untyped-def]
 
 
 @_scalar
-def _home(h, nb):  # type: ignore[no-untyped-def]
+def _home(h: Any, nb: Any) -> Any:
     return np.int64(((h >> np.uint64(32)) * np.uint64(nb)) >> np.uint64(32))
 
 
 @_scalar
-def _step(h, nb):  # type: ignore[no-untyped-def]
+def _step(h: Any, nb: Any) -> Any:
     if nb == 1:
         return np.int64(0)
     h2 = _mix(h ^ np.uint64(0x5851F42D4C957F2D))
@@ -91,40 +92,42 @@ def _step(h, nb):  # type: ignore[no-untyped-def]
 
 
 @_scalar
-def _tag(h):  # type: ignore[no-untyped-def]
+def _tag(h: Any) -> Any:
     return np.uint8(((h >> np.uint64(24)) & np.uint64(0x7F)) | np.uint64(0x80))
 
 
 @_scalar
-def _sext(v, size):  # type: ignore[no-untyped-def]
+def _sext(v: Any, size: Any) -> Any:
     """Sign-extend the low ``size`` bytes of uint64 ``v``."""
     sh = np.uint64(64 - 8 * size)
     return np.int64(v << sh) >> np.int64(64 - 8 * size)
 
 
-@intrinsic
-def _prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+def _prefetch_impl(typingctx: Any, arr: Any, idx: Any) -> Any:
     """``llvm.prefetch`` of ``arr[idx]`` (read, keep in all cache levels): a hint, no effect
     on results."""
     sig = types.void(arr, idx)
 
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         aryty = sig.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        ptr = cgutils.get_item_pointer(  # type: ignore[no-untyped-call]
+            context, builder, aryty, ary, [args[1]])
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        fn = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
+            builder.module, fnty, "llvm.prefetch.p0")
         builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
         return context.get_dummy_value()
     return sig, codegen
 
 
+_prefetch: Any = intrinsic(_prefetch_impl)
 AHEAD = 8  # rows of lookahead: ctrl bytes at 2 * AHEAD, key and value at AHEAD
 
 
 @jit
-def hash_keys(kw):  # type: ignore[no-untyped-def]
+def hash_keys(kw: Any) -> Any:
     """splitmix64 hash of each key row of ``kw`` (uint64 words)."""
     n = kw.shape[0]
     out = np.empty(n, np.uint64)
@@ -137,9 +140,10 @@ def hash_keys(kw):  # type: ignore[no-untyped-def]
 
 
 @jit
-def rows(mode, i0, kw, kb, pool, fseq, next_of, bucket_seq, last_seq, pins, mod, geo,
-         ops, codes, offs, sizes, lanes, lidx, aligned, IC, UC, FC, BC,
-         out, found, state):  # type: ignore[no-untyped-def]
+def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: Any,
+         bucket_seq: Any, last_seq: Any, pins: Any, mod: Any, geo: Any, ops: Any, codes: Any,
+         offs: Any, sizes: Any, lanes: Any, lidx: Any, aligned: Any, IC: Any, UC: Any, FC: Any,
+         BC: Any, out: Any, found: Any, state: Any) -> Any:
     """Look up (``MODE_GET``), upsert (``MODE_UPSERT``) or delete (``MODE_DELETE``)
     rows ``i0..n-1`` in input order; writes stop early with a request.
 
@@ -305,7 +309,7 @@ def rows(mode, i0, kw, kb, pool, fseq, next_of, bucket_seq, last_seq, pins, mod,
                 return NEED_CLONE
             mod[q] = epoch
             g = home
-            s = -1
+            s = np.int64(-1)
             for _ in range(nb):  # the first free (EMPTY or TOMB) slot on the probe sequence
                 c0 = base + HDR + g * G
                 for j in range(G):
@@ -481,8 +485,9 @@ def rows(mode, i0, kw, kb, pool, fseq, next_of, bucket_seq, last_seq, pins, mod,
 
 
 @jit
-def rechain(pages, targets, primaries, pool, fseq, next_of, bucket_seq, last_seq, geo,
-            psid, kwbuf, kbuf, vbuf, spare_out):  # type: ignore[no-untyped-def]
+def rechain(pages: Any, targets: Any, primaries: Any, pool: Any, fseq: Any, next_of: Any,
+            bucket_seq: Any, last_seq: Any, geo: Any, psid: Any, kwbuf: Any, kbuf: Any,
+            vbuf: Any, spare_out: Any) -> Any:
     """Rewrite the records of the chains in ``pages`` into the ``targets`` buckets.
 
     Splits (a bucket into itself and its image), merges (the last bucket into
@@ -568,23 +573,23 @@ def rechain(pages, targets, primaries, pool, fseq, next_of, bucket_seq, last_seq
         home = _home(h, nb)
         step = _step(h, nb)
         g = home
-        s = -1
+        slot = np.int64(-1)
         for _ in range(nb):
             c0 = base + HDR + g * G
             for j in range(G):
                 if u8[c0 + j] == 0:
-                    s = g * G + j
+                    slot = g * G + j
                     break
-            if s >= 0:
+            if slot >= 0:
                 break
             g += step
             if g >= nb:
                 g -= nb
-        u8[base + HDR + s] = _tag(h)
-        ka = base + ko + s * ks
+        u8[base + HDR + slot] = _tag(h)
+        ka = base + ko + slot * ks
         for j in range(ks):
             u8[ka + j] = kbuf[r, j]
-        va = base + vo + s * vs
+        va = base + vo + slot * vs
         for j in range(vs):
             u8[va + j] = vbuf[r, j]
         a = (base + OFF_COUNT) >> 2

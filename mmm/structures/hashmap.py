@@ -917,9 +917,9 @@ class HashMap(Structure):
         return _Never, 0, 0, slow
 
     def _value_checkers(self, lanes: _Lanes, names: tuple[str, ...]
-                        ) -> list[tuple[Any, Any, Any, Callable[[Any], Any]]]:
+                        ) -> list[tuple[Any, Any, Any, Callable[..., Any]]]:
         """Per input column, like `_key_checker`."""
-        out = []
+        out: list[tuple[Any, Any, Any, Callable[..., Any]]] = []
         for name in names:
             j = next(j for j, c in enumerate(lanes.spec) if c.input == name)
             fdt = lanes.dtypes[j]
