@@ -32,6 +32,7 @@ import numba
 import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import cgutils, types
+from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
 from mmm._kernels import jit
@@ -123,7 +124,16 @@ def _prefetch_impl(typingctx: Any, arr: Any, idx: Any) -> Any:
 
 
 _prefetch: Any = intrinsic(_prefetch_impl)
-AHEAD = 8  # rows of lookahead: ctrl bytes at 2 * AHEAD, key and value at AHEAD
+AHEAD = 8
+RING_MASK = 31  # > 2 * AHEAD
+ONES = np.uint64(0x0101010101010101)
+LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+
+
+@_scalar
+def _zero_bytes(x: Any) -> Any:
+    """0x80 in each byte of uint64 ``x`` that is zero, 0 elsewhere (exact: no borrows)."""
+    return ~(((x & LOW7) + LOW7) | x | LOW7)  # rows of lookahead: ctrl bytes at 2 * AHEAD, key and value at AHEAD
 
 
 @jit
@@ -179,38 +189,50 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
     W = kw.shape[1]
     nops = ops.shape[0]
     want = out.shape[0] > 0
+    swar = G == 16
+    ring = np.empty(RING_MASK + 1, np.uint64)
     for i in range(i0, n):
         # -- prefetch: the home group's ctrl bytes 2 * AHEAD rows ahead, then the key and
-        # value of its first tag match AHEAD rows ahead (the ctrl line is then in cache)
-        for d in range(1, 3):
-            r = i + d * AHEAD
-            if r >= n:
-                break
+        # value of its first tag match AHEAD rows ahead (the ctrl line is then in cache).
+        # Hashes are computed once, 2 * AHEAD rows ahead, into a ring.
+        r = i + 2 * AHEAD
+        if i == i0:  # fill the ring
+            for rr in range(i, min(r, n)):
+                hp = _mix(kw[rr, 0])
+                for j in range(1, W):
+                    hp = _mix(hp ^ kw[rr, j])
+                ring[rr & RING_MASK] = hp
+        if r < n:
             hp = _mix(kw[r, 0])
             for j in range(1, W):
                 hp = _mix(hp ^ kw[r, j])
+            ring[r & RING_MASK] = hp
+            _prefetch(u8, fseq[bucket_seq[_bucket(hp, nbk, lvl)]] * pb + HDR
+                      + _home(hp, nb) * G)
+        r = i + AHEAD
+        if r < n and swar:
+            hp = ring[r & RING_MASK]
             bp = fseq[bucket_seq[_bucket(hp, nbk, lvl)]] * pb
             gp = _home(hp, nb)
-            cp = bp + HDR + gp * G
-            if d == 2:
-                _prefetch(u8, cp)
-            else:
-                tp = _tag(hp)
-                for j in range(G):
-                    if u8[cp + j] == tp:
-                        sp = gp * G + j
-                        _prefetch(u8, bp + ko + sp * ks)
-                        if mode != MODE_DELETE:
-                            _prefetch(u8, bp + vo + sp * vs)
-                        break
-        # -- hash and probe -------------------------------------------------------------
-        h = _mix(kw[i, 0])
-        for j in range(1, W):
-            h = _mix(h ^ kw[i, j])
+            cp = (bp + HDR + gp * G) >> 3
+            rep = np.uint64(_tag(hp)) * ONES
+            m = _zero_bytes(u64[cp] ^ rep)
+            off = 0
+            if m == 0:
+                m = _zero_bytes(u64[cp + 1] ^ rep)
+                off = 8
+            if m != 0:
+                sp = gp * G + off + (np.int64(trailing_zeros(m)) >> 3)
+                _prefetch(u8, bp + ko + sp * ks)
+                if mode != MODE_DELETE:
+                    _prefetch(u8, bp + vo + sp * vs)
+        # -- probe ----------------------------------------------------------------------------
+        h = ring[i & RING_MASK]
         b = _bucket(h, nbk, lvl)
         tag = _tag(h)
+        rep = np.uint64(tag) * ONES
         home = _home(h, nb)
-        step = _step(h, nb)
+        step = np.int64(-1)  # computed when a probe leaves the home group
         k0 = kw[i, 0]
         q = bucket_seq[b]
         fq = np.int64(-1)
@@ -219,34 +241,57 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
             base = fseq[q] * pb
             g = home
             for _ in range(nb):
-                empty = False
                 c0 = base + HDR + g * G
-                for j in range(G):
-                    c = u8[c0 + j]
-                    if c == tag:
-                        sl = g * G + j
-                        ka = base + ko + sl * ks
-                        if ks == 4:
-                            eq = np.uint64(u32[ka >> 2]) == k0
-                        elif ks == 8:
-                            eq = u64[ka >> 3] == k0
-                        elif ks == 2:
-                            eq = np.uint64(u16[ka >> 1]) == k0
-                        elif ks == 1:
-                            eq = np.uint64(u8[ka]) == k0
-                        else:
+                empty = False
+                if swar:  # 16 ctrl bytes as two words: tag matches and EMPTY bytes at once
+                    for half in range(2):
+                        w = u64[(c0 >> 3) + half]
+                        if _zero_bytes(w) != 0:
+                            empty = True
+                        m = _zero_bytes(w ^ rep)
+                        while m != 0:
+                            sl = g * G + 8 * half + (np.int64(trailing_zeros(m)) >> 3)
+                            ka = base + ko + sl * ks
+                            if ks == 4:
+                                eq = np.uint64(u32[ka >> 2]) == k0
+                            elif ks == 8:
+                                eq = u64[ka >> 3] == k0
+                            elif ks == 2:
+                                eq = np.uint64(u16[ka >> 1]) == k0
+                            elif ks == 1:
+                                eq = np.uint64(u8[ka]) == k0
+                            else:
+                                eq = True
+                                for t in range(ks):
+                                    if u8[ka + t] != kb[i, t]:
+                                        eq = False
+                                        break
+                            if eq:
+                                s = sl
+                                break
+                            m &= m - np.uint64(1)
+                        if s >= 0:
+                            break
+                else:
+                    for j in range(G):
+                        c = u8[c0 + j]
+                        if c == tag:
+                            sl = g * G + j
+                            ka = base + ko + sl * ks
                             eq = True
                             for t in range(ks):
                                 if u8[ka + t] != kb[i, t]:
                                     eq = False
                                     break
-                        if eq:
-                            s = sl
-                            break
-                    elif c == 0:
-                        empty = True
+                            if eq:
+                                s = sl
+                                break
+                        elif c == 0:
+                            empty = True
                 if s >= 0 or empty:
                     break
+                if step < 0:
+                    step = _step(h, nb)
                 g += step
                 if g >= nb:
                     g -= nb
@@ -318,6 +363,8 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
                         break
                 if s >= 0:
                     break
+                if step < 0:
+                    step = _step(h, nb)
                 g += step
                 if g >= nb:
                     g -= nb
