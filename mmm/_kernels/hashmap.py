@@ -32,7 +32,7 @@ import numba
 import numpy as np
 from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import cgutils, types
-from numba.cpython.unsafe.numbers import trailing_zeros
+from numba.cpython.unsafe.numbers import trailing_zeros as _tz
 from numba.extending import intrinsic
 
 from mmm._kernels import jit
@@ -124,6 +124,7 @@ def _prefetch_impl(typingctx: Any, arr: Any, idx: Any) -> Any:
 
 
 _prefetch: Any = intrinsic(_prefetch_impl)
+trailing_zeros: Any = _tz  # count of trailing zero bits (an LLVM intrinsic)
 AHEAD = 8
 RING_MASK = 31  # > 2 * AHEAD
 ONES = np.uint64(0x0101010101010101)
