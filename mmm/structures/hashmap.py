@@ -54,7 +54,9 @@ page, length) is redundant with the pages and rebuilt lazily.
 """
 from __future__ import annotations
 
+import array
 import math
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -126,6 +128,27 @@ def _check_bytes_width(raw: Any, dt: np.dtype[Any], where: str) -> None:
             pos = (dt.names or ()).index(n)
             col = [r[pos] for r in rows if isinstance(r, (tuple, list)) and len(r) > pos]
             _check_bytes_width(col, dt.fields[n][0], f"{where}.{n}")
+
+
+_TYPECODES = {(np.dtype(tc).kind, np.dtype(tc).itemsize): tc for tc in "bBhHiIlLqQfd"}
+
+
+def _typed_buffer(dt: np.dtype[Any] | None) -> "array.array[Any] | None":
+    """A C-typed append buffer for values of ``dt`` (integers checked for range by
+    ``append``), or None when ``dt`` needs a Python-level check (floats keys refuse NaN,
+    bytes, structures, big-endian)."""
+    if dt is None or dt.fields is not None or dt.kind not in "iuf" or not dt.isnative \
+            or sys.byteorder != "little":
+        return None
+    tc = _TYPECODES.get((dt.kind, dt.itemsize))
+    return array.array(tc) if tc is not None else None
+
+
+def _buffered(buf: Any) -> Any:
+    """The buffered values as an array (a copy: the buffer is cleared afterwards)."""
+    if isinstance(buf, array.array):
+        return np.frombuffer(buf, dtype=buf.typecode).copy()
+    return buf if buf and not isinstance(buf[0], (int, float)) else np.array(buf)
 
 
 class _Never:
@@ -298,8 +321,8 @@ class HashMap(Structure):
         self._cmp_dtype = (np.dtype(f"<u{ks}") if ks in (1, 2, 4, 8) and kdt.fields is None
                            else np.dtype(f"V{ks}"))
         self._buf_kind: Any = None
-        self._buf_keys: list[Any] = []
-        self._buf_cols: list[list[Any]] = []
+        self._buf_keys: Any = []
+        self._buf_cols: list[Any] = []
         self._upserters: dict[int, Any] = {}
         self._spec_cache: dict[int, tuple[Mapping[str, Any], _Lanes]] = {}
         self._put_spec: _Lanes | None = None
@@ -973,33 +996,42 @@ class HashMap(Structure):
         """
         lanes = self._lanes(combine)
         names = tuple(sorted({c.input for c in lanes.spec if c.input is not None}))
-        keys = self._buf_keys
-        cols = self._buf_cols
         limit = self._BUFFER_LIMIT
         this = self
-        kt, klo, khi, kslow = self._key_checker()
-        checks = self._value_checkers(lanes, names)
+        keys: Any = _typed_buffer(self.key_dtype) if self.key_dtype.kind in "iu" else None
+        cols: list[Any] = [_typed_buffer(self._input_dtype(lanes, nm)) for nm in names]
+        where = f"hash map {self.name!r}"
 
-        if len(names) == 1:
-            vt, vlo, vhi, vslow = checks[0]
+        if keys is not None and all(c is not None for c in cols) and len(names) == 1:
+            # C-validated typed buffers: array.append refuses a non-integer or out-of-range
+            # value with TypeError / OverflowError, and nothing is appended
+            kappend, col = keys.append, cols[0]
+            vappend = col.append
 
             def add(key: Any, value: Any) -> None:
-                if not (type(key) is kt and klo <= key <= khi):
-                    key = kslow(key)
-                if not (type(value) is vt and vlo <= value <= vhi):
-                    value = vslow(value)
-                if this._buf_kind is not combine:
-                    this._switch_buffer(combine, 1)
-                keys.append(key)
-                cols[0].append(value)
+                if this._buf_keys is not keys:
+                    this._switch_buffer(combine, keys, cols)
+                try:
+                    kappend(key)
+                except (TypeError, OverflowError) as exc:
+                    raise RecordTypeError(f"{where}: key {key!r}: {exc}") from None
+                try:
+                    vappend(value)
+                except (TypeError, OverflowError) as exc:
+                    keys.pop()
+                    raise RecordTypeError(f"{where}: input {names[0]!r} value {value!r}: "
+                                          f"{exc}") from None
                 if len(keys) >= limit:
                     this._flush()
         else:
+            keys, cols = [], [[] for _ in names]
+            kt, klo, khi, kslow = self._key_checker()
+            checks = self._value_checkers(lanes, names)
+
             def add(key: Any, *values: Any) -> None:  # type: ignore[misc]
                 if len(values) != len(names):
-                    raise RecordTypeError(f"hash map {this.name!r}: upserter expects "
-                                          f"{len(names)} input value(s) {names}, got "
-                                          f"{len(values)}")
+                    raise RecordTypeError(f"{where}: upserter expects {len(names)} input "
+                                          f"value(s) {names}, got {len(values)}")
                 if not (type(key) is kt and klo <= key <= khi):
                     key = kslow(key)
                 vals = list(values)
@@ -1007,11 +1039,11 @@ class HashMap(Structure):
                     v = vals[j]
                     if not (type(v) is vt and vlo <= v <= vhi):
                         vals[j] = vslow(v)
-                if this._buf_kind is not combine:
-                    this._switch_buffer(combine, len(names))
+                if this._buf_keys is not keys:
+                    this._switch_buffer(combine, keys, cols)
                 keys.append(key)
-                for col, v in zip(cols, vals):
-                    col.append(v)
+                for c, v in zip(cols, vals):
+                    c.append(v)
                 if len(keys) >= limit:
                     this._flush()
         add.inputs = names  # type: ignore[attr-defined]
@@ -1019,16 +1051,21 @@ class HashMap(Structure):
         self._upserters[id(combine)] = add
         return add
 
-    def _switch_buffer(self, kind: Any, n_cols: int) -> None:
+    def _input_dtype(self, lanes: _Lanes, name: str) -> np.dtype[Any] | None:
+        """The one field dtype an input column feeds (None if it feeds several dtypes)."""
+        dts = {lanes.dtypes[j] for j, c in enumerate(lanes.spec) if c.input == name}
+        return dts.pop() if len(dts) == 1 else None
+
+    def _switch_buffer(self, kind: Any, keys: Any, cols: list[Any]) -> None:
         self._flush()
-        if self._buf_keys:  # the old buffer could not be applied: keep it, refuse to mix
+        if len(self._buf_keys):  # the old buffer could not be applied: keep it, refuse to mix
             raise PoolExhaustedError(f"hash map {self.name!r}: {len(self._buf_keys)} buffered "
                                      f"record(s) could not be applied yet")
         if self._gen != self._pm.generation:
             self._sync()
-        while len(self._buf_cols) < n_cols:
-            self._buf_cols.append([])
         self._buf_kind = kind
+        self._buf_keys = keys
+        self._buf_cols = cols
 
     def __setitem__(self, key: Any, value: Any) -> None:
         kt, klo, khi, kslow = self._key_checker()
@@ -1040,7 +1077,7 @@ class HashMap(Structure):
         rec = coerce_records([value] if not isinstance(value, np.ndarray) else value.reshape(1),
                              self.value_dtype, where, n=1)
         if self._buf_kind != "put":
-            self._switch_buffer("put", 1)
+            self._switch_buffer("put", [], [[]])
         self._buf_keys.append(key)
         self._buf_cols[0].append(rec[0])
         if len(self._buf_keys) >= self._BUFFER_LIMIT:
@@ -1051,8 +1088,7 @@ class HashMap(Structure):
         once they are in the map (if applying fails, they stay buffered). A read made
         while they are being applied (a snapshot taken between kernel calls) does
         not apply them again."""
-        if not self._buf_keys:
-            self._buf_kind = None
+        if not len(self._buf_keys):
             return
         if self._applying:
             return
@@ -1060,7 +1096,7 @@ class HashMap(Structure):
         try:
             kind = self._buf_kind
             self._sync()
-            kc = self._canon(self._buf_keys, "keys")
+            kc = self._canon(_buffered(self._buf_keys), "keys")
             n = len(kc)
             if kind == "put":
                 v = np.array(self._buf_cols[0], dtype=self.value_dtype)
@@ -1068,15 +1104,14 @@ class HashMap(Structure):
             else:
                 lanes = self._lanes(kind)
                 names = sorted({c.input for c in lanes.spec if c.input is not None})
-                arrays = {nm: np.array(self._buf_cols[i][:n]) for i, nm in enumerate(names)}
+                arrays = {nm: _buffered(self._buf_cols[i]) for i, nm in enumerate(names)}
                 where = f"hash map {self.name!r}"
                 arrays = input_columns(arrays, lanes.spec, n, where, self.value_dtype)
                 lane_arrays = lanes.columns(arrays, n, where)
                 self._guarded(lambda: self._upsert_rows(kc, lanes, lane_arrays, None), n)
         finally:
             self._applying = False
-        self._buf_kind = None
-        del self._buf_keys[:]  # in place: upserter closures hold these lists
+        del self._buf_keys[:]  # in place: upserter closures hold these buffers
         for c in self._buf_cols:
             del c[:]
 

@@ -511,3 +511,21 @@ class HashMapWithFaults(RuleBasedStateMachine):
 TestHashMapWithFaults = HashMapWithFaults.TestCase
 TestHashMapWithFaults.settings = settings(max_examples=30, stateful_step_count=25,
                                           deadline=None)
+
+
+def test_per_record_typed_buffer_refuses_bad_records_at_once():
+    """The single-input fast path (C-typed buffers) refuses bad keys and values at the call
+    and keeps what was buffered before."""
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    m = HashMap.create(pm, "m", key="<u4", value=[("n", "<i8"), ("lo", "<i4")])
+    spec = {"n": "count", "lo": ("min", "ts")}
+    add = m.upserter(spec)
+    add(1, 5)
+    add(np.uint32(2), np.int64(-7))
+    for key, ts in [(-1, 1), (2**32, 1), (1.5, 1), ("1", 1), (1, 2**31), (1, 1.5), (1, "x"),
+                    (1, None)]:
+        with pytest.raises(mmm.RecordTypeError):
+            add(key, ts)
+    add(1, 3)
+    assert contents(m) == {1: (2, 3), 2: (1, -7)}
+    m._check()
