@@ -545,8 +545,12 @@ class HashMap(Structure):
         if n_new == 0:
             return pinned
         cap = self.MAX_LOAD * self.S
-        final = max(self._n_buckets, math.ceil((self._len + n_new) / cap))
-        primaries = final - self._n_buckets + self._n_buckets // 8 + 2
+        final = max(self._n_buckets, math.ceil((self._len + n_new) / cap) + 1)
+        # a split allocates one primary page per bucket it adds and may overshoot by
+        # up to an eighth of the buckets; inserts allocate an overflow page per max_fill
+        # keys, plus one per chain whose last page was full (chains: the existing ones
+        # and two per split bucket)
+        primaries = final - self._n_buckets + final // 8 + 2
         overflow = min(n_new, math.ceil(n_new / self.max_fill) + final + 2 * primaries)
         return pinned + primaries + overflow + 1
 
