@@ -547,10 +547,10 @@ class HashMap(Structure):
         cap = self.MAX_LOAD * self.S
         final = max(self._n_buckets, math.ceil((self._len + n_new) / cap) + 1)
         # a split allocates one primary page per bucket it adds and may overshoot by
-        # up to an eighth of the buckets; inserts allocate an overflow page per max_fill
-        # keys, plus one per chain whose last page was full (chains: the existing ones
-        # and two per split bucket)
-        primaries = final - self._n_buckets + final // 8 + 2
+        # up to the number of buckets (it at most doubles them); inserts allocate an
+        # overflow page per max_fill keys, plus one per chain whose last page was full
+        # (chains: the existing ones and two per split bucket)
+        primaries = 2 * final - self._n_buckets + 2
         overflow = min(n_new, math.ceil(n_new / self.max_fill) + final + 2 * primaries)
         return pinned + primaries + overflow + 1
 
@@ -701,6 +701,7 @@ class HashMap(Structure):
         pm = self._pm
         state = np.array([self._len, 0, 0], dtype=np.int64)
         i = 0
+        len0 = self._len
         while True:
             state[0] = self._len
             code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
@@ -716,9 +717,11 @@ class HashMap(Structure):
                 pm.writable1(self.psid, int(state[2]))
             elif code == K.NEED_PAGE:
                 self._add_overflow(int(state[2]))
-            else:  # split ahead for part of what the rest of the batch may bring
-                ahead = math.ceil((n - i) / (self.MAX_LOAD * self.S))
-                self._split(max(1, min(ahead, self._n_buckets // 8)))
+            else:  # split ahead for the new keys the rest of the batch may bring (at the
+                # rate seen so far), at most doubling the buckets per pass
+                new_rate = (self._len - len0 + 1) / (i + 1)
+                ahead = math.ceil((n - i) * new_rate / (self.MAX_LOAD * self.S))
+                self._split(max(1, min(ahead, self._n_buckets)))
 
     def put(self, keys: npt.ArrayLike, values: Any) -> None:
         """Insert or overwrite ``keys[i] -> values[i]``; for a key repeated in the batch the last wins.
