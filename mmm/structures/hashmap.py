@@ -675,9 +675,6 @@ class HashMap(Structure):
         self._spec_cache[key] = (combine, lanes)
         return lanes
 
-    def _spec(self, combine: Mapping[str, Any] | None) -> tuple[CombineOp, ...]:
-        return self._lanes(combine).spec
-
     def _put_lanes(self) -> _Lanes:
         """``put`` is an upsert that copies the whole value record (``last`` over its bytes)."""
         if self._put_spec is None:
@@ -932,7 +929,6 @@ class HashMap(Structure):
         """``(fast_type, lo, hi, slow)``: a key ``k`` with ``type(k) is fast_type and
         lo <= k <= hi`` is valid; any other goes through ``slow`` (raises if bad)."""
         kdt = self.key_dtype
-        where = f"hash map {self.name!r}: key"
 
         def slow(key: Any) -> Any:
             kc = self._canon([key], "key")
@@ -943,7 +939,6 @@ class HashMap(Structure):
             return int, int(info.min), int(info.max), slow
         if kdt.kind == "f" and kdt.fields is None:
             return float, -math.inf, math.inf, slow
-        del where
         return _Never, 0, 0, slow
 
     def _value_checkers(self, lanes: _Lanes, names: tuple[str, ...]
