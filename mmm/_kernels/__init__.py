@@ -25,4 +25,5 @@ __all__ = ["jit"]
 
 def jit(fn: F) -> F:
     """Compile `fn` in nopython mode, cached on disk, releasing the GIL."""
-    return numba.njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return]
+    out: F = numba.njit(cache=True, nogil=True)(fn)  # type: ignore[assignment,unused-ignore]
+    return out

@@ -10,10 +10,26 @@ Operations: ``count`` (adds one per input record; reads no column), ``sum``,
 the same name as the field. Value fields the spec does not mention are zero
 when a key is inserted and unchanged when it is updated.
 
-An upsert runs in two vectorized phases: `preaggregate` folds the batch's
-duplicate keys into one partial aggregate per distinct key (``np.unique`` plus
-``ufunc.at``), then `merge_into` combines those partials with the stored values
-of keys that exist; keys that do not exist are inserted with the partials.
+Semantics, exactly (the HashMap kernels apply the rows one by one in input
+order; the oracle tests check every op and mix of them):
+
+* An input column is first converted to its field's dtype. Integer inputs must
+  fit the field (any integer dtype is accepted if its values do; otherwise
+  `RecordTypeError`); other casts must be numpy ``same_kind`` (no float into an
+  integer field); bytes longer than an ``S<n>`` field are refused.
+* ``count`` and ``sum`` wrap around at the field's width for integer fields
+  (numpy arithmetic, no overflow error) and round to the field's precision for
+  float fields (a ``float32`` sum is a sum of ``float32`` values).
+* ``min`` and ``max`` follow ``np.minimum`` / ``np.maximum``: a NaN input makes
+  the field NaN and it stays NaN; ``-inf``/``inf`` are ordinary values. Bytes
+  fields compare lexicographically (as numpy compares ``S`` values);
+  datetimes compare by their int64 ticks. ``sum``/``count`` need a numeric
+  field; ``min``/``max`` a numeric, bool, datetime or bytes field; ``first``/
+  ``last`` take any field.
+
+`compile_spec` and `input_columns` validate; `preaggregate`,
+`preaggregate_sorted` and `merge_into` are the vectorized numpy combine the
+`OrderedMap` uses (the `HashMap` combines inside its compiled kernel).
 """
 from __future__ import annotations
 
@@ -117,7 +133,15 @@ def input_columns(values: Any, spec: tuple[CombineOp, ...], n: int, where: str,
                 vfields = value_dtype.fields
                 assert vfields is not None
                 dst = vfields[c.field][0]
-                if not np.can_cast(col.dtype, dst, casting="same_kind"):
+                if col.dtype.kind in "iub" and dst.kind in "iu":
+                    if col.dtype.kind != "b":  # any integers whose values fit the field
+                        info = np.iinfo(dst)
+                        lo, hi = col.min(), col.max()
+                        if lo < info.min or hi > info.max:
+                            raise RecordTypeError(
+                                f"{where}: input column {name!r} has values in [{lo}, {hi}] "
+                                f"that do not fit field {c.field!r} of dtype {dst}")
+                elif not np.can_cast(col.dtype, dst, casting="same_kind"):
                     raise RecordTypeError(
                         f"{where}: input column {name!r} of dtype {col.dtype} cannot be "
                         f"combined into field {c.field!r} of dtype {dst} without loss")

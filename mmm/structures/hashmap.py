@@ -33,31 +33,43 @@ load exceeds ``MAX_LOAD`` (many buckets per vectorized pass when a batch brings
 many new keys; a full re-addressing when it more than doubles) and merges the
 last bucket into its buddy below ``MIN_LOAD``.
 
-Every operation is vectorized over a batch: hashing (splitmix64 over the key's
-bytes), probing (one round per group step over all keys still probing; about
-one round at the default load), insertion (keys grouped by target group; the
-``r``-th key takes the ``r``-th free slot) and aggregation (a sort-based
-pre-aggregation, then one gather/scatter per value field through flat column
-views, `mmm.structures.columns`). Per-record writes are buffered and applied
-as a batch before any read (`HashMap.upserter`).
+Every operation is one pass of a compiled kernel (`mmm._kernels.hashmap`) over
+the batch, in input order: hash (splitmix64 over the key's bytes), probe,
+insert into the first free slot of the key's probe sequence in the last page of
+its chain, and combine the row into the stored value. Splits, merges and
+compactions are one kernel (`rechain`) that gathers the records of the chains
+concerned and places them again. A kernel never writes a frame a snapshot
+still pins and never allocates: it stops at the row that needs a page cloned,
+an overflow page or a split, the Python side does that, and the kernel goes on
+from that row. Per-record writes are validated when they arrive, buffered, and
+applied as one batch before any read (`HashMap.upserter`).
+
+Failed calls change nothing. Bad input is refused before any write. A batch
+that may need more free frames than the pool has runs under an internal
+snapshot of the map's pages: if the pool runs out, the map is rolled back to
+the state before the call and `PoolExhaustedError` is raised.
+
 The in-memory index (bucket -> primary page, page -> next page, bucket -> last
 page, length) is redundant with the pages and rebuilt lazily.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import array
+import math
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from mmm.errors import RecordTypeError, SchemaError
+from mmm._kernels import hashmap as K
+from mmm.errors import PoolExhaustedError, RecordTypeError, SchemaError
 from mmm.manager import PageManager
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure, pad8
-from mmm.structures.columns import Column
-from mmm.structures.combine import CombineOp, compile_spec, input_columns, preaggregate_sorted
+from mmm.structures.combine import CombineOp, compile_spec, input_columns
 
 __all__ = ["HashMap"]
 
@@ -68,30 +80,6 @@ _U64 = np.uint64
 _MASK32 = _U64(0xFFFFFFFF)
 
 
-_ONES = _U64(0x0101010101010101)
-_LOW7 = _U64(0x7F7F7F7F7F7F7F7F)
-_HIGH = _U64(0x8080808080808080)
-
-
-def _zero_bytes(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """0x80 in each byte of ``x`` that is zero, 0 elsewhere (exact, no borrow)."""
-    return ~(((x & _LOW7) + _LOW7) | x | _LOW7)
-
-
-def _group_ranks(ids: npt.NDArray[np.int64]
-                 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
-    """``(order, rank)``: a sort of ``ids`` and each element's rank among equal ids."""
-    n = len(ids)
-    order = np.argsort(ids)
-    s = ids[order]
-    first = np.ones(n, dtype=bool)
-    first[1:] = s[1:] != s[:-1]
-    starts = np.flatnonzero(first)
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-    return order, rank
-
-
 def _prev_prime(n: int) -> int:
     """The largest prime <= n (n >= 1; 1 for n == 1)."""
     for m in range(n, 1, -1):
@@ -100,27 +88,158 @@ def _prev_prime(n: int) -> int:
     return 1
 
 
-def _widen(b: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint64]:
-    """All-ones words where ``b`` is True."""
-    return np.where(b, ~_U64(0), _U64(0))
+def _check_bytes_width(raw: Any, dt: np.dtype[Any], where: str) -> None:
+    """Refuse fixed-width bytes values longer than the field (numpy would truncate them)."""
+    if dt.kind == "S":
+        if isinstance(raw, np.ndarray) and raw.dtype.kind == "S":
+            if raw.dtype.itemsize <= dt.itemsize or not raw.size:
+                return
+            lens = np.char.str_len(raw)
+        else:
+            try:
+                arr = np.asarray(raw)
+            except (TypeError, ValueError):
+                return  # coerce_records reports it
+            if arr.dtype.kind != "S" or arr.dtype.itemsize <= dt.itemsize or not arr.size:
+                return
+            lens = np.char.str_len(arr)
+        if (lens > dt.itemsize).any():
+            bad = np.flatnonzero(np.ravel(lens > dt.itemsize))[0]
+            raise RecordTypeError(f"{where}: a bytes value of {int(np.ravel(lens)[bad])} bytes "
+                                  f"is longer than {dt} (at index {int(bad)}); it would be "
+                                  f"truncated")
+    elif dt.fields is not None:
+        names = [n for n in dt.names or () if dt.fields[n][0].kind == "S"
+                 or dt.fields[n][0].fields is not None]
+        if not names:
+            return
+        if isinstance(raw, np.ndarray) and raw.dtype.fields is not None:
+            for n in names:
+                if n in (raw.dtype.names or ()):
+                    _check_bytes_width(raw[n], dt.fields[n][0], f"{where}.{n}")
+            return
+        if isinstance(raw, tuple):
+            raw = [raw]
+        try:
+            rows = list(raw)
+        except TypeError:
+            return
+        for n in names:
+            pos = (dt.names or ()).index(n)
+            col = [r[pos] for r in rows if isinstance(r, (tuple, list)) and len(r) > pos]
+            _check_bytes_width(col, dt.fields[n][0], f"{where}.{n}")
 
 
-def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """splitmix64 finalizer, vectorized (uint64 arithmetic wraps)."""
-    x = x + _U64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
+_TYPECODES = {(np.dtype(tc).kind, np.dtype(tc).itemsize): tc for tc in "bBhHiIlLqQfd"}
 
 
-def _combine1(op: str, a: Any, b: Any) -> Any:
-    if op in ("count", "sum"):
-        return a + b
-    if op == "min":
-        return np.minimum(a, b) if a.dtype.kind in "iuf" else np.where(b < a, b, a)
-    if op == "max":
-        return np.maximum(a, b) if a.dtype.kind in "iuf" else np.where(b > a, b, a)
-    return b  # last
+def _typed_buffer(dt: np.dtype[Any] | None) -> "array.array[Any] | None":
+    """A C-typed append buffer for values of ``dt`` (integers checked for range by
+    ``append``), or None when ``dt`` needs a Python-level check (floats keys refuse NaN,
+    bytes, structures, big-endian)."""
+    if dt is None or dt.fields is not None or dt.kind not in "iuf" or not dt.isnative \
+            or sys.byteorder != "little":
+        return None
+    tc = _TYPECODES.get((dt.kind, dt.itemsize))
+    return array.array(tc) if tc is not None else None
+
+
+def _buffered(buf: Any) -> Any:
+    """The buffered values as an array (a copy: the buffer is cleared afterwards)."""
+    if isinstance(buf, array.array):
+        return np.frombuffer(buf, dtype=buf.typecode).copy()
+    return buf if buf and not isinstance(buf[0], (int, float)) else np.array(buf)
+
+
+class _Never:
+    """A type no value has: per-record fast paths that never apply."""
+
+
+class _Lanes:
+    """A compiled combine spec: op/field arrays for the kernel and the input lanes."""
+
+    __slots__ = ("ops", "codes", "offs", "sizes", "lanes", "lidx", "aligned", "kinds",
+                 "dtypes", "inputs", "spec")
+
+    def __init__(self, spec: tuple[CombineOp, ...], vdt: np.dtype[Any], vo: int, where: str
+                 ) -> None:
+        n = len(spec)
+        self.spec = spec
+        self.ops = np.empty(n, np.int64)
+        self.codes = np.empty(n, np.int64)
+        self.offs = np.empty(n, np.int64)
+        self.sizes = np.empty(n, np.int64)
+        self.lanes = np.empty(n, np.int64)
+        self.lidx = np.empty(n, np.int64)
+        self.aligned = np.empty(n, np.bool_)
+        self.kinds: list[int] = []
+        self.dtypes: list[np.dtype[Any]] = []
+        counts = [0, 0, 0, 0]
+        vs = vdt.itemsize
+        fields = vdt.fields
+        for j, c in enumerate(spec):
+            assert fields is not None
+            fdt, off = fields[c.field][0], int(fields[c.field][1])
+            key = f"{fdt.kind}{fdt.itemsize}"
+            if fdt.kind in "iub" and fdt.subdtype is None and key in K.DTYPE_CODES:
+                lane = K.L_UINT if key == "u8" else K.L_INT
+                code = K.DTYPE_CODES[key]
+            elif fdt.kind in "Mm":
+                lane, code = K.L_INT, K.I8
+            elif fdt.kind == "f" and key in ("f4", "f8"):
+                lane, code = K.L_FLOAT, K.DTYPE_CODES[key]
+            else:
+                lane, code = K.L_BYTES, K.BYTES
+                if c.op in ("count", "sum") or (c.op in ("min", "max") and fdt.kind != "S"):
+                    raise RecordTypeError(
+                        f"{where}: combine[{c.field!r}]: {c.op} is not supported on a field "
+                        f"of dtype {fdt} (first/last are; min/max also on bytes 'S')")
+            self.ops[j] = K.OP_CODES[c.op]
+            self.codes[j] = code
+            self.offs[j] = off
+            self.sizes[j] = fdt.itemsize
+            self.lanes[j] = lane
+            isz = fdt.itemsize
+            self.aligned[j] = lane != K.L_BYTES and (vo + off) % isz == 0 and vs % isz == 0
+            if c.op == "count":
+                self.lidx[j] = 0
+            elif lane == K.L_BYTES:
+                self.lidx[j] = counts[3]
+                counts[3] += isz
+            else:
+                self.lidx[j] = counts[lane]
+                counts[lane] += 1
+            self.kinds.append(lane)
+            self.dtypes.append(fdt)
+        self.inputs = counts
+
+    def columns(self, cols: Mapping[str, npt.NDArray[Any]], n: int, where: str
+                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64],
+                           npt.NDArray[np.float64], npt.NDArray[np.uint8]]:
+        """The input lanes of ``n`` rows (`input_columns` validated them: integers fit
+        their fields, casts are same-kind)."""
+        ic = np.empty((self.inputs[K.L_INT], n), np.int64)
+        uc = np.empty((self.inputs[K.L_UINT], n), np.uint64)
+        fc = np.empty((self.inputs[K.L_FLOAT], n), np.float64)
+        bc = np.empty((n, self.inputs[K.L_BYTES]), np.uint8)
+        for j, c in enumerate(self.spec):
+            if c.op == "count":
+                continue
+            col = cols[c.input]  # type: ignore[index]
+            fdt = self.dtypes[j]
+            lane = self.kinds[j]
+            at = int(self.lidx[j])
+            if lane == K.L_INT:
+                ic[at] = col.astype(fdt).view(np.int64) if fdt.kind in "Mm" else col
+            elif lane == K.L_UINT:
+                uc[at] = col
+            elif lane == K.L_FLOAT:
+                fc[at] = col.astype(fdt)
+            else:
+                _check_bytes_width(col, fdt, f"{where}: input column {c.input!r}")
+                bc[:, at:at + fdt.itemsize] = np.ascontiguousarray(
+                    col.astype(fdt)).view(np.uint8).reshape(n, fdt.itemsize)
+        return ic, uc, fc, bc
 
 
 class HashMap(Structure):
@@ -128,8 +247,9 @@ class HashMap(Structure):
 
     Create with `HashMap.create`. Batch methods take numpy arrays and are the
     primary API; ``m[k]``, ``m[k] = v``, ``del m[k]``, ``k in m``, ``len`` and
-    iteration exist for convenience (writes made through them are buffered and
-    applied as one batch before any other operation or snapshot).
+    iteration exist for convenience (writes made through them are validated
+    at once, buffered and applied as one batch before any other operation or
+    snapshot).
     """
 
     KIND = "hash_map"
@@ -201,10 +321,12 @@ class HashMap(Structure):
         self._cmp_dtype = (np.dtype(f"<u{ks}") if ks in (1, 2, 4, 8) and kdt.fields is None
                            else np.dtype(f"V{ks}"))
         self._buf_kind: Any = None
-        self._buf_keys: list[Any] = []
-        self._buf_cols: list[list[Any]] = []
+        self._buf_keys: Any = []
+        self._buf_cols: list[Any] = []
         self._upserters: dict[int, Any] = {}
-        self._spec_cache: dict[int, tuple[Mapping[str, Any], tuple[CombineOp, ...]]] = {}
+        self._spec_cache: dict[int, tuple[Mapping[str, Any], _Lanes]] = {}
+        self._put_spec: _Lanes | None = None
+        self._applying = False
         super().__init__(pm, name, schema, {"page_slots": slots})
         self.S = int(self._params["page_slots"])
         if self._ps.n_pages == 1:  # new: one empty bucket
@@ -217,46 +339,30 @@ class HashMap(Structure):
 
     def _views(self) -> None:
         S, kdt, vdt = self.S, self.key_dtype, self.value_dtype
-        frames = self._pm.pool.frames
+        pool = self._pm.pool
+        frames = pool.frames
+        self._ks = kdt.itemsize
+        self._vs = vdt.itemsize
         self._ko = HEADER_BYTES + pad8(S)
         self._vo = self._ko + pad8(S * kdt.itemsize)
         self._ctrl = frames[:, HEADER_BYTES:HEADER_BYTES + S]
         self._keys = frames[:, self._ko:self._ko + S * kdt.itemsize].view(self._cmp_dtype)
         self._vals = frames[:, self._vo:self._vo + S * vdt.itemsize].view(vdt)
-        self._hdr = self._pm.pool.headers
+        self._hdr = pool.headers
         self.max_fill = max(1, min(S - 1, int(S * self.PAGE_FILL)))
         self.G = min(self.GROUP, S)
         self.n_blocks = S // self.G
-        self._g_range = np.arange(self.G)
         self._pb = self._pm.page_bytes
-        self._u64 = frames.reshape(-1).view(np.uint64)
-        self._ctrl_c = Column(frames, HEADER_BYTES, 1, np.dtype(np.uint8), S)
-        self._key_c = Column(frames, self._ko, kdt.itemsize, self._cmp_dtype, S)
-        vs = vdt.itemsize
-        if vdt.fields is None:
-            self._val_c: dict[str | None, Column] = {None: Column(frames, self._vo, vs, vdt, S)}
-        else:
-            self._val_c = {name: Column(frames, self._vo + off, vs, sub, S)
-                           for name, (sub, off, *_r) in vdt.fields.items()}
-
-    def _get_vals(self, f: npt.NDArray[np.int64], s: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
-        out = np.empty(len(f), dtype=self.value_dtype)
-        for name, col in self._val_c.items():
-            if name is None:
-                out[:] = col.get(f, s)
-            else:
-                out[name] = col.get(f, s)
-        return out
-
-    def _set_vals(self, f: npt.NDArray[np.int64], s: npt.NDArray[np.int64],
-                  vals: npt.NDArray[Any]) -> None:
-        for name, col in self._val_c.items():
-            col.set(f, s, vals if name is None else vals[name])
+        self._flat = frames.reshape(-1)
+        self._no_ops = _Lanes((), vdt, self._vo, "")
+        self._W = pad8(self._ks) // 8
 
     def _rebuild(self) -> None:
         if not hasattr(self, "S"):
             self.S = int(self._params["page_slots"])
         self._views()
+        self._no_out = np.zeros((0, self._vs), np.uint8)
+        self._no_found = np.zeros(0, np.bool_)
         ps = self._ps
         seqs = ps.seqs()
         seqs = seqs[seqs != 0]
@@ -282,13 +388,30 @@ class HashMap(Structure):
         self._len = int(h["count"][frames].sum())
         self._n_buckets = n
 
-    # -- hashing and addressing -----------------------------------------------------------------
+    # -- keys ------------------------------------------------------------------------------------
     def _canon(self, keys: Any, what: str) -> npt.NDArray[Any]:
-        """Keys as a 1-D array of the comparison dtype (validated; a copy if needed)."""
-        arr = coerce_records(keys, self.key_dtype, f"hash map {self.name!r}: {what}")
+        """Keys as a 1-D array of the comparison dtype (validated; a copy if needed).
+
+        Raises
+        ------
+        RecordTypeError
+            Wrong dtype or shape, NaN float keys, bytes longer than an ``S<n>`` field.
+        """
+        where = f"hash map {self.name!r}: {what}"
+        if self.key_dtype.kind == "S":
+            try:
+                kind = (keys if isinstance(keys, np.ndarray) else np.asarray(keys)).dtype.kind
+            except (TypeError, ValueError) as exc:
+                raise RecordTypeError(f"{where}: cannot convert to {self.key_dtype}: {exc}"
+                                      ) from None
+            if kind != "S" and not (kind == "f" and np.size(keys) == 0):
+                raise RecordTypeError(f"{where}: keys of dtype {self.key_dtype} must be bytes, "
+                                      f"not {kind!r}-kind values")
+        _check_bytes_width(keys, self.key_dtype, where)
+        arr = coerce_records(keys, self.key_dtype, where)
         if self._float_key:
             if np.isnan(arr).any():
-                raise RecordTypeError(f"hash map {self.name!r}: {what}: NaN is not a valid key")
+                raise RecordTypeError(f"{where}: NaN is not a valid key")
             arr = arr + arr.dtype.type(0)  # -0.0 -> 0.0
         elif self.key_dtype.fields is not None:
             clean = np.zeros(len(arr), dtype=self.key_dtype)
@@ -297,371 +420,178 @@ class HashMap(Structure):
             arr = clean
         return np.ascontiguousarray(arr).view(self._cmp_dtype)
 
-    def _hash(self, kc: npt.NDArray[Any]) -> npt.NDArray[np.uint64]:
+    def _words(self, kc: npt.NDArray[Any]) -> tuple[npt.NDArray[np.uint64],
+                                                     npt.NDArray[np.uint8]]:
+        """``(kw, kb)``: keys zero-padded to 64-bit words, and the same bytes."""
+        n, ks = len(kc), self._ks
         if kc.dtype.kind == "u":
-            return _mix(kc.astype(np.uint64))
-        n, size = len(kc), kc.dtype.itemsize
-        raw = np.zeros((n, pad8(size)), dtype=np.uint8)
-        raw[:, :size] = kc.view(np.uint8).reshape(n, size)
-        words = raw.view(np.uint64)
-        h = _mix(words[:, 0])
-        for j in range(1, words.shape[1]):
-            h = _mix(h ^ words[:, j])
-        return h
+            kw = (kc.view(np.uint64) if ks == 8 else kc.astype(np.uint64)).reshape(n, 1)
+        else:
+            raw = np.zeros((n, 8 * self._W), dtype=np.uint8)
+            raw[:, :ks] = kc.view(np.uint8).reshape(n, ks)
+            kw = raw.view(np.uint64)
+        kw = np.ascontiguousarray(kw)
+        return kw, kw.view(np.uint8)
 
-    def _bucket_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    def _hash(self, kc: npt.NDArray[Any]) -> npt.NDArray[np.uint64]:
+        out: npt.NDArray[np.uint64] = K.hash_keys(self._words(kc)[0])
+        return out
+
+    def _geo(self) -> npt.NDArray[np.int64]:
         n = self._n_buckets
-        i = n.bit_length() - 1
-        b = (h & _U64((1 << (i + 1)) - 1)).astype(np.int64)
-        return np.where(b >= n, b - (1 << i), b)
+        return np.array([n, n.bit_length() - 1, self.S, self.G, self.n_blocks, self._ko,
+                         self._vo, self._ks, self._vs, self._pb, self.max_fill,
+                         int(self.MAX_LOAD * self.S * n), self._pm.epoch], dtype=np.int64)
 
-    def _block_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
-        return (((h >> _U64(32)) * _U64(self.n_blocks)) >> _U64(32)).astype(np.int64)
-
-    def _step_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
-        """Group step of double hashing: in ``[1, n_groups)``, coprime with the
-        (prime) number of groups, from bits independent of the home group."""
-        nb = self.n_blocks
-        if nb == 1:
-            return np.zeros(len(h), dtype=np.int64)
-        h2 = _mix(h ^ _U64(0x5851F42D4C957F2D))
-        return 1 + (((h2 >> _U64(40)) * _U64(nb - 1)) >> _U64(24)).astype(np.int64)
-
-    # -- core vectorized operations -----------------------------------------------------------------
-    def _tag_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:
-        return ((h >> _U64(24)) & _U64(0x7F)).astype(np.uint8) | np.uint8(FULL_BIT)
-
-    def _block_ctrl(self, f: npt.NDArray[np.int64], b: npt.NDArray[np.int64]
-                    ) -> npt.NDArray[np.uint8]:
-        """The ctrl bytes of group ``b`` of frames ``f``: an ``(n, G)`` array."""
-        if self.G == 16:  # two aligned 64-bit words per group
-            w = (f * self._pb + (HEADER_BYTES + 16 * b)) >> 3
-            words = np.empty((len(f), 2), dtype=np.uint64)
-            words[:, 0] = np.take(self._u64, w)
-            words[:, 1] = np.take(self._u64, w + 1)
-            return words.view(np.uint8)
-        slots = (b * self.G)[:, None] + self._g_range
-        return self._ctrl_c.get(f[:, None], slots)
-
-    def _locate(self, kc: npt.NDArray[Any], h: npt.NDArray[np.uint64]
-                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Page seq and slot of each key, -1 where absent.
-
-        Group probing: each round compares every key still probing with all
-        ``G`` slots of its current block; a block with an EMPTY slot ends the
-        probe in that page (then the next page of the chain, if any).
-        Runtime complexity: O(n * G * blocks probed); about one block at the
-        default load.
-        """
-        n = len(kc)
-        out_seq = np.full(n, -1, dtype=np.int64)
-        out_slot = np.full(n, -1, dtype=np.int64)
-        if n == 0:
-            return out_seq, out_slot
-        idx = np.arange(n)
-        q = self._bucket_seq[self._bucket_of(h)]
-        b0 = self._block_of(h)
-        step = self._step_of(h)
-        b = b0
-        k = kc
-        tag = self._tag_of(h)
-        frames_of, next_of, nb, G = self._ps.frames, self._next_of, self.n_blocks, self.G
-        swar = G == 16
-        while idx.size:
-            f = frames_of[q]
-            hit = np.zeros(len(idx), dtype=bool)
-            pos = np.zeros(len(idx), dtype=np.int64)
-            if swar:  # SWAR over the group's two ctrl words: no (n, 16) temporaries
-                w = (f * self._pb + (HEADER_BYTES + 16 * b)) >> 3
-                empty = np.zeros(len(idx), dtype=bool)
-                rep = tag.astype(np.uint64) * _ONES
-                for half in (0, 1):
-                    word = np.take(self._u64, w + half)
-                    empty |= _zero_bytes(word) != 0
-                    m = _zero_bytes(word ^ rep)
-                    cand = np.flatnonzero(m & ~_widen(hit))
-                    while cand.size:
-                        low = m[cand] & (~m[cand] + _U64(1))
-                        p_ = (np.log2(low.astype(np.float64)).astype(np.int64) >> 3) + 8 * half
-                        eq = self._key_c.get(f[cand], b[cand] * G + p_) == k[cand]
-                        hit[cand[eq]] = True
-                        pos[cand[eq]] = p_[eq]
-                        m[cand] &= ~low
-                        m[cand[eq]] = 0
-                        cand = cand[m[cand] != 0]
-            else:
-                ctrl = self._block_ctrl(f, b)
-                match = ctrl == tag[:, None]
-                cand = np.flatnonzero(match.any(axis=1))
-                while cand.size:  # usually one candidate; false tag matches are rare
-                    p_ = match[cand].argmax(axis=1)
-                    eq = self._key_c.get(f[cand], b[cand] * G + p_) == k[cand]
-                    hit[cand[eq]] = True
-                    pos[cand[eq]] = p_[eq]
-                    miss = cand[~eq]
-                    match[miss, p_[~eq]] = False
-                    cand = miss[match[miss].any(axis=1)]
-                empty = (ctrl == EMPTY).any(axis=1)
-            if hit.any():
-                out_seq[idx[hit]] = q[hit]
-                out_slot[idx[hit]] = b[hit] * G + pos[hit]
-            nxt = next_of[q]
-            move = ~hit & empty & (nxt >= 0)
-            keep = move | ~(hit | empty)
-            if not keep.any():
-                break
-            b = np.where(move, b0, b + step)
-            b[b >= nb] -= nb
-            q = np.where(move, nxt, q)
-            idx, q, b, b0, k, tag, step = (idx[keep], q[keep], b[keep], b0[keep], k[keep],
-                                           tag[keep], step[keep])
-        return out_seq, out_slot
-
-    def _touch(self, seqs: npt.NDArray[np.int64]) -> None:
-        """Run the write barrier on the distinct pages among ``seqs``."""
-        if len(seqs):
-            useq = np.flatnonzero(np.bincount(seqs, minlength=1))
-            self._pm.writable(self.psid, useq)
-
-    def _new_page(self, bucket: int, primary: bool) -> int:
-        pm = self._pm
-        seq = int(pm.allocate(self.psid, 1, Layout.HASH)[0])
-        frame = pm.writable1(self.psid, seq)
-        self._hdr["flags"][frame] = PRIMARY if primary else 0
-        self._hdr["aux0"][frame] = bucket
-        if seq >= len(self._next_of):
-            grown = np.full(2 * (seq + 1), -1, dtype=np.int64)
+    # -- page bookkeeping -----------------------------------------------------------------------------
+    def _grow_next_of(self) -> None:
+        high = self._ps.high
+        if high > len(self._next_of):
+            grown = np.full(2 * high, -1, dtype=np.int64)
             grown[:len(self._next_of)] = self._next_of
             self._next_of = grown
-        self._next_of[seq] = -1
-        return seq
 
-    def _insert_new(self, kc: npt.NDArray[Any], h: npt.NDArray[np.uint64],
-                    vals: npt.NDArray[Any]) -> None:
-        """Insert keys known to be absent (distinct). Runtime complexity: O(n * probes)."""
-        m = len(kc)
-        if m == 0:
-            return
-        bucket = self._bucket_of(h)
-        tgt = self._last_seq[bucket]
-        hdr, S, pm = self._hdr, self.S, self._pm
-        while True:  # make room: keys beyond a last page's room go to a new overflow page
-            order, rank = _group_ranks(tgt)
-            ts = tgt[order]
-            rank = rank[order]
-            room = self.max_fill - hdr["start"][self._ps.frames[ts]].astype(np.int64)
-            over = rank >= room
-            if not over.any():
-                break
-            for seq in np.unique(ts[over]).tolist():
-                b = int(hdr["aux0"][self._ps.frames[seq]])
-                new = self._new_page(b, primary=False)
-                last = pm.writable1(self.psid, seq)
-                hdr["next"][last] = (self.psid << 32) | new
-                self._next_of[seq] = new
-                self._last_seq[b] = new
-                sel = order[over & (ts == seq)]
-                tgt[sel] = new
-        self._touch(tgt)
-        self._place(tgt, self._block_of(h), kc, vals, self._tag_of(h), self._step_of(h))
-        self._len += m
-
-    def _place(self, tgt: npt.NDArray[np.int64], b0: npt.NDArray[np.int64],
-               kc: npt.NDArray[Any], vals: npt.NDArray[Any], tags: npt.NDArray[np.uint8],
-               step: npt.NDArray[np.int64]) -> None:
-        """Write keys into the first block, from their home block on, with a free slot.
-
-        One round per block step: keys are grouped by (page, block) and the
-        ``r``-th key of a group takes the ``r``-th free (EMPTY or TOMB) slot of the
-        block; keys beyond the block's free slots try the next block. A key thus
-        sits in the first non-full block of its probe sequence, which is where
-        `_locate` finds it. The caller guarantees each page has room.
-        """
-        G, nb = self.G, self.n_blocks
-        frames_of = self._ps.frames
-        idx = np.arange(len(tgt))
-        b = b0.copy()
-        while idx.size:
-            f = frames_of[tgt[idx]]
-            _, rank = _group_ranks(f * nb + b)
-            if G == 16:  # free slots as bits of the two ctrl words (SWAR)
-                w = (f * self._pb + (HEADER_BYTES + 16 * b)) >> 3
-                m0 = ~np.take(self._u64, w) & _HIGH
-                m1 = ~np.take(self._u64, w + 1) & _HIGH
-                ok = rank < (np.bitwise_count(m0) + np.bitwise_count(m1))
-                r = np.where(ok, rank, 0)
-                sel = np.flatnonzero(r > 0)
-                while sel.size:  # drop the lowest free slot r times
-                    lo0 = m0[sel] != 0
-                    a, c = sel[lo0], sel[~lo0]
-                    m0[a] &= m0[a] - _U64(1)
-                    m1[c] &= m1[c] - _U64(1)
-                    r[sel] -= 1
-                    sel = sel[r[sel] > 0]
-                use0 = m0 != 0
-                m = np.where(use0, m0, m1)
-                low = m & (~m + _U64(1))
-                pos = (np.log2(np.maximum(low, _U64(1)).astype(np.float64)).astype(np.int64)
-                       >> 3) + np.where(use0, 0, 8)
-            else:
-                ctrl = self._block_ctrl(f, b)
-                free = np.cumsum(ctrl < FULL_BIT, axis=1)
-                ok = rank < free[:, -1]
-                pos = (free > rank[:, None]).argmax(axis=1)
-            w_ = np.flatnonzero(ok)
-            if len(w_):
-                self._commit(f[w_], b[w_] * G + pos[w_], kc[idx[w_]], vals[idx[w_]],
-                             tags[idx[w_]])
-            lose = ~ok
-            b = b[lose] + step[idx[lose]]
-            b[b >= nb] -= nb
-            idx = idx[lose]
-
-    def _commit(self, f: npt.NDArray[np.int64], slot: npt.NDArray[np.int64],
-                kc: npt.NDArray[Any], vals: npt.NDArray[Any], tags: npt.NDArray[np.uint8]
-                ) -> None:
-        was_empty = self._ctrl_c.get(f, slot) == EMPTY
-        self._ctrl_c.set(f, slot, tags)
-        self._key_c.set(f, slot, kc)
-        self._set_vals(f, slot, vals)
-        hdr = self._hdr
-        n = np.bincount(f)
-        uf = np.flatnonzero(n)
-        hdr["count"][uf] += n[uf].astype(np.uint32)
-        e = np.bincount(f[was_empty], minlength=len(n))
-        hdr["start"][uf] += e[uf].astype(np.uint32)
-
-    def _gather_bucket(self, b: int) -> tuple[list[int], npt.NDArray[Any], npt.NDArray[Any]]:
-        """Seqs of bucket ``b``'s chain and copies of its keys and values."""
-        chain = []
+    def _chain(self, b: int) -> list[int]:
+        out = []
         q = int(self._bucket_seq[b])
         while q >= 0:
-            chain.append(q)
+            out.append(q)
             q = int(self._next_of[q])
-        fr = self._ps.frames[chain]
-        full = self._ctrl[fr] >= FULL_BIT
-        return chain, self._keys[fr][full], self._vals[fr][full]
+        return out
 
-    def _reset_bucket(self, chain: list[int]) -> None:
-        """Empty a chain: keep the primary page, release the overflow pages."""
+    def _add_overflow(self, b: int) -> None:
+        """Append an empty overflow page to bucket ``b``'s chain."""
         pm = self._pm
-        primary = chain[0]
-        frame = pm.writable1(self.psid, primary)
-        self._ctrl[frame] = EMPTY
-        self._hdr["count"][frame] = 0
-        self._hdr["start"][frame] = 0
-        self._hdr["next"][frame] = NIL_INT
-        self._next_of[primary] = -1
-        if len(chain) > 1:
-            pm.release(self.psid, np.array(chain[1:], dtype=np.int64))
-            self._next_of[chain[1:]] = -1
-        self._last_seq[int(self._hdr["aux0"][frame])] = primary
+        last = int(self._last_seq[b])
+        frame = pm.writable1(self.psid, last)  # a clone is invisible if the allocation fails
+        seq = int(pm.allocate(self.psid, 1, Layout.HASH)[0])
+        nf = int(self._ps.frames[seq])
+        self._hdr["flags"][nf] = 0
+        self._hdr["aux0"][nf] = b
+        self._hdr["next"][frame] = (self.psid << 32) | seq
+        self._grow_next_of()
+        self._next_of[seq] = -1
+        self._next_of[last] = seq
+        self._last_seq[b] = seq
 
-    def _grow_for(self, extra: int) -> None:
-        """Split ahead of inserting ``extra`` keys, many buckets per vectorized pass.
+    def _rechain(self, src: list[int], targets: list[int], n_new: int, n_buckets: int) -> None:
+        """Rewrite the chains of buckets ``src`` into ``targets`` under ``n_buckets`` buckets.
 
-        Splitting buckets ``p .. p+k-1`` at once ends in the same state as ``k``
-        single splits (as long as the level does not change in between), so the
-        records of all of them are gathered, their chains reset, ``k`` new
-        primary pages allocated, and everything re-placed in one `_insert_new`.
+        ``n_new`` new primary pages are allocated for the last ``n_new`` targets
+        (a split's images). Nothing changes if an allocation or a clone fails.
         """
-        target = int(np.ceil((self._len + extra) / (self.MAX_LOAD * self.S)))
-        if target >= 2 * self._n_buckets and target > 2:
-            self._rebuild_to(target)
-            return
-        while self._n_buckets < target:
-            n = self._n_buckets
-            i = n.bit_length() - 1
-            p = n - (1 << i)
-            k = min(target - n, (1 << i) - p)
-            if k <= 1:
-                self._split_one()
-                continue
-            ks, vs = [], []
-            for b in range(p, p + k):
-                chain, kb, vb = self._gather_bucket(b)
-                self._reset_bucket(chain)
-                ks.append(kb)
-                vs.append(vb)
-            self._add_buckets(k)
-            kall, vall = np.concatenate(ks), np.concatenate(vs)
-            self._len -= len(kall)
-            self._insert_new(kall, self._hash(kall), vall)
+        pm = self._pm
+        pages = [q for b in src for q in self._chain(b)]
+        new = pm.allocate(self.psid, n_new, Layout.HASH) if n_new else np.zeros(0, np.int64)
+        try:
+            pm.writable(self.psid, np.asarray(pages, dtype=np.int64))
+        except BaseException:
+            if n_new:
+                pm.release(self.psid, new)
+            raise
+        self._grow_next_of()
+        if n_buckets > len(self._bucket_seq):
+            grow = n_buckets - len(self._bucket_seq)
+            self._bucket_seq = np.append(self._bucket_seq, np.full(grow, -1, np.int64))
+            self._last_seq = np.append(self._last_seq, np.full(grow, -1, np.int64))
+        old_primary = {int(self._bucket_seq[b]) for b in src}
+        primaries = [int(self._bucket_seq[b]) for b in targets[:len(targets) - n_new]
+                     if int(self._bucket_seq[b]) in old_primary] + new.tolist()
+        assert len(primaries) == len(targets)
+        allp = np.asarray(pages + new.tolist(), dtype=np.int64)
+        cap = len(allp) * self.S
+        kw = np.zeros((cap, self._W), np.uint64)
+        vbuf = np.empty((cap, self._vs), np.uint8)
+        spare = np.empty(len(allp), np.int64)
+        geo = self._geo()
+        geo[0], geo[1] = n_buckets, n_buckets.bit_length() - 1
+        used, n_spare = K.rechain(allp, np.asarray(targets, np.int64),
+                                  np.asarray(primaries, np.int64), self._flat, self._ps.frames,
+                                  self._next_of, self._bucket_seq, self._last_seq, geo,
+                                  self.psid, kw, kw.view(np.uint8), vbuf, spare)
+        assert used >= 0, "rechain ran out of pages"
+        if n_buckets < len(self._bucket_seq):
+            self._bucket_seq = self._bucket_seq[:n_buckets].copy()
+            self._last_seq = self._last_seq[:n_buckets].copy()
+        self._n_buckets = n_buckets
+        if n_spare > used:
+            rest = spare[used:n_spare]
+            self._next_of[rest] = -1
+            pm.release(self.psid, rest)
 
-    def _rebuild_to(self, n_buckets: int) -> None:
-        """Re-address every record into ``n_buckets`` buckets in one pass (fast growth)."""
-        ks, vs = [], []
-        for b in range(self._n_buckets):
-            chain, kb, vb = self._gather_bucket(b)
-            self._reset_bucket(chain)
-            ks.append(kb)
-            vs.append(vb)
+    def _split(self, want: int) -> None:
+        """Split up to ``want`` buckets (from the split pointer, within the level)."""
         n = self._n_buckets
-        self._add_buckets(n_buckets - n)
-        kall, vall = np.concatenate(ks), np.concatenate(vs)
-        self._len -= len(kall)
-        self._insert_new(kall, self._hash(kall), vall)
-
-    def _add_buckets(self, k: int) -> None:
-        """Allocate empty primary pages for buckets ``n .. n+k-1``."""
-        n = self._n_buckets
-        new = self._pm.allocate(self.psid, k, Layout.HASH)
-        frames = self._pm.writable(self.psid, new)
-        self._hdr["flags"][frames] = PRIMARY
-        self._hdr["aux0"][frames] = np.arange(n, n + k)
-        top = int(new.max()) + 1
-        if top > len(self._next_of):
-            grown = np.full(2 * top, -1, dtype=np.int64)
-            grown[:len(self._next_of)] = self._next_of
-            self._next_of = grown
-        self._next_of[new] = -1
-        self._bucket_seq = np.append(self._bucket_seq, new)
-        self._last_seq = np.append(self._last_seq, new)
-        self._n_buckets = n + k
-
-    def _split_one(self) -> None:
-        n = self._n_buckets
-        i = n.bit_length() - 1
-        p = n - (1 << i)
-        chain, k, v = self._gather_bucket(p)
-        self._reset_bucket(chain)
-        new = self._new_page(n, primary=True)
-        self._bucket_seq = np.append(self._bucket_seq, new)
-        self._last_seq = np.append(self._last_seq, new)
-        self._n_buckets = n + 1
-        self._len -= len(k)
-        self._insert_new(k, self._hash(k), v)
+        lvl = n.bit_length() - 1
+        p = n - (1 << lvl)
+        k = max(1, min(want, (1 << lvl) - p))
+        src = list(range(p, p + k))
+        self._rechain(src, src + list(range(n, n + k)), k, n + k)
 
     def _merge_one(self) -> None:
         n = self._n_buckets
         last = n - 1
-        chain, k, v = self._gather_bucket(last)
-        self._reset_bucket(chain)
-        self._pm.release(self.psid, np.array([chain[0]], dtype=np.int64))
-        self._bucket_seq = self._bucket_seq[:last]
-        self._last_seq = self._last_seq[:last]
-        self._n_buckets = last
-        self._len -= len(k)
-        self._insert_new(k, self._hash(k), v)
+        buddy = last - (1 << (last.bit_length() - 1))
+        self._rechain([last, buddy], [buddy], 0, last)
 
-    def _compact(self, buckets: npt.NDArray[np.int64]) -> None:
-        for b in buckets.tolist():
-            chain, k, v = self._gather_bucket(b)
-            self._reset_bucket(chain)
-            self._len -= len(k)
-            self._insert_new(k, self._hash(k), v)
+    # -- guarded mutation --------------------------------------------------------------------------
+    def _need_frames(self, n_new: int) -> int:
+        """Frames a mutation of ``n_new`` possibly new keys may allocate, at most."""
+        ps = self._ps
+        pinned = 0
+        if self._pm._active:
+            seqs = ps.seqs()
+            pinned = int(np.count_nonzero(self._pm.pool.pins[ps.frames[seqs]] > 0))
+        if n_new == 0:
+            return pinned
+        cap = self.MAX_LOAD * self.S
+        final = max(self._n_buckets, math.ceil((self._len + n_new) / cap) + 1)
+        # a split allocates one primary page per bucket it adds and may overshoot by
+        # up to the number of buckets (it at most doubles them); inserts allocate an
+        # overflow page per max_fill keys, plus one per chain whose last page was full
+        # (chains: the existing ones and two per split bucket)
+        primaries = 2 * final - self._n_buckets + 2
+        overflow = min(n_new, math.ceil(n_new / self.max_fill) + final + 2 * primaries)
+        return pinned + primaries + overflow + 1
 
-    def _rebalance(self) -> None:
-        cap = self.S
-        while self._len > self.MAX_LOAD * cap * self._n_buckets:
-            self._split_one()
-        while self._n_buckets > 1 and self._len < self.MIN_LOAD * cap * (self._n_buckets - 1):
-            self._merge_one()
+    def _guarded(self, fn: Callable[[], Any], n_new: int) -> Any:
+        """Run a mutation so that a `PoolExhaustedError` leaves the map as before.
+
+        When the pool has room for the worst case the mutation runs directly
+        (it cannot run out); otherwise under an internal snapshot of the map's
+        pages, rolled back if the pool runs out.
+        """
+        pm = self._pm
+        if pm.pool.free_frames >= self._need_frames(n_new):
+            return fn()
+        was = self._applying
+        self._applying = True  # the snapshot flushes structures: not this buffer
+        try:
+            snap = pm.chkpt(psids=[self.psid])
+        finally:
+            self._applying = was
+        try:
+            out = fn()
+        except BaseException:
+            self._applying = True
+            try:
+                pm.rollback(snap)
+            finally:
+                self._applying = was
+            self._sync()
+            raise
+        snap.release()
+        return out
 
     # -- batch API -----------------------------------------------------------------------------------
     def upsert(self, keys: npt.ArrayLike, values: Any = None,
-               combine: Mapping[str, Any] | None = None) -> None:
+               combine: Mapping[str, Any] | None = None, *,
+               out: npt.NDArray[Any] | None = None, returning: bool = False
+               ) -> npt.NDArray[Any] | None:
         """Aggregate input records into the map: insert new keys, combine existing ones.
+
+        Rows are applied one after another in input order (so ``first`` and
+        ``last`` follow the input order), in one compiled pass.
 
         Parameters
         ----------
@@ -671,16 +601,30 @@ class HashMap(Structure):
             The input columns the combine spec reads.
         combine : dict
             ``{value_field: op or (op, input_column)}``, ops count/sum/min/max/last/first;
-            see `mmm.structures.combine`.
+            see `mmm.structures.combine` (NaN, overflow and ordering rules there).
+        out : ndarray of the value dtype, optional
+            Filled per input row, in input order: row ``i`` gets its key's value
+            right after row ``i`` was applied (a running aggregate; the key's
+            final value is at its last row).
+        returning : bool
+            Allocate and return that array (as ``out`` does).
 
-        Runtime complexity: O(n log n) (one ``np.unique`` of the batch).
-        Pages copied: at most the pages the batch touches, once per snapshot.
+        Returns
+        -------
+        ndarray or None
+            ``out`` (or the new array when ``returning``), else None.
+
+        Runtime complexity: O(n) expected. Pages copied: at most the pages the
+        batch touches, once per snapshot.
 
         Raises
         ------
         RecordTypeError
-            Keys of the wrong dtype or shape, bad combine spec, missing or
-            mis-sized input columns; the map is unchanged.
+            Keys of the wrong dtype or shape (or bytes longer than the key
+            field), bad combine spec, missing or mis-sized input columns, input
+            values that do not fit their fields; the map is unchanged.
+        PoolExhaustedError
+            The pool ran out of frames; the map is unchanged.
 
         Examples
         --------
@@ -692,75 +636,106 @@ class HashMap(Structure):
         >>> m.upsert(np.array([7, 7, 9], "<u4"), {"ts": np.array([5, 3, 4])}, spec)
         >>> m[7].tolist()
         (2, 3, 5)
+        >>> m.upsert(np.array([9, 7], "<u4"), {"ts": np.array([1, 8])}, spec,
+        ...          returning=True).tolist()
+        [(2, 1, 4), (3, 3, 8)]
         """
         self._flush()
         self._sync()
-        spec = self._spec(combine)
+        lanes = self._lanes(combine)
         kc = self._canon(keys, "keys")
-        cols = input_columns(values, spec, len(kc), f"hash map {self.name!r}",
-                             self.value_dtype)
-        self._upsert_prepared(kc, cols, spec)
+        n = len(kc)
+        where = f"hash map {self.name!r}"
+        cols = input_columns(values, lanes.spec, n, where, self.value_dtype)
+        lane_arrays = lanes.columns(cols, n, where)
+        if out is not None:
+            if (not isinstance(out, np.ndarray) or out.dtype != self.value_dtype
+                    or out.shape != (n,) or not out.flags.c_contiguous
+                    or not out.flags.writeable):
+                raise RecordTypeError(f"{where}: out must be a writable contiguous array of "
+                                      f"{n} records of {self.value_dtype}")
+        elif returning:
+            out = np.zeros(n, dtype=self.value_dtype)
+        if n:
+            self._guarded(lambda: self._upsert_rows(kc, lanes, lane_arrays, out), n)
+        return out
 
-    def _spec(self, combine: Mapping[str, Any] | None) -> tuple[CombineOp, ...]:
+    def _lanes(self, combine: Mapping[str, Any] | None) -> _Lanes:
+        where = f"hash map {self.name!r}"
         if combine is None:
-            raise RecordTypeError(f"hash map {self.name!r}: upsert needs a combine spec")
+            raise RecordTypeError(f"{where}: upsert needs a combine spec")
         key = id(combine)
         hit = self._spec_cache.get(key)
         if hit is not None and hit[0] is combine:
             return hit[1]
-        spec = compile_spec(self.value_dtype, combine, f"hash map {self.name!r}")
+        lanes = _Lanes(compile_spec(self.value_dtype, combine, where), self.value_dtype,
+                       self._vo, where)
         if len(self._spec_cache) > 64:
             self._spec_cache.clear()
-        self._spec_cache[key] = (combine, spec)
-        return spec
+        self._spec_cache[key] = (combine, lanes)
+        return lanes
 
-    def _upsert_prepared(self, kc: npt.NDArray[Any], cols: dict[str, npt.NDArray[Any]],
-                         spec: tuple[CombineOp, ...]) -> None:
-        if len(kc) == 0:
-            return
-        stable = any(c.op in ("first", "last") for c in spec)
-        order = np.argsort(kc, kind="stable" if stable else None)
-        ks = kc[order]
-        first = np.empty(len(ks), dtype=bool)
-        first[0] = True
-        np.not_equal(ks[1:], ks[:-1], out=first[1:])
-        starts = np.flatnonzero(first)
-        uniq = ks[starts]
-        partial = preaggregate_sorted(order, starts, spec, cols, self.value_dtype)
-        h = self._hash(uniq)
-        seq, slot = self._locate(uniq, h)
-        found = seq >= 0
-        if found.any():
-            fs, sl = seq[found], slot[found]
-            self._touch(fs)
-            fr = self._ps.frames[fs]
-            part = partial[found]
-            for c in spec:
-                col = self._val_c[c.field]
-                if c.op == "first":
-                    continue
-                a, b = (col.get(fr, sl), part[c.field]) if c.op != "last" else (None, part[c.field])
-                col.set(fr, sl, _combine1(c.op, a, b))
-        if not found.all():
-            new = ~found
-            self._grow_for(int(np.count_nonzero(new)))
-            h_new = h[new]
-            self._insert_new(uniq[new], h_new, partial[new])
-            self._rebalance()
+    def _put_lanes(self) -> _Lanes:
+        """``put`` is an upsert that copies the whole value record (``last`` over its bytes)."""
+        if self._put_spec is None:
+            ls = _Lanes((), self.value_dtype, self._vo, "")
+            for name in ("ops", "codes", "offs", "sizes", "lanes", "lidx"):
+                setattr(ls, name, np.array([0], np.int64))
+            ls.ops[0], ls.codes[0], ls.lanes[0] = K.LAST, K.BYTES, K.L_BYTES
+            ls.sizes[0] = self._vs
+            ls.aligned = np.zeros(1, np.bool_)
+            ls.inputs = [0, 0, 0, self._vs]
+            self._put_spec = ls
+        return self._put_spec
+
+    def _upsert_rows(self, kc: npt.NDArray[Any], lanes: _Lanes,
+                     cols: tuple[Any, Any, Any, Any], out: npt.NDArray[Any] | None) -> None:
+        kw, kb = self._words(kc)
+        n = len(kc)
+        ob = (out.view(np.uint8).reshape(n, self._vs) if out is not None
+              else np.zeros((0, self._vs), np.uint8))
+        ic, uc, fc, bc = cols
+        pm = self._pm
+        state = np.array([self._len, 0, 0], dtype=np.int64)
+        i = 0
+        len0 = self._len
+        while True:
+            state[0] = self._len
+            code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
+                          self._bucket_seq, self._last_seq, pm.pool.pins, self._ps.mod,
+                          self._geo(), lanes.ops, lanes.codes, lanes.offs, lanes.sizes,
+                          lanes.lanes, lanes.lidx, lanes.aligned, ic, uc, fc, bc, ob,
+                          self._no_found, state)
+            self._len = int(state[0])
+            i = int(state[1])
+            if code == K.DONE:
+                return
+            if code == K.NEED_CLONE:
+                pm.writable1(self.psid, int(state[2]))
+            elif code == K.NEED_PAGE:
+                self._add_overflow(int(state[2]))
+            else:  # split ahead for the new keys the rest of the batch may bring (at the
+                # rate seen so far), at most doubling the buckets per pass
+                new_rate = (self._len - len0 + 1) / (i + 1)
+                ahead = math.ceil((n - i) * new_rate / (self.MAX_LOAD * self.S))
+                self._split(max(1, min(ahead, self._n_buckets)))
 
     def put(self, keys: npt.ArrayLike, values: Any) -> None:
         """Insert or overwrite ``keys[i] -> values[i]``; for a key repeated in the batch the last wins.
 
-        Runtime complexity: O(n log n). Pages copied: at most the pages touched.
+        Runtime complexity: O(n). Pages copied: at most the pages touched.
 
         Raises
         ------
         RecordTypeError
             Keys or values of the wrong dtype, shape or length (map unchanged).
+        PoolExhaustedError
+            The pool ran out of frames (map unchanged).
         """
         self._flush()
         self._sync()
         kc = self._canon(keys, "keys")
+        _check_bytes_width(values, self.value_dtype, f"hash map {self.name!r}: values")
         vals = coerce_records(values, self.value_dtype, f"hash map {self.name!r}: values",
                               n=len(kc))
         self._put_prepared(kc, vals)
@@ -769,19 +744,11 @@ class HashMap(Structure):
         n = len(kc)
         if n == 0:
             return
-        rev_u, rev_first = np.unique(kc[::-1], return_index=True)
-        last = n - 1 - rev_first
-        uniq, v = rev_u, vals[last]
-        h = self._hash(uniq)
-        seq, slot = self._locate(uniq, h)
-        found = seq >= 0
-        if found.any():
-            self._touch(seq[found])
-            self._set_vals(self._ps.frames[seq[found]], slot[found], v[found])
-        if not found.all():
-            new = ~found
-            self._insert_new(uniq[new], h[new], v[new])
-            self._rebalance()
+        bc = np.ascontiguousarray(vals).view(np.uint8).reshape(n, self._vs)
+        cols = (np.empty((0, n), np.int64), np.empty((0, n), np.uint64),
+                np.empty((0, n), np.float64), bc)
+        lanes = self._put_lanes()
+        self._guarded(lambda: self._upsert_rows(kc, lanes, cols, None), n)
 
     def get(self, keys: npt.ArrayLike, default: Any = None
             ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[Any]]:
@@ -792,25 +759,56 @@ class HashMap(Structure):
         self._flush()
         self._sync()
         kc = self._canon(keys, "keys")
-        seq, slot = self._locate(kc, self._hash(kc)) if len(kc) else (np.zeros(0, np.int64),) * 2
-        found = seq >= 0
-        out = np.zeros(len(kc), dtype=self.value_dtype)
+        n = len(kc)
+        out = np.zeros(n, dtype=self.value_dtype)
+        found = np.zeros(n, dtype=bool)
+        if n:
+            self._lookup(kc, out.view(np.uint8).reshape(n, self._vs), found)
         if default is not None:
-            out[:] = default
-        out[found] = self._get_vals(self._ps.frames[seq[found]], slot[found])
+            out[~found] = default
         return found, out
+
+    def _call(self, mode: int, i: int, kw: npt.NDArray[np.uint64], kb: npt.NDArray[np.uint8],
+              out: npt.NDArray[np.uint8], found: npt.NDArray[np.bool_],
+              state: npt.NDArray[np.int64]) -> int:
+        """`K.rows` without a combine spec (get, contains, delete)."""
+        ls = self._no_ops
+        n = len(kw)
+        code: int = K.rows(mode, i, kw, kb, self._flat, self._ps.frames, self._next_of,
+                           self._bucket_seq, self._last_seq, self._pm.pool.pins, self._ps.mod,
+                           self._geo(), ls.ops, ls.codes, ls.offs, ls.sizes, ls.lanes, ls.lidx,
+                           ls.aligned, np.empty((0, n), np.int64), np.empty((0, n), np.uint64),
+                           np.empty((0, n), np.float64), np.empty((n, 0), np.uint8), out, found,
+                           state)
+        return code
+
+    def _lookup(self, kc: npt.NDArray[Any], out: npt.NDArray[np.uint8],
+                found: npt.NDArray[np.bool_]) -> None:
+        kw, kb = self._words(kc)
+        self._call(K.MODE_GET, 0, kw, kb, out, found, np.zeros(3, np.int64))
 
     def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         """Boolean mask: which keys are present."""
         self._flush()
         self._sync()
         kc = self._canon(keys, "keys")
-        return self._locate(kc, self._hash(kc))[0] >= 0
+        n = len(kc)
+        found = np.zeros(n, dtype=bool)
+        if n:
+            self._lookup(kc, np.zeros((0, self._vs), np.uint8), found)
+        return found
 
     def delete(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
-        """Delete keys; returns which of them were present.
+        """Delete keys; returns which of them were present before the call (per input key).
 
         Runtime complexity: O(n log n). Pages copied: at most the pages touched.
+
+        Raises
+        ------
+        RecordTypeError
+            Bad keys (map unchanged).
+        PoolExhaustedError
+            A page to clone found no free frame (map unchanged).
         """
         self._flush()
         self._sync()
@@ -818,32 +816,48 @@ class HashMap(Structure):
         if len(kc) == 0:
             return np.zeros(0, dtype=bool)
         uniq, inverse = np.unique(kc, return_inverse=True)
-        h = self._hash(uniq)
-        seq, slot = self._locate(uniq, h)
-        found = seq >= 0
-        if found.any():
-            fs, sl = seq[found], slot[found]
-            self._touch(fs)
-            fr = self._ps.frames[fs]
-            self._ctrl_c.set(fr, sl, TOMB)
-            np.subtract.at(self._hdr["count"], fr, 1)
-            self._len -= int(np.count_nonzero(found))
-            # rewrite buckets whose tombstones crowd out free slots
-            buckets = np.unique(self._hdr["aux0"][fr].astype(np.int64))
-            tomb = np.zeros(len(buckets), dtype=np.int64)
-            at = np.arange(len(buckets))
-            q = self._bucket_seq[buckets]
-            while len(q):  # walk the touched buckets' chains, one page per bucket a step
-                pf = self._ps.frames[q]
-                tomb[at] += (self._hdr["start"][pf].astype(np.int64)
-                             - self._hdr["count"][pf].astype(np.int64))
-                q = self._next_of[q]
-                at, q = at[q >= 0], q[q >= 0]
-            crowded = buckets[tomb > self.S // 2]
-            if len(crowded):
-                self._compact(crowded)
-            self._rebalance()
+        found = np.zeros(len(uniq), dtype=bool)
+        self._guarded(lambda: self._delete_rows(uniq, found), 0)
         return found[inverse.reshape(-1)]
+
+    def _delete_rows(self, uniq: npt.NDArray[Any], found: npt.NDArray[np.bool_]) -> None:
+        kw, kb = self._words(uniq)
+        pm = self._pm
+        state = np.array([self._len, 0, 0], dtype=np.int64)
+        i = 0
+        while True:
+            state[0] = self._len
+            code = self._call(K.MODE_DELETE, i, kw, kb, self._no_out, found, state)
+            self._len = int(state[0])
+            i = int(state[1])
+            if code == K.DONE:
+                break
+            pm.writable1(self.psid, int(state[2]))
+        if not found.any():
+            return
+        # rewrite buckets whose tombstones crowd out free slots, then shrink
+        h = K.hash_keys(kw[found])
+        buckets = np.unique(self._bucket_of(h))
+        hdr = self._hdr
+        crowded = []
+        for b in buckets.tolist():
+            fr = self._ps.frames[self._chain(b)]
+            tomb = int(hdr["start"][fr].astype(np.int64).sum() - hdr["count"][fr].sum())
+            if tomb > self.S // 2:
+                crowded.append(b)
+        for b in crowded:
+            self._rechain([b], [b], 0, self._n_buckets)
+        self._shrink()
+
+    def _bucket_of(self, h: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        n = self._n_buckets
+        i = n.bit_length() - 1
+        b = (h & _U64((1 << (i + 1)) - 1)).astype(np.int64)
+        return np.where(b >= n, b - (1 << i), b)
+
+    def _shrink(self) -> None:
+        while self._n_buckets > 1 and self._len < self.MIN_LOAD * self.S * (self._n_buckets - 1):
+            self._merge_one()
 
     def items(self) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """All ``(keys, values)`` as two arrays, in storage order. Runtime complexity: O(pages * S)."""
@@ -864,43 +878,110 @@ class HashMap(Structure):
         return self.items()[1]
 
     def clear(self) -> None:
-        """Remove every key; keeps one empty bucket."""
+        """Remove every key; keeps one empty bucket.
+
+        Raises
+        ------
+        PoolExhaustedError
+            The first bucket's page is pinned by a snapshot and no frame is
+            free to clone it (map unchanged).
+        """
         self._flush()
         self._sync()
         seqs = self._ps.seqs()
         seqs = seqs[seqs != 0]
         keep = int(self._bucket_seq[0])
+        frame = self._pm.writable1(self.psid, keep)  # may raise: nothing changed yet
         self._pm.release(self.psid, seqs[seqs != keep])
-        self._bucket_seq = self._bucket_seq[:1]
+        self._bucket_seq = self._bucket_seq[:1].copy()
         self._last_seq = self._bucket_seq.copy()
         self._next_of[:] = -1
         self._n_buckets = 1
-        frame = self._pm.writable1(self.psid, keep)
         self._ctrl[frame] = EMPTY
         self._hdr["count"][frame] = 0
         self._hdr["start"][frame] = 0
         self._hdr["next"][frame] = NIL_INT
         self._len = 0
 
-    # -- per-record convenience (buffered writes) ----------------------------------------------------
+    # -- per-record convenience (validated at once, buffered) ----------------------------------------
     def upsert_record(self, key: Any, combine: Mapping[str, Any], **inputs: Any) -> None:
-        """Aggregate one input record; buffered and applied as a batch.
+        """Aggregate one input record; validated now, buffered and applied as a batch.
 
         For hot loops prefer `upserter`, which avoids the keyword arguments.
         Runtime complexity: amortized O(1) Python work plus the batch cost.
+
+        Raises
+        ------
+        RecordTypeError
+            A bad key, value or spec (nothing buffered).
         """
         add = self._upserters.get(id(combine))
         if add is None or add.combine is not combine:
             add = self.upserter(combine)
-        add(key, *(inputs[n] for n in add.inputs))
+        try:
+            vals = [inputs[n] for n in add.inputs]
+        except KeyError as exc:
+            raise RecordTypeError(f"hash map {self.name!r}: upsert_record needs input "
+                                  f"{exc.args[0]!r} (inputs {add.inputs})") from None
+        add(key, *vals)
+
+    def _key_checker(self) -> tuple[Any, Any, Any, Callable[[Any], Any]]:
+        """``(fast_type, lo, hi, slow)``: a key ``k`` with ``type(k) is fast_type and
+        lo <= k <= hi`` is valid; any other goes through ``slow`` (raises if bad)."""
+        kdt = self.key_dtype
+
+        def slow(key: Any) -> Any:
+            kc = self._canon([key], "key")
+            return kc.view(kdt)[0] if kdt.fields is not None else kc.view(kdt)[0].item()
+
+        if kdt.kind in "iu" and kdt.fields is None:
+            info = np.iinfo(kdt)
+            return int, int(info.min), int(info.max), slow
+        if kdt.kind == "f" and kdt.fields is None:
+            return float, -math.inf, math.inf, slow
+        return _Never, 0, 0, slow
+
+    def _value_checkers(self, lanes: _Lanes, names: tuple[str, ...]
+                        ) -> list[tuple[Any, Any, Any, Callable[..., Any]]]:
+        """Per input column, like `_key_checker`."""
+        out: list[tuple[Any, Any, Any, Callable[..., Any]]] = []
+        for name in names:
+            j = next(j for j, c in enumerate(lanes.spec) if c.input == name)
+            fdt = lanes.dtypes[j]
+            where = f"hash map {self.name!r}: input {name!r}"
+
+            def slow(v: Any, fdt: np.dtype[Any] = fdt, name: str = name,
+                     where: str = where) -> Any:
+                sub = [c for c in lanes.spec if c.input == name]
+                try:
+                    col = np.asarray([v])
+                except (TypeError, ValueError) as exc:
+                    raise RecordTypeError(f"{where}: {v!r}: {exc}") from None
+                cols = input_columns({name: col}, tuple(sub), 1, where, self.value_dtype)
+                sl = _Lanes(tuple(sub), self.value_dtype, self._vo, where)
+                sl.columns(cols, 1, where)
+                return v
+
+            if fdt.kind in "iu" and fdt.subdtype is None:
+                info = np.iinfo(fdt)
+                out.append((int, int(info.min), int(info.max), slow))
+            elif fdt.kind == "f":
+                out.append((float, -math.inf, math.inf, slow))
+            else:
+                out.append((_Never, 0, 0, slow))
+        return out
 
     def upserter(self, combine: Mapping[str, Any]) -> Any:
         """A fast per-record aggregation function ``add(key, *inputs)``.
 
         ``inputs`` are the values of the spec's input columns in sorted name
-        order (``add.inputs``). Records are buffered and applied as one batch
-        of up to 8192 records, or before any other operation on the map or a
-        snapshot, so every read sees them.
+        order (``add.inputs``). Each record is validated when ``add`` receives
+        it (a bad key or value raises `RecordTypeError` there and is not
+        buffered), then buffered and applied as one batch of up to 8192
+        records, or before any other operation on the map or a snapshot, so
+        every read sees it. If applying the buffer fails (`PoolExhaustedError`
+        at the ``add`` that filled it, or at the next read), the map is
+        unchanged and the records stay buffered, to be applied by a later call.
 
         Examples
         --------
@@ -915,32 +996,56 @@ class HashMap(Structure):
         >>> m[1].tolist()
         (2, 7)
         """
-        spec = self._spec(combine)
-        names = tuple(sorted({c.input for c in spec if c.input is not None}))
-        keys = self._buf_keys
-        cols = self._buf_cols
+        lanes = self._lanes(combine)
+        names = tuple(sorted({c.input for c in lanes.spec if c.input is not None}))
         limit = self._BUFFER_LIMIT
         this = self
+        keys: Any = _typed_buffer(self.key_dtype) if self.key_dtype.kind in "iu" else None
+        cols: list[Any] = [_typed_buffer(self._input_dtype(lanes, nm)) for nm in names]
+        where = f"hash map {self.name!r}"
 
-        if len(names) == 1:
+        if keys is not None and all(c is not None for c in cols) and len(names) == 1:
+            # C-validated typed buffers: array.append refuses a non-integer or out-of-range
+            # value with TypeError / OverflowError, and nothing is appended
+            kappend, col = keys.append, cols[0]
+            vappend = col.append
+
             def add(key: Any, value: Any) -> None:
-                if this._buf_kind is not combine:
-                    this._switch_buffer(combine, 1)
-                keys.append(key)
-                cols[0].append(value)
+                if this._buf_keys is not keys:
+                    this._switch_buffer(combine, keys, cols)
+                try:
+                    kappend(key)
+                except (TypeError, OverflowError) as exc:
+                    raise RecordTypeError(f"{where}: key {key!r}: {exc}") from None
+                try:
+                    vappend(value)
+                except (TypeError, OverflowError) as exc:
+                    keys.pop()
+                    raise RecordTypeError(f"{where}: input {names[0]!r} value {value!r}: "
+                                          f"{exc}") from None
                 if len(keys) >= limit:
                     this._flush()
         else:
+            keys, cols = [], [[] for _ in names]
+            kt, klo, khi, kslow = self._key_checker()
+            checks = self._value_checkers(lanes, names)
+
             def add(key: Any, *values: Any) -> None:  # type: ignore[misc]
-                if this._buf_kind is not combine:
-                    this._switch_buffer(combine, len(names))
                 if len(values) != len(names):
-                    raise RecordTypeError(f"hash map {this.name!r}: upserter expects "
-                                          f"{len(names)} input value(s) {names}, got "
-                                          f"{len(values)}")
+                    raise RecordTypeError(f"{where}: upserter expects {len(names)} input "
+                                          f"value(s) {names}, got {len(values)}")
+                if not (type(key) is kt and klo <= key <= khi):
+                    key = kslow(key)
+                vals = list(values)
+                for j, (vt, vlo, vhi, vslow) in enumerate(checks):
+                    v = vals[j]
+                    if not (type(v) is vt and vlo <= v <= vhi):
+                        vals[j] = vslow(v)
+                if this._buf_keys is not keys:
+                    this._switch_buffer(combine, keys, cols)
                 keys.append(key)
-                for col, v in zip(cols, values):
-                    col.append(v)
+                for c, v in zip(cols, vals):
+                    c.append(v)
                 if len(keys) >= limit:
                     this._flush()
         add.inputs = names  # type: ignore[attr-defined]
@@ -948,47 +1053,69 @@ class HashMap(Structure):
         self._upserters[id(combine)] = add
         return add
 
-    def _switch_buffer(self, kind: Any, n_cols: int) -> None:
+    def _input_dtype(self, lanes: _Lanes, name: str) -> np.dtype[Any] | None:
+        """The one field dtype an input column feeds (None if it feeds several dtypes)."""
+        dts = {lanes.dtypes[j] for j, c in enumerate(lanes.spec) if c.input == name}
+        return dts.pop() if len(dts) == 1 else None
+
+    def _switch_buffer(self, kind: Any, keys: Any, cols: list[Any]) -> None:
         self._flush()
+        if len(self._buf_keys):  # the old buffer could not be applied: keep it, refuse to mix
+            raise PoolExhaustedError(f"hash map {self.name!r}: {len(self._buf_keys)} buffered "
+                                     f"record(s) could not be applied yet")
         if self._gen != self._pm.generation:
             self._sync()
-        while len(self._buf_cols) < n_cols:
-            self._buf_cols.append([])
         self._buf_kind = kind
+        self._buf_keys = keys
+        self._buf_cols = cols
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        kt, klo, khi, kslow = self._key_checker()
+        if not (type(key) is kt and klo <= key <= khi):
+            key = kslow(key)
+        where = f"hash map {self.name!r}: value"
+        _check_bytes_width([value] if not isinstance(value, np.ndarray) else value,
+                           self.value_dtype, where)
+        rec = coerce_records([value] if not isinstance(value, np.ndarray) else value.reshape(1),
+                             self.value_dtype, where, n=1)
         if self._buf_kind != "put":
-            self._switch_buffer("put", 1)
+            self._switch_buffer("put", [], [[]])
         self._buf_keys.append(key)
-        self._buf_cols[0].append(value)
+        self._buf_cols[0].append(rec[0])
         if len(self._buf_keys) >= self._BUFFER_LIMIT:
             self._flush()
 
     def _flush(self) -> None:
-        """Apply buffered per-record writes as one batch (validating them first)."""
-        if not self._buf_keys:
-            self._buf_kind = None
+        """Apply buffered per-record writes as one batch; the buffer is cleared only
+        once they are in the map (if applying fails, they stay buffered). A read made
+        while they are being applied (a snapshot taken between kernel calls) does
+        not apply them again."""
+        if not len(self._buf_keys):
             return
-        kind = self._buf_kind
-        keys = list(self._buf_keys)
-        cols = [list(c) for c in self._buf_cols]
-        self._buf_kind = None
-        del self._buf_keys[:]  # in place: upserter closures hold these lists
+        if self._applying:
+            return
+        self._applying = True
+        try:
+            kind = self._buf_kind
+            self._sync()
+            kc = self._canon(_buffered(self._buf_keys), "keys")
+            n = len(kc)
+            if kind == "put":
+                v = np.array(self._buf_cols[0], dtype=self.value_dtype)
+                self._put_prepared(kc, v)
+            else:
+                lanes = self._lanes(kind)
+                names = sorted({c.input for c in lanes.spec if c.input is not None})
+                arrays = {nm: _buffered(self._buf_cols[i]) for i, nm in enumerate(names)}
+                where = f"hash map {self.name!r}"
+                arrays = input_columns(arrays, lanes.spec, n, where, self.value_dtype)
+                lane_arrays = lanes.columns(arrays, n, where)
+                self._guarded(lambda: self._upsert_rows(kc, lanes, lane_arrays, None), n)
+        finally:
+            self._applying = False
+        del self._buf_keys[:]  # in place: upserter closures hold these buffers
         for c in self._buf_cols:
             del c[:]
-        self._sync()
-        kc = self._canon(keys, "keys")
-        if kind == "put":
-            v = coerce_records(cols[0], self.value_dtype, f"hash map {self.name!r}: values",
-                               n=len(kc))
-            self._put_prepared(kc, v)
-        else:
-            spec = self._spec(kind)
-            names = sorted({c.input for c in spec if c.input is not None})
-            arrays = {nm: np.array(cols[i]) for i, nm in enumerate(names)}
-            arrays = input_columns(arrays, spec, len(kc), f"hash map {self.name!r}",
-                                   self.value_dtype)
-            self._upsert_prepared(kc, arrays, spec)
 
     def __getitem__(self, key: Any) -> Any:
         found, v = self.get([key] if not isinstance(key, np.ndarray) else key.reshape(1))
@@ -1024,7 +1151,7 @@ class HashMap(Structure):
         self._flush()
         self._sync()
         self._pm._check()
-        ps, hdr, S = self._ps, self._hdr, self.S
+        ps, hdr = self._ps, self._hdr
         seqs = ps.seqs()
         seqs = seqs[seqs != 0]
         fr = ps.frames[seqs]
@@ -1037,6 +1164,7 @@ class HashMap(Structure):
         assert np.array_equal((ctrl != EMPTY).sum(1), hdr["start"][fr])
         assert np.all(hdr["start"][fr] <= self.max_fill + 0), "page overfilled"
         assert np.all((ctrl == EMPTY).any(1)), "page without an empty slot"
+        nb = self.n_blocks
         total = 0
         allkeys = []
         for b in range(self._n_buckets):
@@ -1056,17 +1184,20 @@ class HashMap(Structure):
                 if len(k):
                     hk = self._hash(k)
                     assert np.all(self._bucket_of(hk) == b), "key in wrong bucket"
-                    assert np.array_equal(self._tag_of(hk), self._ctrl[f][full]), "bad tag"
+                    tags = ((hk >> _U64(24)) & _U64(0x7F)).astype(np.uint8) | np.uint8(FULL_BIT)
+                    assert np.array_equal(tags, self._ctrl[f][full]), "bad tag"
                     blk = np.flatnonzero(full) // self.G
-                    has_empty = (self._ctrl[f][:self.n_blocks * self.G]
-                                 .reshape(self.n_blocks, self.G) == EMPTY).any(1)
-                    for home, st, at in zip(self._block_of(hk).tolist(),
-                                            self._step_of(hk).tolist(), blk.tolist()):
-                        for _ in range(self.n_blocks):  # every group before the key's is full
+                    has_empty = (self._ctrl[f][:nb * self.G].reshape(nb, self.G) == EMPTY).any(1)
+                    homes = (((hk >> _U64(32)) * _U64(nb)) >> _U64(32)).astype(np.int64)
+                    h2 = K.hash_keys((hk ^ _U64(0x5851F42D4C957F2D)).reshape(-1, 1))
+                    steps = (np.zeros(len(hk), np.int64) if nb == 1 else
+                             1 + (((h2 >> _U64(40)) * _U64(nb - 1)) >> _U64(24)).astype(np.int64))
+                    for home, st, at in zip(homes.tolist(), steps.tolist(), blk.tolist()):
+                        for _ in range(nb):  # every group before the key's has no EMPTY slot
                             if home == at:
                                 break
                             assert not has_empty[home], "key unreachable by probing"
-                            home = (home + st) % self.n_blocks
+                            home = (home + st) % nb
                         assert home == at, "key off its probe sequence"
                 allkeys.append(k)
                 total += int(full.sum())
