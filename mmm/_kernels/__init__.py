@@ -25,4 +25,4 @@ __all__ = ["jit"]
 
 def jit(fn: F) -> F:
     """Compile `fn` in nopython mode, cached on disk, releasing the GIL."""
-    return numba.njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return]
+    return numba.njit(cache=True, nogil=True)(fn)  # type: ignore[return-value]
