@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from mmm._kernels.pages import chain_order
 from mmm.errors import PageFormatError, RecordTypeError, SchemaError
 from mmm.manager import PageManager
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
@@ -227,21 +228,12 @@ class OrderedMap(Structure):
         frames = ps.frames[seqs]
         if np.any(h["kind"][frames] != Layout.BTREE_LEAF):
             raise PageFormatError(f"{self._where}: page set {self.psid} holds non-leaf pages")
-        heads = seqs[h["prev"][frames] == _NIL]
-        if len(heads) != 1:
-            raise PageFormatError(f"{self._where}: {len(heads)} leaves have no predecessor "
+        order, heads, visited = chain_order(seqs, h["prev"][frames], h["next"][frames])
+        if heads != 1:
+            raise PageFormatError(f"{self._where}: {heads} leaves have no predecessor "
                                   f"(expected exactly one head)")
-        nxt = h["next"][frames]
-        nxt_seq = np.where(nxt == _NIL, -1, (nxt & _MASK32).astype(np.int64))
-        succ = dict(zip(seqs.tolist(), nxt_seq.tolist()))
-        order = [int(heads[0])]
-        while len(order) <= len(seqs):
-            s = succ.get(order[-1], -2)
-            if s < 0:
-                break
-            order.append(s)
-        if len(order) != len(seqs) or succ.get(order[-1]) != -1 or len(set(order)) != len(order):
-            raise PageFormatError(f"{self._where}: the leaf chain visits {len(order)} of "
+        if visited != len(seqs):
+            raise PageFormatError(f"{self._where}: the leaf chain visits {visited} of "
                                   f"{len(seqs)} leaves")
         self._seqs = np.asarray(order, dtype=np.int64)
         fr = ps.frames[self._seqs]

@@ -53,6 +53,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 import numpy.typing as npt
 
+from mmm._kernels.pages import chain_order
 from mmm.errors import (PageFormatError, PoolExhaustedError, RecordTypeError, SchemaError,
                         SchemaMismatchError, StructureNotFoundError)
 from mmm.manager import PageManager
@@ -199,26 +200,13 @@ class _PagedSequence(Structure):
         if bad.any():
             raise PageFormatError(f"{self._what}: page seq {int(seqs[bad][0])} has layout "
                                   f"{int(self._hk[frames][bad][0])}, not SEQUENCE")
-        prev, nxt = self._hp[frames], self._hn[frames]
-        heads = seqs[prev == _NIL]
-        if len(heads) != 1:
-            raise PageFormatError(f"{self._what}: {len(heads)} head pages (prev = NIL) among "
+        order, heads, visited = chain_order(seqs, self._hp[frames], self._hn[frames])
+        if heads != 1:
+            raise PageFormatError(f"{self._what}: {heads} head pages (prev = NIL) among "
                                   f"{len(seqs)} pages")
-        succ = np.full(int(seqs.max()) + 1, -1, np.int64)
-        nn = nxt != _NIL
-        succ[seqs[nn]] = (nxt[nn] & _SEQ_MASK).astype(np.int64)
-        order = np.empty(len(seqs), np.int64)
-        cur = int(heads[0])
-        succ_l = succ.tolist()
-        for i in range(len(seqs)):
-            if cur < 0 or cur >= len(succ_l) or (i and order[i - 1] == cur):
-                raise PageFormatError(f"{self._what}: broken next link after {i} of "
-                                      f"{len(seqs)} pages")
-            order[i] = cur
-            cur = succ_l[cur]
-        if cur != -1 or len(np.unique(order)) != len(seqs) or not np.isin(order, seqs).all():
+        if visited != len(seqs):
             raise PageFormatError(f"{self._what}: next links do not form one chain over the "
-                                  f"{len(seqs)} pages")
+                                  f"{len(seqs)} pages (broken after {visited})")
         self._seqs = order
         self._cnt = self._hc[ps.frames[order]].astype(np.int64)
         self._len = int(self._cnt.sum())
