@@ -54,11 +54,13 @@ class PageSet:
     """The pages of one page set (one data structure).
 
     ``frames[seq]`` is the frame of page ``seq`` (-1 if none); ``mod[seq]`` the
-    epoch of its last modification.
+    epoch of its last modification. ``version`` changes whenever ``frames``
+    does (allocation, release, a copy-on-write clone), so structures may cache
+    frames they gathered from it.
     """
 
     __slots__ = ("psid", "frames", "mod", "n_pages", "free_seqs", "high", "name", "meta",
-                 "durable_epoch", "__weakref__")
+                 "durable_epoch", "version", "__weakref__")
 
     def __init__(self, psid: int, name: str) -> None:
         self.psid = psid
@@ -70,6 +72,7 @@ class PageSet:
         self.high = 0
         self.meta: dict[str, Any] = {}
         self.durable_epoch = 0
+        self.version = 0
 
     def _grow(self, need: int) -> None:
         if need <= len(self.frames):
@@ -264,6 +267,7 @@ class PageManager:
             ps.high += n - take
             ps._grow(ps.high)
         ps.frames[seqs] = frames
+        ps.version += 1
         ps.mod[seqs] = self.epoch
         ps.n_pages += n
         h = self.pool.headers
@@ -291,6 +295,7 @@ class PageManager:
             raise ValueError(f"page set {psid}: the super page (seq 0) is released only by destroy")
         frames = ps.frames[seqs]
         ps.frames[seqs] = -1
+        ps.version += 1
         ps.n_pages -= len(seqs)
         ps.free_seqs.extend(sorted(seqs.tolist(), reverse=True))
         self.pool.free(frames)
@@ -377,6 +382,7 @@ class PageManager:
         self.pool.clock += 1
         self.pool.headers["version"][new] = self.pool.clock
         ps.frames[seqs] = new
+        ps.version += 1
         self.pool.orphan(old)
         self.stats_pages_cloned += len(old)
         return new
