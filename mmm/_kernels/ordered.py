@@ -80,7 +80,7 @@ def _kcmp(K: Any, f: Any, s: Any, q: Any, i: Any, mode: Any) -> Any:
         return num
 
     def byt(K: Any, f: Any, s: Any, q: Any, i: Any, mode: Any) -> int:
-        return _bytes_cmp(K[f, s], q[i], mode)  # type: ignore[no-any-return]
+        return _bytes_cmp(K[f, s], q[i], mode)
     return byt
 
 
@@ -94,7 +94,7 @@ def _acmp(A: Any, i: Any, q: Any, j: Any, mode: Any) -> Any:
         return num
 
     def byt(A: Any, i: Any, q: Any, j: Any, mode: Any) -> int:
-        return _bytes_cmp(A[i], q[j], mode)  # type: ignore[no-any-return]
+        return _bytes_cmp(A[i], q[j], mode)
     return byt
 
 

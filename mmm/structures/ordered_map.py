@@ -70,7 +70,6 @@ from mmm.manager import PageManager
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure, pad8
-from mmm.structures.columns import Column
 from mmm.structures.combine import (CombineOp, compile_spec, input_columns, merge_into,
                                     preaggregate_sorted)
 
@@ -80,7 +79,6 @@ _U64 = np.uint64
 _NIL = _U64(NIL_INT)
 _MASK32 = _U64(0xFFFFFFFF)
 _KEY_KINDS = "biufSMm"
-_SMALL_BATCH = 8  # below this many keys, search leaves one key at a time
 
 Bound = Any  # a key (scalar) or None
 
@@ -525,32 +523,44 @@ class OrderedMap(Structure):
                       located: tuple[Any, Any, Any] | None = None) -> None:
         """Insert or overwrite distinct, ascending keys ``uk`` with values ``uv``."""
         li, pos, found = located if located is not None else self._locate(uk, True)
-        if found.all():
-            seqs = self._seqs[li]
-            self._pm.writable(self.psid, np.unique(seqs))
-            self._V[self._ps.frames[seqs], pos] = uv
-            self._version += 1
-            return
-        n, L = len(uk), len(self._seqs)
+        n, L, S = len(uk), len(self._seqs), self.S
         starts = np.flatnonzero(np.r_[True, li[1:] != li[:-1]])
         ends = np.r_[starts[1:], n]
-        has_ins = np.add.reduceat((~found).astype(np.int64), starts) > 0
-        plan = {}
-        pack_full = set()
-        for a, b in zip(starts[has_ins].tolist(), ends[has_ins].tolist()):
-            i = int(li[a])
-            ek, ev = self._read(i)
-            fm, p = found[a:b], pos[a:b]
-            ev[p[fm]] = uv[a:b][fm]
-            ip = p[~fm]
-            plan[i] = (np.insert(ek, ip, uk[a:b][~fm]), np.insert(ev, ip, uv[a:b][~fm]))
-            if i == L - 1 and ip[0] == len(ek):
-                pack_full.add(i)  # pure append at the map's end: fill leaves completely
-        scatter = None
-        rest = np.repeat(~has_ins, ends - starts)
-        if rest.any():
-            scatter = (self._seqs[li[rest]], pos[rest], uv[rest])
-        self._commit(plan, pack_full=frozenset(pack_full), scatter=scatter)
+        leaves = li[starts].astype(np.int64)
+        ins = np.add.reduceat((~found).astype(np.int64), starts)
+        over = self._counts[leaves] + ins > S  # these leaves split: `_commit` plans them
+        seqs = self._seqs[leaves[~over]]
+        cnt = self._counts[leaves[~over]].copy()
+        self._pm.writable(self.psid, seqs)  # before any change: may raise PoolExhaustedError
+        if over.any():
+            plan = {}
+            pack_full = set()
+            for a, b in zip(starts[over].tolist(), ends[over].tolist()):
+                i = int(li[a])
+                ek, ev = self._read(i)
+                fm, p = found[a:b], pos[a:b]
+                ev[p[fm]] = uv[a:b][fm]
+                ip = p[~fm]
+                plan[i] = (np.insert(ek, ip, uk[a:b][~fm]), np.insert(ev, ip, uv[a:b][~fm]))
+                if i == L - 1 and ip[0] == len(ek):
+                    pack_full.add(i)  # pure append at the map's end: fill leaves completely
+            self._commit(plan, pack_full=frozenset(pack_full))
+        if len(seqs) == 0:
+            return
+        # the leaves with room: one compiled in-place merge (seqs keep their leaves)
+        fits = np.repeat(~over, ends - starts)
+        group = np.repeat(np.arange(len(seqs)), (ends - starts)[~over])
+        frames = self._ps.frames[seqs]
+        kb = np.ascontiguousarray(uk[fits]).view(np.uint8).reshape(-1, self._ks)
+        vb = np.ascontiguousarray(uv[fits]).view(np.uint8).reshape(-1, self._vs)
+        _ko.merge_into_leaves(self._frames, frames, cnt, group, pos[fits], found[fits],
+                              self._ko, self._ks, self._vo, self._vs, kb, vb)
+        idx = leaves[~over] if not over.any() else np.flatnonzero(np.isin(self._seqs, seqs))
+        self._hdr["count"][frames] = cnt
+        self._counts[idx] = cnt
+        self._fence[idx] = self._K[frames, 0]
+        self._n = int(self._counts.sum())
+        self._version += 1
 
     # -- batch API ---------------------------------------------------------------------------------
     def put(self, keys: npt.ArrayLike, values: Any) -> None:
