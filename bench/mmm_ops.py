@@ -21,6 +21,7 @@ import numpy as np
 
 import mmm
 from bench._harness import figure, stats, write_result
+from mmm._kernels import jit
 from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque
 from sguard.operators import Aggregate
@@ -164,10 +165,78 @@ def join_mmm_record(rec: np.ndarray, side: np.ndarray, window: int) -> tuple[int
     return count, checksum
 
 
+@jit
+def _join_insert(tkey: Any, thead: Any, K: Any, T: Any, V: Any, P: Any, m: int, side: int,
+                 k: int, t: int, v: int) -> int:
+    """Append record ``m`` to side ``side``'s per-key chains (open addressing on the key)."""
+    mask = tkey.shape[1] - 1
+    h = (k * 0x9E3779B1) & mask
+    while thead[side, h] >= 0 and tkey[side, h] != k:
+        h = (h + 1) & mask
+    tkey[side, h] = k
+    K[m] = k
+    T[m] = t
+    V[m] = v
+    P[m] = thead[side, h]
+    thead[side, h] = m
+    return m + 1
+
+
+@jit
+def _join_batch(w0k: Any, w0t: Any, w0v: Any, w1k: Any, w1t: Any, w1v: Any, bk: Any, bt: Any,
+                bv: Any, bs: Any, window: int) -> Any:
+    """The symmetric windowed equi-join of one batch against both windows: each batch
+    tuple (in ts order) meets the other side's tuples with ``ts >= t - window`` that came
+    before it (the windows' records, then the batch's earlier ones). ``(pairs, checksum)``."""
+    n = w0k.shape[0] + w1k.shape[0] + bk.shape[0]
+    sz = 16
+    while sz < 2 * n:
+        sz <<= 1
+    tkey = np.zeros((2, sz), np.int64)
+    thead = np.full((2, sz), -1, np.int64)
+    K = np.empty(n, np.int64)
+    T = np.empty(n, np.int64)
+    V = np.empty(n, np.int64)
+    P = np.empty(n, np.int64)
+    m = 0
+    for i in range(w0k.shape[0]):
+        m = _join_insert(tkey, thead, K, T, V, P, m, 0, w0k[i], w0t[i], w0v[i])
+    for i in range(w1k.shape[0]):
+        m = _join_insert(tkey, thead, K, T, V, P, m, 1, w1k[i], w1t[i], w1v[i])
+    mask = sz - 1
+    count = 0
+    checksum = 0
+    for i in range(bk.shape[0]):
+        k = np.int64(bk[i])
+        t = np.int64(bt[i])
+        v = np.int64(bv[i])
+        x = np.int64(bs[i])
+        y = 1 - x
+        h = (k * 0x9E3779B1) & mask
+        while thead[y, h] >= 0 and tkey[y, h] != k:
+            h = (h + 1) & mask
+        pos = thead[y, h]
+        while pos >= 0 and T[pos] >= t - window:
+            count += 1
+            checksum += v * V[pos]
+            pos = P[pos]
+        m = _join_insert(tkey, thead, K, T, V, P, m, x, k, t, v)
+    return count, checksum
+
+
+def join_floor(rec: np.ndarray, side: np.ndarray, window: int) -> tuple[int, int]:
+    """The floor: the same compiled join over the whole stream at once, state in
+    plain numpy arrays (no paged state, no batches)."""
+    e = np.zeros(0, np.int64)
+    c, s = _join_batch(e, e, e, e, e, e, rec["key"], rec["ts"], rec["val"], side, window)
+    return int(c), int(s)
+
+
 def join_mmm_batch(rec: np.ndarray, side: np.ndarray, window: int, batch: int
                    ) -> tuple[int, int]:
-    """(c) mmm batch: PagedDeque windows; each batch joins against a sorted
-    (key, ts) view of the other window plus the batch's earlier tuples."""
+    """(c) mmm batch: the two windows are PagedDeques (`evict_before` a ts bound,
+    `extend`, span reads); each batch is joined by one compiled pass that indexes
+    the other window and the batch's earlier tuples by key (`_join_batch`)."""
     pm = mmm.PageManager()
     wins = [PagedDeque.create(pm, f"win{i}", WINDOW_REC) for i in (0, 1)]
     count = checksum = 0
@@ -176,19 +245,11 @@ def join_mmm_batch(rec: np.ndarray, side: np.ndarray, window: int, batch: int
         lo = int(b["ts"][0])
         for w in wins:
             w.evict_before(lo - window, "ts")
-        for x in (0, 1):
-            y = 1 - x
-            cand = np.concatenate([wins[y].to_numpy(), b[bs == y]])
-            comp = (cand["key"].astype(np.int64) << 40) | cand["ts"]
-            order = np.argsort(comp)
-            comp = comp[order]
-            csum = np.concatenate([[0], np.cumsum(cand["val"][order])])
-            probe = b[bs == x]
-            pk = probe["key"].astype(np.int64) << 40
-            lo_i = np.searchsorted(comp, pk | np.maximum(probe["ts"] - window, 0), "left")
-            hi_i = np.searchsorted(comp, pk | (probe["ts"] - 1), "right")
-            count += int((hi_i - lo_i).sum())
-            checksum += int((probe["val"] * (csum[hi_i] - csum[lo_i])).sum())
+        w0, w1 = wins[0].to_numpy(), wins[1].to_numpy()
+        c, s = _join_batch(w0["key"], w0["ts"], w0["val"], w1["key"], w1["ts"], w1["val"],
+                           b["key"], b["ts"], b["val"], bs, window)
+        count += int(c)
+        checksum += int(s)
         for x in (0, 1):
             wins[x].extend(b[bs == x])
     return count, checksum

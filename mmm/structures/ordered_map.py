@@ -207,6 +207,7 @@ class OrderedMap(Structure):
             self._kmin, self._kmax = int(info.min), int(info.max)
         self._V = frames[:, vo:vo + S * vs].view(vdt)
         self._hdr = self._pm.pool.headers
+        self._hcount = self._hdr["count"]
         self._frames = frames
         self._ko, self._ks, self._vo, self._vs = ko, ks, vo, vs
         # the keys as the kernels compare them (see mmm._kernels.ordered)
@@ -888,7 +889,7 @@ class OrderedMap(Structure):
         else:
             _ko.insert_at(self._frames, f, p, c, self._ko, self._ks, self._vo, self._vs,
                           self._q1b, self._v1b)
-            self._hdr["count"][f] = c + 1
+            self._hcount[f] = c + 1
             self._counts[i] = c + 1
             self._n += 1
             if p == 0:
@@ -914,7 +915,7 @@ class OrderedMap(Structure):
             return
         f = self._pm.writable1(self.psid, int(self._seqs[i]))
         _ko.delete_at(self._frames, f, p, c, self._ko, self._ks, self._vo, self._vs)
-        self._hdr["count"][f] = c - 1
+        self._hcount[f] = c - 1
         self._counts[i] = c - 1
         self._n -= 1
         if p == 0:

@@ -707,6 +707,10 @@ class _PagedSequence(Structure):
                 return np.empty(0, self._dt)
             lo, hi = int(idx.min()), int(idx.max()) + 1
             return self._read(lo, hi)[idx - lo]
+        if type(key) is int and (key == 0 or key == -1) and self._len:
+            f = int(self._ps.frames[self._seqs[key]])  # the ends: no cumulative counts
+            st = int(self._hs[f])
+            return self._R[f, st if key == 0 else st + int(self._cnt[-1]) - 1].copy()
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
             p, slot = self._slot(self._index(key))
             return self._R[int(self._ps.frames[self._seqs[p]]), slot].copy()
