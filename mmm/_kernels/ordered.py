@@ -115,8 +115,13 @@ def _leaf(fence: Any, L: int, q: Any, i: int, mode: int) -> int:
 @jit
 def _bound(K: Any, f: int, c: int, q: Any, i: int, right: bool, mode: int) -> int:
     """First slot in ``[0, c)`` whose key is ``>= q[i]`` (``> q[i]`` with ``right``)."""
-    lo = 0
-    hi = c
+    return _bound_from(K, f, 0, c, q, i, right, mode)
+
+
+@jit
+def _bound_from(K: Any, f: int, lo: int, hi: int, q: Any, i: int, right: bool,
+                mode: int) -> int:
+    """`_bound` within slots ``[lo, hi)`` (the answer is known to lie there)."""
     while lo < hi:
         mid = (lo + hi) >> 1
         d = kcmp(K, f, mid, q, i, mode)
@@ -132,7 +137,8 @@ def locate(K: Any, lf: Any, counts: Any, fence: Any, q: Any, mode: int) -> Any:
     """``(leaf index, slot, found)`` of every query key; the slot is the lower bound.
 
     ``lf[l]`` is the frame of leaf ``l`` (in key order) and ``counts[l]`` its
-    records. Consecutive keys in the same leaf skip the fence search.
+    records. In an ascending run, a key in the same leaf as the previous one
+    skips the fence search and searches only to the right of it.
     """
     n = q.shape[0]
     L = lf.shape[0]
@@ -140,10 +146,16 @@ def locate(K: Any, lf: Any, counts: Any, fence: Any, q: Any, mode: int) -> Any:
     pos = np.empty(n, np.int64)
     found = np.zeros(n, np.bool_)
     for i in range(n):
-        l = _leaf(fence, L, q, i, mode)
+        start = 0
+        if i > 0 and acmp(q, i - 1, q, i, mode) <= 0 and (
+                li[i - 1] == L - 1 or acmp(fence, li[i - 1] + 1, q, i, mode) > 0):
+            l = li[i - 1]  # ascending batch, same leaf: search right of the previous key
+            start = pos[i - 1]
+        else:
+            l = _leaf(fence, L, q, i, mode)
         f = lf[l]
         c = counts[l]
-        p = _bound(K, f, c, q, i, False, mode)
+        p = _bound_from(K, f, start, c, q, i, False, mode)
         li[i] = l
         pos[i] = p
         found[i] = p < c and kcmp(K, f, p, q, i, mode) == 0
@@ -170,6 +182,16 @@ def delete_at(frames: Any, f: int, p: int, c: int, ko: int, ks: int, vo: int, vs
         frames[f, ko + p * ks + t] = frames[f, ko + (p + 1) * ks + t]
     for t in range((c - p - 1) * vs):
         frames[f, vo + p * vs + t] = frames[f, vo + (p + 1) * vs + t]
+
+
+@jit
+def _move_right(frames: Any, f: int, off: int, size: int, s0: int, d0: int, m: int) -> None:
+    """Move records ``[s0, s0 + m)`` of frame ``f`` to ``[d0, d0 + m)``, ``d0 >= s0``
+    (overlapping: copied from the end)."""
+    a = off + s0 * size
+    b = off + d0 * size
+    for t in range(m * size - 1, -1, -1):
+        frames[f, b + t] = frames[f, a + t]
 
 
 @jit
@@ -202,14 +224,13 @@ def merge_into_leaves(frames: Any, lf: Any, counts: Any, li: Any, pos: Any, foun
             p = pos[i]
             # old records at slots >= p (or > p when found) move right by the inserts left
             top = p if found[i] else p - 1
-            while src > top:
+            m = src - top
+            if m > 0:
                 if dst != src:
-                    frames[f, ko + dst * ks:ko + (dst + 1) * ks] = \
-                        frames[f, ko + src * ks:ko + (src + 1) * ks]
-                    frames[f, vo + dst * vs:vo + (dst + 1) * vs] = \
-                        frames[f, vo + src * vs:vo + (src + 1) * vs]
-                src -= 1
-                dst -= 1
+                    _move_right(frames, f, ko, ks, top + 1, dst - m + 1, m)
+                    _move_right(frames, f, vo, vs, top + 1, dst - m + 1, m)
+                src -= m
+                dst -= m
             if found[i]:
                 # the old record at p stays (its key), its value is replaced
                 if dst != src:
