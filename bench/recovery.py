@@ -26,9 +26,9 @@ page size: the strictest comparison here (in the cold setting the fresh-buffer
 read came out slower than the whole cold recovery, a weak baseline); the cold
 ratios are reported next to it.
 
-Run: ``python -m bench.recovery [--quick]``. Writes ``bench/results/recovery.json``
+Run: ``python -m bench.recovery [--quick] [--out DIR]``. Writes ``DIR/recovery.json`` (default ``bench/out``)
 (summary: ``rebuild_ms_512mb`` — the slower page size —, ``recovery_over_read_512mb``)
-and ``bench/results/recovery.png``.
+and ``DIR/recovery.png``.
 """
 from __future__ import annotations
 
