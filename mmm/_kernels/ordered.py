@@ -167,10 +167,8 @@ def insert_at(frames: Any, f: int, p: int, c: int, ko: int, ks: int, vo: int, vs
               kb: Any, vb: Any) -> None:
     """Shift slots ``[p, c)`` of leaf frame ``f`` one to the right and write the key
     bytes ``kb`` and value bytes ``vb`` at slot ``p`` (the leaf has room)."""
-    for t in range((c - p) * ks - 1, -1, -1):
-        frames[f, ko + (p + 1) * ks + t] = frames[f, ko + p * ks + t]
-    for t in range((c - p) * vs - 1, -1, -1):
-        frames[f, vo + (p + 1) * vs + t] = frames[f, vo + p * vs + t]
+    _move(frames, f, ko, ks, p, p + 1, c - p)
+    _move(frames, f, vo, vs, p, p + 1, c - p)
     frames[f, ko + p * ks:ko + (p + 1) * ks] = kb
     frames[f, vo + p * vs:vo + (p + 1) * vs] = vb
 
@@ -178,20 +176,31 @@ def insert_at(frames: Any, f: int, p: int, c: int, ko: int, ks: int, vo: int, vs
 @jit
 def delete_at(frames: Any, f: int, p: int, c: int, ko: int, ks: int, vo: int, vs: int) -> None:
     """Shift slots ``(p, c)`` of leaf frame ``f`` one to the left over slot ``p``."""
-    for t in range((c - p - 1) * ks):
-        frames[f, ko + p * ks + t] = frames[f, ko + (p + 1) * ks + t]
-    for t in range((c - p - 1) * vs):
-        frames[f, vo + p * vs + t] = frames[f, vo + (p + 1) * vs + t]
+    _move(frames, f, ko, ks, p + 1, p, c - p - 1)
+    _move(frames, f, vo, vs, p + 1, p, c - p - 1)
 
 
 @jit
-def _move_right(frames: Any, f: int, off: int, size: int, s0: int, d0: int, m: int) -> None:
-    """Move records ``[s0, s0 + m)`` of frame ``f`` to ``[d0, d0 + m)``, ``d0 >= s0``
-    (overlapping: copied from the end)."""
+def _move(frames: Any, f: int, off: int, size: int, s0: int, d0: int, m: int) -> None:
+    """Move records ``[s0, s0 + m)`` of frame ``f`` to ``[d0, d0 + m)``; the ranges may
+    overlap (memmove semantics: a slice assignment does not guarantee it)."""
+    if m <= 0 or s0 == d0:
+        return
     a = off + s0 * size
     b = off + d0 * size
-    for t in range(m * size - 1, -1, -1):
-        frames[f, b + t] = frames[f, a + t]
+    nb = m * size
+    if abs(b - a) >= nb:
+        frames[f, b:b + nb] = frames[f, a:a + nb]
+    elif nb <= 256:
+        if b > a:
+            for t in range(nb - 1, -1, -1):
+                frames[f, b + t] = frames[f, a + t]
+        else:
+            for t in range(nb):
+                frames[f, b + t] = frames[f, a + t]
+    else:
+        tmp = frames[f, a:a + nb].copy()
+        frames[f, b:b + nb] = tmp
 
 
 @jit
@@ -227,8 +236,8 @@ def merge_into_leaves(frames: Any, lf: Any, counts: Any, li: Any, pos: Any, foun
             m = src - top
             if m > 0:
                 if dst != src:
-                    _move_right(frames, f, ko, ks, top + 1, dst - m + 1, m)
-                    _move_right(frames, f, vo, vs, top + 1, dst - m + 1, m)
+                    _move(frames, f, ko, ks, top + 1, dst - m + 1, m)
+                    _move(frames, f, vo, vs, top + 1, dst - m + 1, m)
                 src -= m
                 dst -= m
             if found[i]:
