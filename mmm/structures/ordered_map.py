@@ -24,11 +24,12 @@ A T-tree node holds a sorted array *and* parent/left/right links, so every
 search is a chain of per-node key comparisons and pointer hops — in Python, one
 interpreter round trip per level, and rotations rewrite (and under
 copy-on-write, clone) up to three pages per rebalance. Here a batch of ``n``
-keys finds its leaves with one ``np.searchsorted`` over the fences (with 64 KiB
-pages, 1 GB of state is ~16k leaves: the whole "inner tree" is one 128 KiB
-array) and its slots with one vectorized binary search over the gathered leaf
-rows; range scans and ordered iteration read contiguous sorted slices of
-consecutive leaves instead of walking a tree in order. Leaf splits and merges
+keys finds its leaves and slots in one compiled pass (`mmm._kernels.ordered`):
+a binary search over the fences (with 64 KiB pages, 1 GB of state is ~16k
+leaves: the whole "inner tree" is one 128 KiB array), then over the leaf's
+keys; inserts into leaves with room are merged in place in one more pass; range
+scans and ordered iteration copy contiguous sorted runs of consecutive leaves
+instead of walking a tree in order. Leaf splits and merges
 only touch the leaf, its new siblings and their two neighbours (links).
 The price: the fence index costs O(leaves) memory and an O(leaves) array
 insert/delete when leaves split or vanish (a ``memmove`` of ~128 KiB at 1 GB of
