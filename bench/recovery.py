@@ -26,9 +26,9 @@ page size: the strictest comparison here (in the cold setting the fresh-buffer
 read came out slower than the whole cold recovery, a weak baseline); the cold
 ratios are reported next to it.
 
-Run: ``python -m bench.recovery [--quick]``. Writes ``bench/results/recovery.json``
+Run: ``python -m bench.recovery [--quick] [--out DIR]``. Writes ``DIR/recovery.json`` (default ``bench/out``)
 (summary: ``rebuild_ms_512mb`` — the slower page size —, ``recovery_over_read_512mb``)
-and ``bench/results/recovery.png``.
+and ``DIR/recovery.png``.
 """
 from __future__ import annotations
 
@@ -39,11 +39,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import mmm
+from bench import _harness
 from bench._harness import figure, stats, write_result
 from bench.io_throughput import _evict
 from ioservice import CheckpointManager, IOService, StorageRoot, open_root
@@ -171,7 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, nargs="+", default=[1 << 13, 1 << 16])
     ap.add_argument("--workers", type=int, default=4, help="I/O threads (both sides)")
     ap.add_argument("--repeats", type=int, default=None, help="default 7, --quick 3")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"),
+                    help="directory for the JSON and PNG (default bench/out)")
     args = ap.parse_args(argv)
+    _harness.RESULTS = Path(args.out)
     sizes = args.sizes_mb or ([64, 512] if args.quick else [64, 128, 256, 512])
     repeats = args.repeats or (3 if args.quick else 7)
     tmp = tempfile.mkdtemp(prefix="sguard-recovery-")
@@ -221,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary[f"recovery_over_read_512mb_{k}_cold"] = r["recovery_over_read_cold"]
             summary[f"recovery_s_512mb_{k}"] = r["recovery_warm"]["median"]
             summary[f"read_s_512mb_{k}"] = r["read_warm"]["median"]
-    summary["targets"] = {"rebuild_ms_512mb": "<= 60", "recovery_over_read_512mb": "<= 1.2"}
+    summary["targets"] = {"rebuild_ms_512mb": "<= 60", "recovery_over_read_512mb": "<= 1.1",
+                          "recovery_over_read_512mb_cold": "<= 1.1"}
     print({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()})
     params = {"quick": args.quick, "sizes_mb": sizes, "page_bytes": args.page_bytes,
               "workers": args.workers, "repeats": repeats, "storage": "file:// temporary dir",

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from mmm._kernels.pages import group_pages
 from mmm.errors import (PageFormatError, PageNotFoundError, PageSetNotFoundError,
                         SchemaMismatchError, SnapshotStateError, StructureNotFoundError)
 from mmm.page import (DEFAULT_PAGE_BYTES, HEADER_BYTES, HEADER_DTYPE, NIL_INT, PAGE_MAGIC,
@@ -53,11 +54,13 @@ class PageSet:
     """The pages of one page set (one data structure).
 
     ``frames[seq]`` is the frame of page ``seq`` (-1 if none); ``mod[seq]`` the
-    epoch of its last modification.
+    epoch of its last modification. ``version`` changes whenever ``frames``
+    does (allocation, release, a copy-on-write clone), so structures may cache
+    frames they gathered from it.
     """
 
     __slots__ = ("psid", "frames", "mod", "n_pages", "free_seqs", "high", "name", "meta",
-                 "durable_epoch", "__weakref__")
+                 "durable_epoch", "version", "__weakref__")
 
     def __init__(self, psid: int, name: str) -> None:
         self.psid = psid
@@ -69,6 +72,7 @@ class PageSet:
         self.high = 0
         self.meta: dict[str, Any] = {}
         self.durable_epoch = 0
+        self.version = 0
 
     def _grow(self, need: int) -> None:
         if need <= len(self.frames):
@@ -263,6 +267,7 @@ class PageManager:
             ps.high += n - take
             ps._grow(ps.high)
         ps.frames[seqs] = frames
+        ps.version += 1
         ps.mod[seqs] = self.epoch
         ps.n_pages += n
         h = self.pool.headers
@@ -290,6 +295,7 @@ class PageManager:
             raise ValueError(f"page set {psid}: the super page (seq 0) is released only by destroy")
         frames = ps.frames[seqs]
         ps.frames[seqs] = -1
+        ps.version += 1
         ps.n_pages -= len(seqs)
         ps.free_seqs.extend(sorted(seqs.tolist(), reverse=True))
         self.pool.free(frames)
@@ -376,6 +382,7 @@ class PageManager:
         self.pool.clock += 1
         self.pool.headers["version"][new] = self.pool.clock
         ps.frames[seqs] = new
+        ps.version += 1
         self.pool.orphan(old)
         self.stats_pages_cloned += len(old)
         return new
@@ -577,43 +584,47 @@ class PageManager:
         loader.finish()
 
     def _adopt(self, frames: npt.NDArray[np.int64], dedupe: bool) -> None:
-        """Build page sets and the catalog from pages already in ``frames``."""
+        """Build page sets and the catalog from pages already in ``frames``.
+
+        One sort of the PageIDs and one compiled pass (`mmm._kernels.pages.group_pages`)
+        that finds repeated PageIDs and the page-set boundaries; then one slice
+        assignment per page set.
+        """
         h = self.pool.headers
+        frames = np.asarray(frames, dtype=np.int64)
         ids = h["page_id"][frames]
-        if dedupe and len(frames):
-            ver = h["version"][frames]
-            order = np.lexsort((-ver.astype(np.int64), ids))
-            ids_sorted = ids[order]
-            first = np.ones(len(order), dtype=bool)
-            first[1:] = ids_sorted[1:] != ids_sorted[:-1]
-            losers = frames[order[~first]]
-            self.pool.free(losers)
-            frames, ids = frames[order[first]], ids_sorted[first]
-        elif len(np.unique(ids)) != len(ids):
-            u, c = np.unique(ids, return_counts=True)
-            raise PageFormatError(f"page {int(u[c > 1][0]):#x} appears more than once in the load")
+        order = np.argsort(ids, kind="stable")  # pages arrive mostly in PageID order
+        keep, lose, starts, dup = group_pages(ids, h["version"][frames], order, dedupe)
+        if dup >= 0:
+            raise PageFormatError(f"page {int(ids[dup]):#x} appears more than once in the load")
+        if len(lose):
+            self.pool.free(frames[lose])
+        frames, ids = frames[keep], ids[keep]
         psids = (ids >> np.uint64(32)).astype(np.int64)
         seqs = (ids & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        self._sets.clear()
-        self._names.clear()
-        for psid in np.unique(psids).tolist():
-            sel = psids == psid
-            s, f = seqs[sel], frames[sel]
-            if 0 not in s:
+        sets: dict[int, PageSet] = {}
+        names: dict[str, int] = {}
+        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+            psid = int(psids[a])
+            s, f = seqs[a:b], frames[a:b]
+            if s[0] != 0:
                 raise PageFormatError(f"page set {psid} has no super page (seq 0) among its "
                                       f"{len(s)} pages")
-            fr0 = int(f[s == 0][0])
             try:
-                meta = decode_meta(self.pool.frames[fr0, HEADER_BYTES:])
+                meta = decode_meta(self.pool.frames[int(f[0]), HEADER_BYTES:])
             except (ValueError, UnicodeDecodeError) as exc:
                 raise PageFormatError(f"page set {psid}: unreadable super page ({exc})") from None
             ps = PageSet(psid, str(meta.get("name")))
-            ps._grow(int(s.max()) + 1)
+            ps._grow(int(s[-1]) + 1)
             ps.frames[s] = f
             ps._recompute_free()
             ps.meta = meta
-            self._sets[psid] = ps
-            self._names[ps.name] = psid
+            sets[psid] = ps
+            names[ps.name] = psid
+        self._sets.clear()
+        self._names.clear()
+        self._sets.update(sets)
+        self._names.update(names)
         self._next_psid = max(self._sets, default=0) + 1
         self.generation += 1
 

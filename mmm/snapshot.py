@@ -18,19 +18,30 @@ from __future__ import annotations
 
 import enum
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from mmm.errors import SnapshotStateError
+from mmm.pool import PagePool
 
-if TYPE_CHECKING:
-    from mmm.manager import PageManager
-
-__all__ = ["Snapshot", "SnapshotState"]
+__all__ = ["Snapshot", "SnapshotState", "SnapshotOwner"]
 
 SnapshotState = enum.Enum("SnapshotState", "ACTIVE COMPLETED CANCELLED RELEASED")
+
+
+class SnapshotOwner(Protocol):
+    """What a snapshot needs from the page manager that took it (`mmm.PageManager`).
+
+    The dependency is one way: the manager imports this module, never the reverse.
+    """
+
+    page_bytes: int
+    pool: PagePool
+
+    def _snapshot_done(self, snap: "Snapshot") -> None:
+        """Called once when the snapshot leaves the ACTIVE state."""
 
 
 class Snapshot:
@@ -53,7 +64,7 @@ class Snapshot:
         ``name -> psid`` of the structures it covers.
     """
 
-    def __init__(self, pm: "PageManager", snapshot_id: int, psids: tuple[int, ...],
+    def __init__(self, pm: SnapshotOwner, snapshot_id: int, psids: tuple[int, ...],
                  page_ids: npt.NDArray[np.uint64], frames: npt.NDArray[np.int64],
                  changed: npt.NDArray[np.bool_], structures: dict[str, int]) -> None:
         self._pm = pm

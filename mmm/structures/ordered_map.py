@@ -24,11 +24,12 @@ A T-tree node holds a sorted array *and* parent/left/right links, so every
 search is a chain of per-node key comparisons and pointer hops — in Python, one
 interpreter round trip per level, and rotations rewrite (and under
 copy-on-write, clone) up to three pages per rebalance. Here a batch of ``n``
-keys finds its leaves with one ``np.searchsorted`` over the fences (with 64 KiB
-pages, 1 GB of state is ~16k leaves: the whole "inner tree" is one 128 KiB
-array) and its slots with one vectorized binary search over the gathered leaf
-rows; range scans and ordered iteration read contiguous sorted slices of
-consecutive leaves instead of walking a tree in order. Leaf splits and merges
+keys finds its leaves and slots in one compiled pass (`mmm._kernels.ordered`):
+a binary search over the fences (with 64 KiB pages, 1 GB of state is ~16k
+leaves: the whole "inner tree" is one 128 KiB array), then over the leaf's
+keys; inserts into leaves with room are merged in place in one more pass; range
+scans and ordered iteration copy contiguous sorted runs of consecutive leaves
+instead of walking a tree in order. Leaf splits and merges
 only touch the leaf, its new siblings and their two neighbours (links).
 The price: the fence index costs O(leaves) memory and an O(leaves) array
 insert/delete when leaves split or vanish (a ``memmove`` of ~128 KiB at 1 GB of
@@ -63,12 +64,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from mmm._kernels import ordered as _ko
+from mmm._kernels.pages import chain_order, copy_rows_out
 from mmm.errors import PageFormatError, RecordTypeError, SchemaError
 from mmm.manager import PageManager
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure, pad8
-from mmm.structures.columns import Column
 from mmm.structures.combine import (CombineOp, compile_spec, input_columns, merge_into,
                                     preaggregate_sorted)
 
@@ -78,7 +80,6 @@ _U64 = np.uint64
 _NIL = _U64(NIL_INT)
 _MASK32 = _U64(0xFFFFFFFF)
 _KEY_KINDS = "biufSMm"
-_SMALL_BATCH = 8  # below this many keys, search leaves one key at a time
 
 Bound = Any  # a key (scalar) or None
 
@@ -200,14 +201,37 @@ class OrderedMap(Structure):
         if vo + S * vdt.itemsize > self._pm.page_bytes:
             raise PageFormatError(f"{self._where}: {S} slots of {kdt.itemsize}+{vdt.itemsize} "
                                   f"bytes do not fit {self._pm.page_bytes}-byte pages")
-        self._K = frames[:, ko:ko + S * kdt.itemsize].view(kdt)
-        self._kcol = Column(frames, ko, kdt.itemsize, kdt, S)
+        ks, vs = kdt.itemsize, vdt.itemsize
+        self._K = frames[:, ko:ko + S * ks].view(kdt)
         if kdt.kind in "iu":
             info = np.iinfo(kdt)
             self._kmin, self._kmax = int(info.min), int(info.max)
-        self._V = frames[:, vo:vo + S * vdt.itemsize].view(vdt)
+        self._V = frames[:, vo:vo + S * vs].view(vdt)
         self._hdr = self._pm.pool.headers
-        self._slots = np.arange(S)
+        self._hcount = self._hdr["count"]
+        self._frames = frames
+        self._ko, self._ks, self._vo, self._vs = ko, ks, vo, vs
+        # the keys as the kernels compare them (see mmm._kernels.ordered)
+        # native numeric keys: typed views; 'S' and non-native byte orders: byte rows
+        native = kdt.byteorder in "=|" or (kdt.byteorder == "<") == (np.little_endian)
+        self._kbytes = kdt.kind == "S" or not native
+        self._kmode = 0 if kdt.kind in "Su" else 2 if kdt.kind == "f" else 1
+        if self._kbytes:
+            self._KK = np.lib.stride_tricks.as_strided(
+                frames[:, ko:], (frames.shape[0], S, ks), (frames.strides[0], ks, 1))
+        else:
+            self._kview = np.dtype("<i8") if kdt.kind in "Mm" else \
+                np.dtype(np.uint8) if kdt.kind == "b" else kdt
+            self._KK = self._K.view(self._kview)
+        self._q1 = np.zeros(1, kdt)        # one-key buffers of the per-record paths
+        self._q2 = np.zeros(1, kdt)
+        self._q1k = self._kq(self._q1)
+        self._q2k = self._kq(self._q2)
+        self._q1b = self._q1.view(np.uint8)
+        self._v1 = np.zeros(1, vdt)
+        self._v1b = self._v1.view(np.uint8)
+        self._lf_for: tuple[int, Any, Any] = (-1, None, None)
+        self._fk_for: tuple[Any, Any] = (None, None)
 
     def _rebuild(self) -> None:
         """Rebuild the fence index from the leaf chain (O(leaves))."""
@@ -227,27 +251,43 @@ class OrderedMap(Structure):
         frames = ps.frames[seqs]
         if np.any(h["kind"][frames] != Layout.BTREE_LEAF):
             raise PageFormatError(f"{self._where}: page set {self.psid} holds non-leaf pages")
-        heads = seqs[h["prev"][frames] == _NIL]
-        if len(heads) != 1:
-            raise PageFormatError(f"{self._where}: {len(heads)} leaves have no predecessor "
+        order, heads, visited = chain_order(seqs, h["prev"][frames], h["next"][frames])
+        if heads != 1:
+            raise PageFormatError(f"{self._where}: {heads} leaves have no predecessor "
                                   f"(expected exactly one head)")
-        nxt = h["next"][frames]
-        nxt_seq = np.where(nxt == _NIL, -1, (nxt & _MASK32).astype(np.int64))
-        succ = dict(zip(seqs.tolist(), nxt_seq.tolist()))
-        order = [int(heads[0])]
-        while len(order) <= len(seqs):
-            s = succ.get(order[-1], -2)
-            if s < 0:
-                break
-            order.append(s)
-        if len(order) != len(seqs) or succ.get(order[-1]) != -1 or len(set(order)) != len(order):
-            raise PageFormatError(f"{self._where}: the leaf chain visits {len(order)} of "
+        if visited != len(seqs):
+            raise PageFormatError(f"{self._where}: the leaf chain visits {visited} of "
                                   f"{len(seqs)} leaves")
         self._seqs = np.asarray(order, dtype=np.int64)
         fr = ps.frames[self._seqs]
         self._counts = h["count"][fr].astype(np.int64)
         self._fence = self._K[fr, 0].copy()
         self._n = int(self._counts.sum())
+
+    def _kq(self, keys: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Canonical keys (or fences) in the kernels' form: a typed 1-D array, or
+        ``(n, itemsize)`` uint8 rows for byte keys. A view when ``keys`` is contiguous."""
+        keys = np.ascontiguousarray(keys)
+        if self._kbytes:
+            return keys.view(np.uint8).reshape(len(keys), self._ks)
+        return keys.view(self._kview)
+
+    def _lf(self) -> npt.NDArray[np.int64]:
+        """Frames of the leaves in key order (cached until the page table or index changes)."""
+        ps = self._ps
+        v, seqs, lf = self._lf_for
+        if v != ps.version or seqs is not self._seqs:
+            lf = ps.frames[self._seqs]
+            self._lf_for = (ps.version, self._seqs, lf)
+        return lf  # type: ignore[no-any-return]
+
+    def _fk(self) -> npt.NDArray[Any]:
+        """The fences in the kernels' form (a view: in-place fence updates show through)."""
+        fence, fk = self._fk_for
+        if fence is not self._fence:
+            fk = self._kq(self._fence)
+            self._fk_for = (self._fence, fk)
+        return fk  # type: ignore[no-any-return]
 
     # -- input validation -------------------------------------------------------------------------
     def _canon(self, keys: Any, what: str = "keys") -> npt.NDArray[Any]:
@@ -292,88 +332,61 @@ class OrderedMap(Structure):
         self._spec_cache[id(combine)] = (combine, spec)
         return spec
 
-    # -- search ------------------------------------------------------------------------------------
-    def _leaf_of(self, keys: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
-        """Index (in key order) of the leaf whose key range holds each key."""
-        if len(self._seqs) <= 1:
-            return np.zeros(len(keys), dtype=np.intp)
-        return np.searchsorted(self._fence[1:], keys, side="right")
-
+    # -- search (compiled: mmm._kernels.ordered) ----------------------------------------------------
     def _locate(self, keys: npt.NDArray[Any], ascending: bool = False
                 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
         """``(leaf index, slot, found)`` of each key; slot is the lower bound in its leaf.
 
-        One fence search, then per leaf: tiny batches, and ascending batches with
-        many keys per leaf, call ``np.searchsorted`` once per leaf (a C binary
-        search); other batches run one vectorized binary search over all keys
-        (``bit_length(S)`` rounds of flat gathers).
+        One compiled pass: a binary search over the fences, then over the leaf's keys.
         """
-        n = len(keys)
-        li = self._leaf_of(keys)
-        frames = self._ps.frames[self._seqs[li]]
-        cnt = self._counts[li]
-        K, S = self._K, self.S
-        if n <= _SMALL_BATCH:
-            pos = np.empty(n, dtype=np.int64)
-            for i in range(n):
-                pos[i] = np.searchsorted(K[frames[i], :cnt[i]], keys[i])
-        elif ascending and (g := np.flatnonzero(li[1:] != li[:-1]) + 1).size * 16 < n:
-            pos = np.empty(n, dtype=np.int64)
-            for a, b in zip(np.r_[0, g].tolist(), np.r_[g, n].tolist()):
-                pos[a:b] = np.searchsorted(K[frames[a], :cnt[a]], keys[a:b])
-        else:
-            col = self._kcol
-            lo = np.zeros(n, dtype=np.int64)
-            hi = cnt.copy()
-            for _ in range(S.bit_length()):
-                act = lo < hi
-                if not act.any():
-                    break
-                mid = (lo + hi) >> 1
-                lt = col.get(frames, np.minimum(mid, S - 1)) < keys
-                lo = np.where(act & lt, mid + 1, lo)
-                hi = np.where(act & ~lt, mid, hi)
-            pos = lo
-        found = pos < cnt
-        if found.any():
-            found[found] = K[frames[found], pos[found]] == keys[found]
+        li, pos, found = _ko.locate(self._KK, self._lf(), self._counts, self._fk(),
+                                    self._kq(keys), self._kmode)
         return li, pos, found
 
-    def _rank(self, x: Bound, side: str, cum: npt.NDArray[np.int64]) -> int:
-        """Number of keys ``< x`` (side "left") or ``<= x`` (side "right")."""
-        k = self._canon([x], "range bound")
-        i = int(self._leaf_of(k)[0])
-        f = self._ps.frames[self._seqs[i]]
-        row: npt.NDArray[Any] = self._K[f, :self._counts[i]]
-        pos = np.searchsorted(row, k[0], side="left" if side == "left" else "right")
-        return int(cum[i]) + int(pos)
+    def _find1(self, k: Any) -> tuple[int, int, bool]:
+        """``(leaf index, slot, found)`` of one canonical key."""
+        self._q1[0] = k
+        return _ko.locate1(self._KK, self._lf(), self._counts, self._fk(),  # type: ignore[no-any-return]
+                           self._q1k, self._kmode)
+
+    def _bound1(self, x: Bound, what: str) -> bool:
+        """Put range bound ``x`` into the one-key buffer ``what`` (q1 or q2); False if None."""
+        if x is None:
+            return False
+        buf = self._q1 if what == "q1" else self._q2
+        buf[0] = self._key1(x) if not isinstance(x, (list, np.ndarray)) else \
+            self._canon([x], "range bound")[0]
+        return True
 
     def _span(self, lo: Bound, hi: Bound, inclusive: tuple[bool, bool]
-              ) -> tuple[int, int, npt.NDArray[np.int64]]:
-        """Global ranks ``[r0, r1)`` of the keys in the range, and the counts' prefix sums."""
-        if (not isinstance(inclusive, tuple) or len(inclusive) != 2):
+              ) -> tuple[int, int, int, int, int]:
+        """``(leaf a, first slot, leaf b, end slot, n)`` of the records in the range:
+        leaf ``a`` from its slot ``p0`` through leaf ``b`` up to its slot ``p1``."""
+        if not isinstance(inclusive, tuple) or len(inclusive) != 2:
             raise ValueError(f"{self._where}: inclusive={inclusive!r} must be a pair of bools")
-        cum = np.zeros(len(self._counts) + 1, dtype=np.int64)
-        np.cumsum(self._counts, out=cum[1:])
-        r0 = 0 if lo is None else self._rank(lo, "left" if inclusive[0] else "right", cum)
-        r1 = self._n if hi is None else self._rank(hi, "right" if inclusive[1] else "left", cum)
-        return r0, max(r0, r1), cum
+        has_lo = self._bound1(lo, "q1")
+        has_hi = self._bound1(hi, "q2")
+        return _ko.span(self._KK, self._lf(), self._counts,  # type: ignore[no-any-return]
+                        self._fk(), self._q1k, has_lo, not inclusive[0],
+                        self._q2k, has_hi, bool(inclusive[1]), self._kmode)
 
-    def _gather(self, r0: int, r1: int, cum: npt.NDArray[np.int64], want_keys: bool = True,
+    def _gather(self, a: int, p0: int, b: int, p1: int, n: int, want_keys: bool = True,
                 want_values: bool = True) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-        """Keys and values of global ranks ``[r0, r1)``, copied out of the leaves."""
-        if r1 <= r0:
-            return np.zeros(0, self.key_dtype), np.zeros(0, self.value_dtype)
-        a = int(np.searchsorted(cum, r0, side="right")) - 1
-        b = int(np.searchsorted(cum, r1, side="left")) - 1
-        fr = self._ps.frames[self._seqs[a:b + 1]]
-        first = np.zeros(b - a + 1, dtype=np.int64)
-        last = self._counts[a:b + 1].copy()
-        first[0] = r0 - cum[a]
-        last[-1] = r1 - cum[b]
-        mask = (self._slots >= first[:, None]) & (self._slots < last[:, None])
-        keys = self._K[fr][mask] if want_keys else np.zeros(0, self.key_dtype)
-        vals = self._V[fr][mask] if want_values else np.zeros(0, self.value_dtype)
+        """Copies of the keys and values of a `_span`, out of the leaves in one pass each."""
+        keys = np.empty(n if want_keys else 0, self.key_dtype)
+        vals = np.empty(n if want_values else 0, self.value_dtype)
+        if n == 0:
+            return keys, vals
+        fr = self._lf()[a:b + 1]
+        first = np.zeros(b - a + 1, np.int64)
+        cnt = self._counts[a:b + 1].copy()
+        first[0] = p0
+        cnt[-1] = p1
+        cnt[0] -= p0
+        if want_keys:
+            copy_rows_out(self._frames, fr, first, cnt, self._ko, self._ks, keys.view(np.uint8))
+        if want_values:
+            copy_rows_out(self._frames, fr, first, cnt, self._vo, self._vs, vals.view(np.uint8))
         return keys, vals
 
     def _read(self, i: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
@@ -512,32 +525,44 @@ class OrderedMap(Structure):
                       located: tuple[Any, Any, Any] | None = None) -> None:
         """Insert or overwrite distinct, ascending keys ``uk`` with values ``uv``."""
         li, pos, found = located if located is not None else self._locate(uk, True)
-        if found.all():
-            seqs = self._seqs[li]
-            self._pm.writable(self.psid, np.unique(seqs))
-            self._V[self._ps.frames[seqs], pos] = uv
-            self._version += 1
-            return
-        n, L = len(uk), len(self._seqs)
+        n, L, S = len(uk), len(self._seqs), self.S
         starts = np.flatnonzero(np.r_[True, li[1:] != li[:-1]])
         ends = np.r_[starts[1:], n]
-        has_ins = np.add.reduceat((~found).astype(np.int64), starts) > 0
-        plan = {}
-        pack_full = set()
-        for a, b in zip(starts[has_ins].tolist(), ends[has_ins].tolist()):
-            i = int(li[a])
-            ek, ev = self._read(i)
-            fm, p = found[a:b], pos[a:b]
-            ev[p[fm]] = uv[a:b][fm]
-            ip = p[~fm]
-            plan[i] = (np.insert(ek, ip, uk[a:b][~fm]), np.insert(ev, ip, uv[a:b][~fm]))
-            if i == L - 1 and ip[0] == len(ek):
-                pack_full.add(i)  # pure append at the map's end: fill leaves completely
-        scatter = None
-        rest = np.repeat(~has_ins, ends - starts)
-        if rest.any():
-            scatter = (self._seqs[li[rest]], pos[rest], uv[rest])
-        self._commit(plan, pack_full=frozenset(pack_full), scatter=scatter)
+        leaves = li[starts].astype(np.int64)
+        ins = np.add.reduceat((~found).astype(np.int64), starts)
+        over = self._counts[leaves] + ins > S  # these leaves split: `_commit` plans them
+        seqs = self._seqs[leaves[~over]]
+        cnt = self._counts[leaves[~over]].copy()
+        self._pm.writable(self.psid, seqs)  # before any change: may raise PoolExhaustedError
+        if over.any():
+            plan = {}
+            pack_full = set()
+            for a, b in zip(starts[over].tolist(), ends[over].tolist()):
+                i = int(li[a])
+                ek, ev = self._read(i)
+                fm, p = found[a:b], pos[a:b]
+                ev[p[fm]] = uv[a:b][fm]
+                ip = p[~fm]
+                plan[i] = (np.insert(ek, ip, uk[a:b][~fm]), np.insert(ev, ip, uv[a:b][~fm]))
+                if i == L - 1 and ip[0] == len(ek):
+                    pack_full.add(i)  # pure append at the map's end: fill leaves completely
+            self._commit(plan, pack_full=frozenset(pack_full))
+        if len(seqs) == 0:
+            return
+        # the leaves with room: one compiled in-place merge (seqs keep their leaves)
+        fits = np.repeat(~over, ends - starts)
+        group = np.repeat(np.arange(len(seqs)), (ends - starts)[~over])
+        frames = self._ps.frames[seqs]
+        kb = np.ascontiguousarray(uk[fits]).view(np.uint8).reshape(-1, self._ks)
+        vb = np.ascontiguousarray(uv[fits]).view(np.uint8).reshape(-1, self._vs)
+        _ko.merge_into_leaves(self._frames, frames, cnt, group, pos[fits], found[fits],
+                              self._ko, self._ks, self._vo, self._vs, kb, vb)
+        idx = leaves[~over] if not over.any() else np.flatnonzero(np.isin(self._seqs, seqs))
+        self._hdr["count"][frames] = cnt
+        self._counts[idx] = cnt
+        self._fence[idx] = self._K[frames, 0]
+        self._n = int(self._counts.sum())
+        self._version += 1
 
     # -- batch API ---------------------------------------------------------------------------------
     def put(self, keys: npt.ArrayLike, values: Any) -> None:
@@ -705,8 +730,7 @@ class OrderedMap(Structure):
             A bound of the wrong dtype.
         """
         self._sync()
-        r0, r1, cum = self._span(lo, hi, inclusive)
-        return self._gather(r0, r1, cum)
+        return self._gather(*self._span(lo, hi, inclusive))
 
     def pop_range(self, lo: Bound = None, hi: Bound = None, *,
                   inclusive: tuple[bool, bool] = (True, False)
@@ -724,13 +748,10 @@ class OrderedMap(Structure):
             A bound of the wrong dtype (map unchanged).
         """
         self._sync()
-        r0, r1, cum = self._span(lo, hi, inclusive)
-        keys, vals = self._gather(r0, r1, cum)
-        if r1 <= r0:
+        a, pa, b, pb, n = self._span(lo, hi, inclusive)
+        keys, vals = self._gather(a, pa, b, pb, n)
+        if n == 0:
             return keys, vals
-        a = int(np.searchsorted(cum, r0, side="right")) - 1
-        b = int(np.searchsorted(cum, r1, side="left")) - 1
-        pa, pb = r0 - int(cum[a]), r1 - int(cum[b])
         empty = (np.zeros(0, self.key_dtype), np.zeros(0, self.value_dtype))
         plan = {i: empty for i in range(a + 1, b)}
         ka, va = self._read(a)
@@ -764,8 +785,7 @@ class OrderedMap(Structure):
         Runtime complexity: O(leaves * S). Pages copied: 0.
         """
         self._sync()
-        cum = np.r_[0, np.cumsum(self._counts)]
-        return self._gather(0, self._n, cum, want_values=False)[0]
+        return self._gather(*self._span(None, None, (True, False)), want_values=False)[0]
 
     def values(self) -> npt.NDArray[Any]:
         """All values in key order (a copy).
@@ -773,8 +793,7 @@ class OrderedMap(Structure):
         Runtime complexity: O(leaves * S). Pages copied: 0.
         """
         self._sync()
-        cum = np.r_[0, np.cumsum(self._counts)]
-        return self._gather(0, self._n, cum, want_keys=False)[1]
+        return self._gather(*self._span(None, None, (True, False)), want_keys=False)[1]
 
     def min_key(self) -> Any:
         """The smallest key. Runtime complexity: O(1). Pages copied: 0.
@@ -824,12 +843,18 @@ class OrderedMap(Structure):
             return key
         return self._canon(self._one(key))[0]
 
-    def _find1(self, k: Any) -> tuple[int, int, bool]:
-        """``(leaf index, slot, found)`` of one canonical key."""
-        i = int(np.searchsorted(self._fence[1:], k, side="right")) if len(self._seqs) > 1 else 0
-        row = self._K[self._ps.frames[self._seqs[i]], :self._counts[i]]
-        p = int(np.searchsorted(row, k))
-        return i, p, bool(p < len(row) and row[p] == k)
+    def _value1(self, value: Any) -> npt.NDArray[Any]:
+        """One value into the one-value buffer ``_v1`` (validated as `_values` does)."""
+        vdt, t = self.value_dtype, type(value)
+        if (t is int and vdt.kind in "iu") or (t in (int, float) and vdt.kind == "f"):
+            try:
+                self._v1[0] = value
+                return self._v1
+            except OverflowError:
+                pass
+        v = self._values(value.reshape(1) if isinstance(value, np.ndarray) else [value], 1)
+        self._v1[0] = v[0]
+        return self._v1
 
     def __getitem__(self, key: Any) -> Any:
         """The value of ``key`` (a copy).
@@ -853,28 +878,23 @@ class OrderedMap(Structure):
         """Insert or overwrite one record. Pages copied: at most 1 (overwrite) or as `put`."""
         self._sync()
         k = self._key1(key)
-        v = self._values(value.reshape(1) if isinstance(value, np.ndarray) else [value], 1)
-        i, p, found = self._find1(k)
-        if not found:
-            c = int(self._counts[i])
-            if c >= self.S:  # the leaf splits: the batch path handles it
-                self._write_sorted(np.array([k], dtype=self.key_dtype), v)
-                return
-            f = self._pm.writable1(self.psid, int(self._seqs[i]))
-            K, V = self._K[f], self._V[f]
-            K[p + 1:c + 1] = K[p:c]  # numpy copies overlapping slices safely
-            V[p + 1:c + 1] = V[p:c]
-            K[p] = k
-            V[p] = v[0]
-            self._hdr["count"][f] = c + 1
+        v = self._value1(value)
+        i, p, found = self._find1(k)  # leaves k in self._q1
+        c = int(self._counts[i])
+        if not found and c >= self.S:  # the leaf splits: the batch path handles it
+            self._write_sorted(self._q1.copy(), v.copy())
+            return
+        f = self._pm.writable1(self.psid, int(self._seqs[i]))
+        if found:
+            self._V[f, p] = v[0]
+        else:
+            _ko.insert_at(self._frames, f, p, c, self._ko, self._ks, self._vo, self._vs,
+                          self._q1b, self._v1b)
+            self._hcount[f] = c + 1
             self._counts[i] = c + 1
             self._n += 1
             if p == 0:
                 self._fence[i] = k
-            self._version += 1
-            return
-        f = self._pm.writable1(self.psid, int(self._seqs[i]))
-        self._V[f, p] = v[0]
         self._version += 1
 
     def __delitem__(self, key: Any) -> None:
@@ -895,14 +915,12 @@ class OrderedMap(Structure):
             self.delete(self._one(key))
             return
         f = self._pm.writable1(self.psid, int(self._seqs[i]))
-        K, V = self._K[f], self._V[f]
-        K[p:c - 1] = K[p + 1:c]
-        V[p:c - 1] = V[p + 1:c]
-        self._hdr["count"][f] = c - 1
+        _ko.delete_at(self._frames, f, p, c, self._ko, self._ks, self._vo, self._vs)
+        self._hcount[f] = c - 1
         self._counts[i] = c - 1
         self._n -= 1
         if p == 0:
-            self._fence[i] = K[0]
+            self._fence[i] = self._K[f, 0]
         self._version += 1
 
     def __contains__(self, key: Any) -> bool:

@@ -53,6 +53,8 @@ from typing import Any, ClassVar, Self
 import numpy as np
 import numpy.typing as npt
 
+from mmm._kernels.pages import chain_order, copy_rows_in, copy_rows_out
+from mmm._kernels.sequence import count_before
 from mmm.errors import (PageFormatError, PoolExhaustedError, RecordTypeError, SchemaError,
                         SchemaMismatchError, StructureNotFoundError)
 from mmm.manager import PageManager
@@ -199,26 +201,13 @@ class _PagedSequence(Structure):
         if bad.any():
             raise PageFormatError(f"{self._what}: page seq {int(seqs[bad][0])} has layout "
                                   f"{int(self._hk[frames][bad][0])}, not SEQUENCE")
-        prev, nxt = self._hp[frames], self._hn[frames]
-        heads = seqs[prev == _NIL]
-        if len(heads) != 1:
-            raise PageFormatError(f"{self._what}: {len(heads)} head pages (prev = NIL) among "
+        order, heads, visited = chain_order(seqs, self._hp[frames], self._hn[frames])
+        if heads != 1:
+            raise PageFormatError(f"{self._what}: {heads} head pages (prev = NIL) among "
                                   f"{len(seqs)} pages")
-        succ = np.full(int(seqs.max()) + 1, -1, np.int64)
-        nn = nxt != _NIL
-        succ[seqs[nn]] = (nxt[nn] & _SEQ_MASK).astype(np.int64)
-        order = np.empty(len(seqs), np.int64)
-        cur = int(heads[0])
-        succ_l = succ.tolist()
-        for i in range(len(seqs)):
-            if cur < 0 or cur >= len(succ_l) or (i and order[i - 1] == cur):
-                raise PageFormatError(f"{self._what}: broken next link after {i} of "
-                                      f"{len(seqs)} pages")
-            order[i] = cur
-            cur = succ_l[cur]
-        if cur != -1 or len(np.unique(order)) != len(seqs) or not np.isin(order, seqs).all():
+        if visited != len(seqs):
             raise PageFormatError(f"{self._what}: next links do not form one chain over the "
-                                  f"{len(seqs)} pages")
+                                  f"{len(seqs)} pages (broken after {visited})")
         self._seqs = order
         self._cnt = self._hc[ps.frames[order]].astype(np.int64)
         self._len = int(self._cnt.sum())
@@ -297,31 +286,30 @@ class _PagedSequence(Structure):
 
     # -- low-level page operations -------------------------------------------------------------
     def _read(self, a: int, b: int) -> np.ndarray:
-        """Records ``[a, b)`` as a new array (page-by-page slice copies)."""
+        """Records ``[a, b)`` as a new array (one compiled copy over the pages)."""
         out = np.empty(max(b - a, 0), self._dt)
-        R = self._R
-        for f, lo, hi, pos in self._spans(a, b, writable=False):
-            out[pos:pos + hi - lo] = R[f, lo:hi]
+        if b > a:
+            fr, first, cnt = self._spans(a, b, writable=False)
+            copy_rows_out(self._pm.pool.frames, fr, first, cnt, HEADER_BYTES, self._dt.itemsize,
+                          out.view(np.uint8))
         return out
 
-    def _spans(self, a: int, b: int, writable: bool) -> Iterator[tuple[int, int, int, int]]:
-        """``(frame, first slot, end slot, position in [a, b))`` of each page holding
-        records ``[a, b)``; with ``writable`` the pages pass the write barrier first."""
-        if b <= a:
-            return
+    def _spans(self, a: int, b: int, writable: bool
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``(frames, first slots, counts)`` of the pages holding records ``[a, b)`` (``b > a``),
+        in order; with ``writable`` the pages pass the write barrier first."""
         cum = self._cumc()
         p0 = int(np.searchsorted(cum, a, "right")) - 1
         p1 = int(np.searchsorted(cum, b - 1, "right")) - 1
         seqs = self._seqs[p0:p1 + 1]
         frames = self._pm.writable(self.psid, seqs) if writable else self._ps.frames[seqs]
-        starts = self._hs[frames].tolist()
-        cl = cum[p0:p1 + 2].tolist()
-        pos = 0
-        for j, f in enumerate(frames.tolist()):
-            lo = max(a, cl[j]) - cl[j]
-            hi = min(b, cl[j + 1]) - cl[j]
-            yield f, starts[j] + lo, starts[j] + hi, pos
-            pos += hi - lo
+        first = self._hs[frames].astype(np.int64)
+        cnt = self._cnt[p0:p1 + 1].copy()
+        lo = a - int(cum[p0])
+        first[0] += lo
+        cnt[-1] = b - int(cum[p1])
+        cnt[0] -= lo
+        return frames, first, cnt
 
     def _slot(self, j: int) -> tuple[int, int]:
         """``(list position, slot)`` of global index ``j`` (in ``[0, len)``)."""
@@ -341,9 +329,10 @@ class _PagedSequence(Structure):
 
     def _write(self, a: int, arr: np.ndarray) -> None:
         """Overwrite records ``[a, a + len(arr))`` in place (no resize)."""
-        R = self._R
-        for f, lo, hi, pos in self._spans(a, a + len(arr), writable=True):
-            R[f, lo:hi] = arr[pos:pos + hi - lo]
+        if len(arr):
+            fr, first, cnt = self._spans(a, a + len(arr), writable=True)
+            copy_rows_in(self._pm.pool.frames, fr, first, cnt, HEADER_BYTES, self._dt.itemsize,
+                         np.ascontiguousarray(arr).view(np.uint8))
 
     def _alloc(self, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Allocate ``k`` sequence pages: ``(seqs, frames)``."""
@@ -718,6 +707,10 @@ class _PagedSequence(Structure):
                 return np.empty(0, self._dt)
             lo, hi = int(idx.min()), int(idx.max()) + 1
             return self._read(lo, hi)[idx - lo]
+        if type(key) is int and (key == 0 or key == -1) and self._len:
+            f = int(self._ps.frames[self._seqs[key]])  # the ends: no cumulative counts
+            st = int(self._hs[f])
+            return self._R[f, st if key == 0 else st + int(self._cnt[-1]) - 1].copy()
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
             p, slot = self._slot(self._index(key))
             return self._R[int(self._ps.frames[self._seqs[p]]), slot].copy()
@@ -1017,14 +1010,35 @@ class _PagedSequence(Structure):
             raise RecordTypeError(f"{self._what}: field {field!r} is not a scalar field")
         if not self._len:
             return 0
+        fdt = col.dtype
+        # the bound in the field's dtype; "< bound" becomes "<= q" when the cast rounded down
+        bnd = np.asarray(bound)
+        if fdt.kind in "iu" and bnd.dtype.kind in "iuf" and bnd.ndim == 0:
+            info = np.iinfo(fdt)
+            if bnd > info.max:
+                n = self._len
+                self._delete(0, n)
+                return n
+            if bnd <= info.min:
+                return 0
+        q = bnd.astype(fdt).reshape(1)
+        right = bool(q[0] < bnd)
+        native = fdt.byteorder in "=|" or (fdt.byteorder == "<") == np.little_endian
+        if fdt.kind in "biufMm" and native:
+            kv = np.dtype("<i8") if fdt.kind in "Mm" else np.dtype(np.uint8) \
+                if fdt.kind == "b" else fdt
+            colk, qk, mode = col.view(kv), q.view(kv), 0
+        else:  # byte strings and non-native byte orders: byte rows (mmm._kernels.ordered)
+            w = fdt.itemsize
+            off = HEADER_BYTES + (self._dt.fields[field][1] if self._dt.fields and field else 0)
+            fb = self._pm.pool.frames
+            colk = np.lib.stride_tricks.as_strided(fb[:, off:], (fb.shape[0], self._S, w),
+                                                   (fb.strides[0], self._dt.itemsize, 1))
+            qk = q.view(np.uint8).reshape(1, w)
+            mode = 0 if fdt.kind in "Su" else 2 if fdt.kind == "f" else 1
         frames = self._ps.frames[self._seqs]
-        st = self._hs[frames].astype(np.int64)
-        last = col[frames, st + self._cnt - 1]
-        k = int(np.searchsorted(last, bound, "left"))   # whole pages with last < bound
-        total = int(self._cumc()[k])
-        if k < len(frames):
-            s, c = int(st[k]), int(self._cnt[k])
-            total += int(np.searchsorted(col[int(frames[k]), s:s + c], bound, "left"))
+        total = count_before(colk, frames, self._hs[frames].astype(np.int64), self._cnt, qk,
+                             right, mode)
         self._delete(0, total)
         return total
 

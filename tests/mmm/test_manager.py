@@ -250,3 +250,23 @@ def test_attach_refuses_foreign_files(tmp_path):
     mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 20, path=path)
     with pytest.raises(mmm.PoolFileError, match="page_bytes=4096"):
         mmm.PageManager.attach(path, page_bytes=8192)
+
+
+def test_snapshot_does_not_import_the_manager() -> None:
+    """The import arrow is one way: mmm.manager -> mmm.snapshot, never back (not even
+    for type checking: a snapshot knows its owner through the SnapshotOwner protocol)."""
+    import ast
+    from pathlib import Path
+    pkg = Path(mmm.__file__).parent
+    imported = set()
+    for node in ast.walk(ast.parse((pkg / "snapshot.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+    assert "mmm.manager" not in imported and "mmm" not in imported, imported
+    assert "mmm.snapshot" in {n.module for n in ast.walk(ast.parse((pkg / "manager.py")
+                              .read_text())) if isinstance(n, ast.ImportFrom)}
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 20)
+    owner: mmm.snapshot.SnapshotOwner = pm  # the manager satisfies the protocol (mypy)
+    assert owner.page_bytes == 4096

@@ -1,0 +1,148 @@
+"""Compiled kernels of the page manager and of the structures' lazy rebuild.
+
+* `group_pages`: the page-table rebuild after a load or a re-attach — PageIDs
+  of the loaded frames, sorted, are checked for duplicates (or deduplicated by
+  version: a crash during copy-on-write leaves two frames with one PageID) and
+  cut into page sets in one pass.
+* `chain_order`: the order of a page set's pages along their ``next`` links
+  (the doubly linked leaves of an `OrderedMap`, the pages of a sequence),
+  checked to be one chain from the single head.
+* `copy_rows_out` / `copy_rows_in`: byte copies of record runs between page
+  frames and a flat buffer, the span reads and writes of every structure.
+
+Kernels never raise for bad data: they return a status the caller turns into a
+`PageFormatError` naming the page at fault.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mmm._kernels import jit
+
+__all__ = ["group_pages", "chain_order", "copy_rows_out", "copy_rows_in"]
+
+_NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_SHIFT = np.uint64(32)
+
+
+@jit
+def group_pages(ids: Any, versions: Any, order: Any, dedupe: bool) -> Any:
+    """Cut loaded frames into page sets.
+
+    ``order`` sorts ``ids`` (PageIDs of the frames, in frame order). Returns
+    ``(keep, lose, set_starts, dup)``: ``keep`` the positions (into ``ids``) of
+    the frames kept, sorted by PageID; ``lose`` the positions of older copies
+    of a repeated PageID (with ``dedupe``; the newest ``version`` wins); and
+    ``set_starts`` the boundaries in ``keep`` of each page set (one more entry
+    than sets). Without ``dedupe`` a repeated PageID is reported in ``dup``
+    (its position, else -1) and nothing else is computed.
+    """
+    n = order.shape[0]
+    keep = np.empty(n, np.int64)
+    lose = np.empty(n, np.int64)
+    starts = np.empty(n + 1, np.int64)
+    nk = 0
+    nl = 0
+    ns = 0
+    i = 0
+    while i < n:
+        j = i + 1
+        cur = ids[order[i]]
+        while j < n and ids[order[j]] == cur:
+            j += 1
+        if j - i > 1 and not dedupe:
+            return keep[:0], lose[:0], starts[:0], order[i]
+        best = order[i]
+        for t in range(i + 1, j):
+            o = order[t]
+            if versions[o] > versions[best]:
+                lose[nl] = best
+                best = o
+            else:
+                lose[nl] = o
+            nl += 1
+        if nk == 0 or (ids[keep[nk - 1]] >> _SHIFT) != (cur >> _SHIFT):
+            starts[ns] = nk
+            ns += 1
+        keep[nk] = best
+        nk += 1
+        i = j
+    starts[ns] = nk
+    ns += 1
+    return keep[:nk], lose[:nl], starts[:ns], -1
+
+
+@jit
+def chain_order(seqs: Any, prev: Any, nxt: Any) -> Any:
+    """Order of pages ``seqs`` along their ``next`` links (PageIDs, NIL at the tail).
+
+    Returns ``(order, heads, visited)``: ``heads`` counts the pages whose
+    ``prev`` is NIL; the chain is valid when ``heads == 1`` and ``visited ==
+    len(seqs)`` (every page once, the last one's ``next`` NIL). Otherwise
+    ``order[:visited]`` is the prefix walked before the chain broke.
+    """
+    n = seqs.shape[0]
+    order = np.empty(n, np.int64)
+    if n == 0:
+        return order, 0, 0
+    top = 0
+    for i in range(n):
+        if seqs[i] > top:
+            top = seqs[i]
+    where = np.full(top + 1, -1, np.int64)
+    for i in range(n):
+        where[seqs[i]] = i
+    heads = 0
+    head = -1
+    for i in range(n):
+        if prev[i] == _NIL:
+            heads += 1
+            head = i
+    if heads != 1:
+        return order, heads, 0
+    seen = np.zeros(n, np.bool_)
+    cur = head
+    k = 0
+    while True:
+        if seen[cur]:
+            return order, heads, k
+        seen[cur] = True
+        order[k] = seqs[cur]
+        k += 1
+        nx = nxt[cur]
+        if nx == _NIL:
+            break
+        s = np.int64(nx & _LOW32)
+        if k == n or s > top or where[s] < 0:
+            return order, heads, k
+        cur = where[s]
+    return order, heads, k
+
+
+@jit
+def copy_rows_out(frames: Any, fr: Any, first: Any, count: Any, off: Any, size: Any,
+                  out: Any) -> None:
+    """Copy ``count[j]`` records of ``size`` bytes from slot ``first[j]`` of frame
+    ``fr[j]`` (record area at byte ``off``) to the flat byte buffer ``out``, in order."""
+    o = 0
+    for j in range(fr.shape[0]):
+        nb = count[j] * size
+        a = off + first[j] * size
+        out[o:o + nb] = frames[fr[j], a:a + nb]
+        o += nb
+
+
+@jit
+def copy_rows_in(frames: Any, fr: Any, first: Any, count: Any, off: Any, size: Any,
+                 src: Any) -> None:
+    """Inverse of `copy_rows_out`: write the flat buffer ``src`` into the frames
+    (which the caller made writable)."""
+    o = 0
+    for j in range(fr.shape[0]):
+        nb = count[j] * size
+        a = off + first[j] * size
+        frames[fr[j], a:a + nb] = src[o:o + nb]
+        o += nb
