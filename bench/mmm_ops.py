@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench._harness import figure, stats, write_result
+from bench._harness import figure, parse_args, stats, write_result
 from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque
 from sguard.operators import Aggregate
@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repeats and join tuples")
     ap.add_argument("--tuples", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=65536, help="batch size of the batch API")
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     repeats = 2 if args.quick else 5
     params = {"tuples": args.tuples, "batch": args.batch, "repeats": repeats,
               "groups": [1000, 10_000, 100_000], "join_window": 2000, "join_keys": 1000}
