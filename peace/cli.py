@@ -230,8 +230,9 @@ def register(subparsers: Any) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     peace = subparsers.add_parser(
         "peace", help="Peace DFS write scheduler: simulate, schedule, serve",
-        description=textwrap.fill("The Peace scheduler of replicated DFS writes (SGuard section 5): simulate "
-                    "Figure 10, print a schedule, or serve the online coordinator."),
+        description=textwrap.fill(
+            "The Peace scheduler of replicated DFS writes (SGuard section 5): simulate "
+            "Figure 10, print a schedule, or serve the online coordinator."),
         epilog="example:\n  sguard peace simulate --writers 8 --sizes-mb 128 --plot fig10.png",
         formatter_class=raw)
     sub = peace.add_subparsers(dest="peace_command", required=True, metavar="COMMAND",
@@ -239,10 +240,11 @@ def register(subparsers: Any) -> None:
 
     sim = sub.add_parser(
         "simulate", help="Figure 10 in simulation (Peace vs baselines)",
-        description=textwrap.fill("Simulate every (writers, size, policy, seed) combination on the paper's "
-                    "17-server topology and print mean response, service time and makespan; "
-                    "optionally plot Figure 10. All outputs are checked before the simulation "
-                    "starts."), epilog=_SIMULATE_EPILOG, formatter_class=raw)
+        description=textwrap.fill(
+            "Simulate every (writers, size, policy, seed) combination on the paper's "
+            "17-server topology and print mean response, service time and makespan; "
+            "optionally plot Figure 10. All outputs are checked before the simulation "
+            "starts."), epilog=_SIMULATE_EPILOG, formatter_class=raw)
     sim.add_argument("--writers", type=_positive_int, nargs="+", default=[8, 12, 16],
                      help="numbers of concurrent writers, at most 17 (default: %(default)s)")
     sim.add_argument("--sizes-mb", type=_positive_int, nargs="+", default=[128, 256, 512],
@@ -261,8 +263,9 @@ def register(subparsers: Any) -> None:
 
     sch = sub.add_parser(
         "schedule", help="run the scheduler offline and print the schedule",
-        description=textwrap.fill("Schedule the given write requests once, print each chunk's pipeline and "
-                    "check the schedule with the independent validator."),
+        description=textwrap.fill(
+            "Schedule the given write requests once, print each chunk's pipeline and "
+            "check the schedule with the independent validator."),
         epilog=_SCHEDULE_EPILOG, formatter_class=raw)
     sch.add_argument("--topology", default="figure5",
                      help="figure5, paper, paper-bw or a JSON topology file (default %(default)s)")
@@ -277,8 +280,9 @@ def register(subparsers: Any) -> None:
 
     srv = sub.add_parser(
         "serve", help="serve the online coordinator on a local TCP port",
-        description=textwrap.fill("Serve the online Peace coordinator (JSON lines over TCP) until interrupted "
-                    "or for --serve-s seconds."), epilog=_SERVE_EPILOG, formatter_class=raw)
+        description=textwrap.fill(
+            "Serve the online Peace coordinator (JSON lines over TCP) until interrupted "
+            "or for --serve-s seconds."), epilog=_SERVE_EPILOG, formatter_class=raw)
     srv.add_argument("--topology", default="paper",
                      help="figure5, paper, paper-bw or a JSON topology file (default %(default)s)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")

@@ -80,7 +80,7 @@ done
 echo "sguard $VERSION: --version, --help of every command: ok"
 
 step "the test suite against the installed package"
-cp -rp "$ROOT/tests" "$ROOT/notebooks" "$ROOT/pytest.ini" "$ROOT/README.md" "$RUN/"
+cp -rp "$ROOT/tests" "$ROOT/notebooks" "$ROOT/pytest.ini" "$RUN/"
 export SGUARD_REPO="$ROOT" SGUARD_TEST_INSTALLED=1
 set +e
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$RUN" "$@"

@@ -80,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every registered subsystem's subcommands."""
     parser = OneLineErrorParser(
         prog="sguard",
-        description=textwrap.fill("sguard: fault tolerance for stateful stream processing (SGuard, VLDB 2008): "
-                    "operator state in mmm pages, asynchronous copy-on-write checkpoints to a "
-                    "distributed file system, the Peace write scheduler."),
+        description=textwrap.fill(
+            "sguard: fault tolerance for stateful stream processing (SGuard, VLDB 2008): "
+            "operator state in mmm pages, asynchronous copy-on-write checkpoints to a "
+            "distributed file system, the Peace write scheduler."),
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="print the installed version and exit")

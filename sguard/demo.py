@@ -265,13 +265,14 @@ def register(sub: Any) -> None:
     """Add the ``demo`` subcommand to the sguard CLI."""
     p = sub.add_parser(
         "demo", help="the Aggregate demo: async checkpoints, SIGKILL, recovery, exactly-once check",
-        description=textwrap.fill("Run an Aggregate operator (count / first / last timestamp per key) with its "
-                    "state in mmm pages and asynchronous incremental checkpoints to a local "
-                    "directory, in a worker process that kills itself with SIGKILL mid-run; then "
-                    "recover the latest complete checkpoint, check it against an oracle, replay "
-                    "the rest of the stream and check the final state against a failure-free "
-                    "run. Each run writes into a new directory ROOT/run-N and never touches "
-                    "anything else."),
+        description=textwrap.fill(
+            "Run an Aggregate operator (count / first / last timestamp per key) with its "
+            "state in mmm pages and asynchronous incremental checkpoints to a local "
+            "directory, in a worker process that kills itself with SIGKILL mid-run; then "
+            "recover the latest complete checkpoint, check it against an oracle, replay "
+            "the rest of the stream and check the final state against a failure-free "
+            "run. Each run writes into a new directory ROOT/run-N and never touches "
+            "anything else."),
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", type=positive_int, default=60,
                    help="batches in the stream (default %(default)s)")
