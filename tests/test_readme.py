@@ -208,3 +208,45 @@ def test_bare_sguard_is_not_assumed_on_path() -> None:
                    flags=re.S | re.M)
     for cmd in commands(text) + re.findall(r"`([^`\n]+)`", prose):
         assert not re.match(r"^(sguard|python3?|pytest) ", cmd), cmd
+
+
+def test_readme_s3_configuration_works_against_a_real_s3(tmp_path: Path) -> None:
+    """The README's S3 lines (```text: they need a service) work with its placeholders
+    filled in for a local SeaweedFS cluster: the documented environment variables are
+    the ones `sguard checkpoints` reads."""
+    import numpy as np
+
+    import mmm
+    from ioservice import CheckpointManager, open_root
+    from ioservice.testing import SeaweedCluster
+    from mmm.structures.hashmap import HashMap
+
+    text = (checkout() / "README.md").read_text(encoding="utf-8")
+    lines = [ln.strip() for body in blocks(text, "text") for ln in body.splitlines()]
+    s3_lines = [ln for ln in lines if "SGUARD_S3_ENDPOINT" in ln or "s3://" in ln]
+    assert len(s3_lines) == 2 and s3_lines[0].startswith("export "), s3_lines
+    with SeaweedCluster() as cluster:
+        cluster.create_bucket("readme")
+        host_port = cluster.s3_endpoint.removeprefix("http://")
+        root = open_root("s3://readme/ckpt", s3_endpoint=cluster.s3_endpoint,
+                         s3_access_key=cluster.access_key, s3_secret_key=cluster.secret_key)
+        pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+        counts = HashMap.create(pm, "counts", key="<u4", value=[("n", "<i8")])
+        counts.upsert(np.arange(100, dtype="<u4"), combine={"n": "count"})
+        with CheckpointManager(pm, root, "readme0") as mgr:
+            pending = mgr.checkpoint()
+            assert pending is not None
+            pending.result()
+        fill = {"<host>:<port>": host_port, "<key>": cluster.access_key,
+                "<secret>": cluster.secret_key, "<bucket>": "readme", "<prefix>": "ckpt"}
+        script = "\n".join(s3_lines)
+        for placeholder, value in fill.items():
+            script = script.replace(placeholder, value)
+        assert "<" not in script, script
+        clone = fresh_clone(checkout(), tmp_path / "clone")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("AWS_", "SGUARD_S3")) and k != "PYTHONPATH"}
+        out = subprocess.run(["bash", "-ec", script], cwd=clone, env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "readme0-1" in out.stdout, out.stdout  # the checkpoint written above
