@@ -60,8 +60,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench import _harness
-from bench._harness import figure, write_result
+from bench._harness import figure, parse_args, write_result
 from bench.mmm_ops import dict_update
 from ioservice import CheckpointManager, CheckpointPolicy
 from sguard.operators import Aggregate
@@ -321,10 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"),
-                    help="directory for the JSON and PNG (default bench/out)")
-    args = ap.parse_args(argv)
-    _harness.RESULTS = Path(args.out)
+    args = parse_args(ap, argv)
     state_mb = args.state_mb or (32 if args.quick else 128)
     interval = args.interval_s or (5.0 if args.quick else 20.0)
     first = args.first_s or (1.5 if args.quick else 10.0)

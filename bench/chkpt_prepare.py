@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench._harness import figure, stats, write_result
+from bench._harness import figure, parse_args, stats, write_result
 from sguard.operators import Aggregate
 
 MB = 1 << 20
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     sizes_mb = [16, 64, 256, 1024]
     pickle_max = 256 if args.quick else 1024
     deepcopy_max = 64 if args.quick else 256

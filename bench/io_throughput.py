@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench._harness import figure, stats, write_result
+from bench._harness import figure, parse_args, stats, write_result
 from ioservice import CheckpointManager, CheckpointPolicy, IOService, StorageRoot, open_root
 from ioservice.format import checkpoint_dir
 from ioservice.recovery import read_manifest, restore
@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, nargs="+", default=list(WORKERS))
     ap.add_argument("--no-seaweedfs", action="store_true")
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     local_mb = args.local_mb or (256 if args.quick else 1024)
     s3_mb = args.s3_mb or (64 if args.quick else 256)
     repeats = args.repeats or (4 if args.quick else 7)

@@ -37,10 +37,8 @@ from typing import Any
 
 import numpy as np
 
-import bench._harness as harness
 import mmm
-from bench import _harness
-from bench._harness import figure, stats, write_result
+from bench._harness import figure, parse_args, stats, write_result
 from mmm._kernels import jit
 from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque, PagedList
@@ -460,13 +458,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=65536, help="batch size of the batch API")
     ap.add_argument("--parts", default="agg,join,structures",
                     help="comma-separated experiments to run (agg, join, structures)")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"),
-                    help="directory for the JSON and PNG (default bench/out)")
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     parts = set(args.parts.split(","))
     if not parts <= {"agg", "join", "structures"}:
-        ap.error(f"--parts {args.parts!r}: choose among agg, join, structures")
-    _harness.RESULTS = Path(args.out)
+        ap.exit(2, f"{ap.prog}: error: argument --parts: {args.parts!r}: choose among agg, join, structures\n")
     repeats = 2 if args.quick else 5
     params = {"tuples": args.tuples, "batch": args.batch, "repeats": repeats,
               "groups": [1000, 10_000, 100_000, 1_000_000], "join_window": 2000, "join_keys": 1000}

@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.peace_fig10", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer seeds and writers (CI, ~1 min)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per configuration")
-    args = ap.parse_args(argv)
+    args = _harness.parse_args(ap, argv)
     t_start = time.perf_counter()
     seeds = list(range(args.seeds if args.seeds is not None else (2 if args.quick else 5)))
     big_writers = 200 if args.quick else 400

@@ -45,8 +45,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench import _harness
-from bench._harness import figure, stats, write_result
+from bench._harness import figure, parse_args, stats, write_result
 from bench.io_throughput import _evict
 from ioservice import CheckpointManager, IOService, StorageRoot, open_root
 from ioservice.recovery import restore
@@ -173,10 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, nargs="+", default=[1 << 13, 1 << 16])
     ap.add_argument("--workers", type=int, default=4, help="I/O threads (both sides)")
     ap.add_argument("--repeats", type=int, default=None, help="default 7, --quick 3")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"),
-                    help="directory for the JSON and PNG (default bench/out)")
-    args = ap.parse_args(argv)
-    _harness.RESULTS = Path(args.out)
+    args = parse_args(ap, argv)
     sizes = args.sizes_mb or ([64, 512] if args.quick else [64, 128, 256, 512])
     repeats = args.repeats or (3 if args.quick else 7)
     tmp = tempfile.mkdtemp(prefix="sguard-recovery-")

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -48,11 +50,79 @@ def load_topology(spec: str) -> Topology:
         return Topology.from_dict(json.load(fh))
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free port) to 65535."""
+    value = _nonnegative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 0..65535, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """argparse type: a number in (0, 1]."""
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def _output_file(text: str) -> str:
+    """argparse type: a file to write, in a directory that exists (checked before any work)."""
+    parent = os.path.dirname(os.path.abspath(text)) if text.strip() else ""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a file path, got an empty string")
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"directory {parent} of {text!r} does not exist")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, expected a file path")
+    if not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"directory {parent} of {text!r} is not writable")
+    return text
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from peace.experiment import aggregate, plot_figure10, run_grid
 
+    n_servers = len(paper_topology().servers)
+    if max(args.writers) > n_servers:
+        print(f"sguard peace simulate: error: argument --writers: at most {n_servers} (the "
+              f"paper topology's servers), got {max(args.writers)}", file=sys.stderr)
+        return 2
     seeds = list(range(args.seeds))
     total = len(args.writers) * len(args.sizes_mb) * len(args.policies) * len(seeds)
     with tqdm(total=total, desc="peace simulate", unit="run", disable=args.no_progress) as bar:
@@ -133,44 +203,100 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+_SIMULATE_EPILOG = """\
+example:
+  sguard peace simulate --writers 8 --sizes-mb 128 --plot fig10.png   # about a minute
+  sguard peace simulate --writers 8 12 16 --sizes-mb 128 256 512 --seeds 3 --json runs.json
+"""
+
+_SCHEDULE_EPILOG = """\
+example:
+  sguard peace schedule --request svr1.1,2,1 --request svr2.1,2,1
+  sguard peace schedule --topology paper --variant paper --request svr1.1,3,4
+"""
+
+_SERVE_EPILOG = """\
+example:
+  sguard peace serve --port 7077            # until Ctrl-C
+  sguard peace serve --serve-s 60           # any free port, for one minute
+"""
+
+
 def register(subparsers: Any) -> None:
     """Add the ``peace`` subcommand (and its leaves) to the top-level ``sguard`` parser."""
     from peace.experiment import ALL_POLICIES, FIG10_POLICIES
     from peace.scheduler import VARIANTS
 
-    peace = subparsers.add_parser("peace", help="Peace DFS write scheduler: simulate, schedule, serve")
-    sub = peace.add_subparsers(dest="peace_command", required=True)
+    raw = argparse.RawDescriptionHelpFormatter
+    peace = subparsers.add_parser(
+        "peace", help="Peace DFS write scheduler: simulate, schedule, serve",
+        description=textwrap.fill(
+            "The Peace scheduler of replicated DFS writes (SGuard section 5): simulate "
+            "Figure 10, print a schedule, or serve the online coordinator."),
+        epilog="example:\n  sguard peace simulate --writers 8 --sizes-mb 128 --plot fig10.png",
+        formatter_class=raw)
+    sub = peace.add_subparsers(dest="peace_command", required=True, metavar="COMMAND",
+                               title="commands")
 
-    sim = sub.add_parser("simulate", help="Figure 10 in simulation (Peace vs baselines)")
-    sim.add_argument("--writers", type=int, nargs="+", default=[8, 12, 16])
-    sim.add_argument("--sizes-mb", type=int, nargs="+", default=[128, 256, 512])
+    sim = sub.add_parser(
+        "simulate", help="Figure 10 in simulation (Peace vs baselines)",
+        description=textwrap.fill(
+            "Simulate every (writers, size, policy, seed) combination on the paper's "
+            "17-server topology and print mean response, service time and makespan; "
+            "optionally plot Figure 10. All outputs are checked before the simulation "
+            "starts."), epilog=_SIMULATE_EPILOG, formatter_class=raw)
+    sim.add_argument("--writers", type=_positive_int, nargs="+", default=[8, 12, 16],
+                     help="numbers of concurrent writers, at most 17 (default: %(default)s)")
+    sim.add_argument("--sizes-mb", type=_positive_int, nargs="+", default=[128, 256, 512],
+                     help="checkpoint size per writer in MB (default: %(default)s)")
     sim.add_argument("--policies", nargs="+", default=list(FIG10_POLICIES), choices=ALL_POLICIES,
                      help="peace = improved scheduler, peace-paper = Algorithm 1 as published "
                           "(both on the paper's capacity 2); default: %(default)s")
-    sim.add_argument("--seeds", type=int, default=1, help="runs per configuration")
-    sim.add_argument("--plot", metavar="PNG", help="write the Figure 10 plot here")
-    sim.add_argument("--json", metavar="PATH", help="write every run as JSON here")
+    sim.add_argument("--seeds", type=_positive_int, default=1,
+                     help="runs per configuration (default %(default)s)")
+    sim.add_argument("--plot", metavar="PNG", type=_output_file,
+                     help="write the Figure 10 plot here (its directory must exist)")
+    sim.add_argument("--json", metavar="PATH", type=_output_file,
+                     help="write every run as JSON here (its directory must exist)")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sim.set_defaults(func=_cmd_simulate)
 
-    sch = sub.add_parser("schedule", help="run the scheduler offline and print the schedule")
+    sch = sub.add_parser(
+        "schedule", help="run the scheduler offline and print the schedule",
+        description=textwrap.fill(
+            "Schedule the given write requests once, print each chunk's pipeline and "
+            "check the schedule with the independent validator."),
+        epilog=_SCHEDULE_EPILOG, formatter_class=raw)
     sch.add_argument("--topology", default="figure5",
-                     help="figure5, paper, paper-bw or a JSON topology file")
+                     help="figure5, paper, paper-bw or a JSON topology file (default %(default)s)")
     sch.add_argument("--request", type=_parse_request, action="append", required=True,
-                     metavar="WRITER,R,K")
-    sch.add_argument("--seed", type=int, default=0)
+                     metavar="WRITER,R,K",
+                     help="a write request: writer server, replication R, chunks K (repeatable)")
+    sch.add_argument("--seed", type=_nonnegative_int, default=0,
+                     help="tie-breaking seed (default %(default)s)")
     sch.add_argument("--variant", choices=sorted(VARIANTS), default="improved",
                      help="improved (default) or paper (Algorithm 1 as published)")
     sch.set_defaults(func=_cmd_schedule)
 
-    srv = sub.add_parser("serve", help="serve the online coordinator on a local TCP port")
-    srv.add_argument("--topology", default="paper")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=0)
-    srv.add_argument("--seed", type=int, default=0)
+    srv = sub.add_parser(
+        "serve", help="serve the online coordinator on a local TCP port",
+        description=textwrap.fill(
+            "Serve the online Peace coordinator (JSON lines over TCP) until interrupted "
+            "or for --serve-s seconds."), epilog=_SERVE_EPILOG, formatter_class=raw)
+    srv.add_argument("--topology", default="paper",
+                     help="figure5, paper, paper-bw or a JSON topology file (default %(default)s)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    srv.add_argument("--port", type=_port, default=0,
+                     help="TCP port, 0 = any free port (default %(default)s)")
+    srv.add_argument("--seed", type=_nonnegative_int, default=0,
+                     help="tie-breaking seed (default %(default)s)")
     srv.add_argument("--variant", choices=sorted(VARIANTS), default="improved",
                      help="improved (default) or paper (Algorithm 1 as published)")
-    srv.add_argument("--advance-fraction", type=float, default=0.8)
-    srv.add_argument("--max-pending", type=int, default=None)
-    srv.add_argument("--serve-s", type=float, default=None, help="stop after this many seconds")
+    srv.add_argument("--advance-fraction", type=_fraction, default=0.8,
+                     help="fraction of a timestep's chunks done before the next one is "
+                          "scheduled, in (0, 1] (default %(default)s)")
+    srv.add_argument("--max-pending", type=_positive_int, default=None,
+                     help="refuse new requests beyond this many pending (default: no limit)")
+    srv.add_argument("--serve-s", type=_positive_float, default=None,
+                     help="stop after this many seconds (default: run until Ctrl-C)")
     srv.set_defaults(func=_cmd_serve)

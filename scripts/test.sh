@@ -1,5 +1,90 @@
 #!/usr/bin/env bash
-# Runs the whole test suite in a fresh virtual environment (created on first use).
+# The README's test command, and CI's (.ci/run): tests the package as a user installs it.
+#
+#   bash scripts/test.sh [pytest args]        e.g.  bash scripts/test.sh -x -q -k demo
+#
+# 1. creates .venv (once; the README's environment, editable) -- it provides `build`;
+# 2. builds the wheel from a copy of this checkout (nothing is written into the checkout);
+# 3. installs the wheel, not editable, with its test extras into a separate venv
+#    ($SGUARD_TEST_WORK/venv, default build/test-wheel/venv: created fresh on first use and
+#    whenever pyproject.toml changes; the sguard wheel is reinstalled on every run);
+# 4. smoke-tests the installed `sguard` command (--version, --help of every command);
+# 5. runs pytest on a copy of tests/ outside the checkout, so `import mmm` can only find the
+#    installed package (tests/sguard/test_install.py asserts it is under site-packages).
+#
+# SGUARD_TEST_SOURCE=1 skips 2-5 and runs pytest on the source tree in .venv (a quicker loop
+# while editing; CI never uses it).
 source "$(dirname "$0")/_venv.sh"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
-exec python -m pytest -q "$@"
+if [ "${SGUARD_TEST_SOURCE:-0}" = 1 ]; then
+  exec python -m pytest -q "$@"
+fi
+
+WORK="${SGUARD_TEST_WORK:-$ROOT/build/test-wheel}"
+mkdir -p "$WORK"
+WORK="$(cd "$WORK" && pwd)"
+step() { printf '\n== %s (%ss)\n' "$*" "$SECONDS"; }
+
+# A copy of the checkout's files (tracked and untracked, minus what git ignores).
+copy_checkout() {  # copy_checkout DEST
+  rm -rf "$1" && mkdir -p "$1"
+  if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git -C "$ROOT" ls-files -z --cached --others --exclude-standard \
+      | (cd "$ROOT" && xargs -0 -r cp -p --parents -t "$1" 2>/dev/null || true)
+  else
+    (cd "$ROOT" && tar --exclude=./.venv --exclude=./build --exclude=./.git -cf - .) \
+      | tar -xf - -C "$1"
+  fi
+}
+
+step "building the wheel"
+copy_checkout "$WORK/src"
+rm -rf "$WORK/dist"
+python -m build --wheel --outdir "$WORK/dist" "$WORK/src" >"$WORK/build.log" 2>&1 \
+  || { cat "$WORK/build.log"; exit 1; }
+WHEEL="$(ls "$WORK"/dist/sguard-*.whl)"
+echo "$WHEEL"
+
+step "installing it (not editable) with the test extras into a fresh venv"
+VENV="$WORK/venv"
+if [ ! -x "$VENV/bin/python" ] || [ pyproject.toml -nt "$VENV/.sguard-deps" ]; then
+  rm -rf "$VENV"
+  "${PYTHON:-python3}" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "${WHEEL}[test]"
+  touch "$VENV/.sguard-deps"
+fi
+"$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$WHEEL"
+
+step "CLI smoke tests of the installed command"
+RUN="$WORK/run"
+rm -rf "$RUN" && mkdir -p "$RUN"
+cd "$RUN"
+VERSION="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sguard"))')"
+test "$("$VENV/bin/sguard" --version)" = "sguard $VERSION"
+"$VENV/bin/python" - <<'EOF'
+import importlib, sysconfig
+from pathlib import Path
+site = Path(sysconfig.get_paths()["purelib"]).resolve()
+for name in ("mmm", "mmm.structures", "ioservice", "peace", "sguard"):
+    f = Path(importlib.import_module(name).__file__).resolve()
+    assert site in f.parents, f"{name} imported from {f}, not from {site}"
+print(f"mmm, ioservice, peace, sguard import from {site}")
+EOF
+for cmd in "" demo checkpoints "checkpoints ls" "checkpoints verify" "checkpoints show" \
+           peace "peace simulate" "peace schedule" "peace serve"; do
+  # shellcheck disable=SC2086
+  "$VENV/bin/sguard" $cmd --help >/dev/null || { echo "sguard $cmd --help failed"; exit 1; }
+done
+"$VENV/bin/sguard" demo --batches -5 2>/dev/null && { echo "a bad argument was accepted"; exit 1; }
+echo "sguard $VERSION: --version, --help of every command: ok"
+
+step "the test suite against the installed package"
+cp -rp "$ROOT/tests" "$ROOT/notebooks" "$ROOT/pytest.ini" "$RUN/"
+export SGUARD_REPO="$ROOT" SGUARD_TEST_INSTALLED=1
+set +e
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$RUN" "$@"
+rc=$?
+set -e
+step "done, pytest exit status $rc"
+exit $rc

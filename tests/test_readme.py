@@ -1,0 +1,252 @@
+"""Every command in the README works as written, from a copy of the checkout.
+
+The README's ```bash blocks are run line by line, in order, by ``bash`` in one
+scratch copy of the checkout (a "fresh clone") whose ``.venv`` is the
+checkout's own, already set up by the README's first commands (``scripts/test.sh``
+sources ``scripts/_venv.sh`` before the suite starts). Its ```python blocks are
+run by the interpreter under test. ```text blocks (commands that need your own
+S3 or HDFS service) are not run.
+
+Long commands run in a reduced form: the command exactly as written, with
+arguments appended that make it small (argparse takes the last value of an
+option), so the script, module and every option written in the README must
+exist and parse. Commands without a size knob run as ``--help`` by default and
+in full under ``-m slow``, as does every command unreduced. A README command
+that is neither run nor listed in `REDUCED` fails the test: add an entry when a
+new long command is documented.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+#: appended to a command (matched by its leading words) to run it small
+REDUCED: dict[tuple[str, ...], list[str]] = {
+    # the main job; the demo's options while scripts/demo.sh runs `sguard demo`
+    ("bash", "scripts/demo.sh"): ["--batches", "6", "--batch", "2000", "--groups", "1500",
+                                  "--checkpoint-every", "1", "--page-bytes", "4096"],
+    (".venv/bin/sguard", "demo"): ["--batches", "6", "--batch", "2000", "--groups", "1500",
+                                   "--checkpoint-every", "1", "--page-bytes", "4096"],
+    (".venv/bin/sguard", "peace", "simulate"): ["--writers", "4", "--sizes-mb", "128",
+                                                "--policies", "peace", "hdfs", "--no-progress"],
+    (".venv/bin/python", "-m", "bench.mmm_ops"): ["--tuples", "20000", "--batch", "4096"],
+    (".venv/bin/python", "-m", "bench.chkpt_latency"): [
+        "--state-mb", "4", "--duration-s", "2", "--first-s", "0.5", "--interval-s", "1",
+        "--partitions", "1"],
+    (".venv/bin/python", "-m", "bench.io_throughput"): [
+        "--local-mb", "8", "--repeats", "1", "--workers", "1", "--no-seaweedfs"],
+    (".venv/bin/python", "-m", "bench.recovery"): [
+        "--sizes-mb", "4", "--repeats", "1", "--page-bytes", "65536"],
+    # no size knob: --help by default (the module and its options exist), full under -m slow
+    (".venv/bin/python", "-m", "bench.chkpt_prepare"): ["--help"],
+    (".venv/bin/python", "-m", "bench.peace_fig10"): ["--help"],
+}
+#: the README's test command is the suite running this very test; CI runs it (checked below)
+SELF = ("bash", "scripts/test.sh")
+TIMEOUT_S = 900
+
+
+def checkout() -> Path:
+    """The checkout whose README is tested: ``$SGUARD_REPO`` or the directory above tests/."""
+    env = os.environ.get("SGUARD_REPO")
+    root = Path(env) if env else Path(__file__).resolve().parents[1]
+    assert (root / "README.md").is_file() and (root / "scripts").is_dir(), \
+        f"no checkout at {root}: set SGUARD_REPO"
+    return root
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    """The bodies of the fenced ```<lang> blocks of a markdown text."""
+    return [m.group(1) for m in re.finditer(rf"^```{lang}\n(.*?)^```", text, re.S | re.M)]
+
+
+def commands(text: str) -> list[str]:
+    """The command lines of the bash blocks (continuations joined, comments kept)."""
+    out: list[str] = []
+    for body in blocks(text, "bash"):
+        pending = ""
+        for line in body.splitlines():
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            line = pending + line
+            pending = ""
+            if line.strip() and not line.strip().startswith("#"):
+                out.append(line.strip())
+    return out
+
+
+def inline_commands(text: str) -> list[str]:
+    """Inline code spans of the prose that are complete commands (no placeholders).
+
+    A span counts when it starts with ``bash scripts/`` or ``.venv/bin/`` and has
+    arguments; spans with ``<``, ``[``, ``|``, ``...`` or upper-case placeholders
+    are patterns, not commands.
+    """
+    prose = re.sub(r"^```.*?^```", "", re.sub(r"<!--.*?-->", "", text, flags=re.S),
+                   flags=re.S | re.M)
+    spans = re.findall(r"`([^`\n]+)`", prose)
+    return [s for s in spans if re.match(r"^(bash scripts/|\.venv/bin/)\S+ \S", s)
+            and not re.search(r"[<\[|]|\.\.\.|\b[A-Z]{3,}\b", s)]
+
+
+def reduction(command: str) -> tuple[tuple[str, ...] | None, list[str]]:
+    """The `REDUCED` key matching ``command`` and what to append (None: run as written)."""
+    words = tuple(shlex.split(command, comments=True))
+    for key, extra in REDUCED.items():
+        if words[:len(key)] == key:
+            return key, extra
+    return None, []
+
+
+def fresh_clone(src: Path, dest: Path) -> Path:
+    """Copy the checkout's files (no .git, .venv, build output, run data); link its .venv."""
+    ignore = shutil.ignore_patterns(".git", ".venv", "build", "__pycache__", "*.egg-info",
+                                    "sguard-data", ".mypy_cache", ".hypothesis", "out")
+    shutil.copytree(src, dest, ignore=ignore, symlinks=True)
+    venv = src / ".venv"
+    stamp = venv / ".sguard-installed"
+    assert (venv / "bin" / "python").exists() and stamp.exists(), \
+        f"{venv} is not set up: run `bash scripts/demo.sh --help` (the README's first command)"
+    assert stamp.stat().st_mtime >= (src / "pyproject.toml").stat().st_mtime, \
+        f"{venv} is older than pyproject.toml: run `bash scripts/demo.sh --help` to refresh it"
+    (dest / ".venv").symlink_to(venv, target_is_directory=True)
+    return dest
+
+
+def _digest(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.glob("*"))}
+
+
+def run_readme(tmp_path: Path, full: bool) -> list[str]:
+    """Run every README command in a fresh copy; returns what was run. Asserts each succeeds."""
+    src = checkout()
+    text = (src / "README.md").read_text(encoding="utf-8")
+    cmds = commands(text)
+    assert len(cmds) >= 10, cmds
+    cmds += [c for c in inline_commands(text) if c not in cmds]
+    clone = fresh_clone(src, tmp_path / "clone")
+    results_before = _digest(clone / "bench" / "results")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "SGUARD_TEST_INSTALLED")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not p.startswith(sys.prefix))
+    ran: list[str] = []
+    for cmd in cmds:
+        words = tuple(shlex.split(cmd, comments=True))
+        if words[:len(SELF)] == SELF:
+            continue
+        key, extra = reduction(cmd)
+        line = cmd if full or key is None else shlex.join([*words, *extra])
+        out = subprocess.run(["bash", "-c", line], cwd=clone, env=env, capture_output=True,
+                             text=True, timeout=TIMEOUT_S)
+        assert out.returncode == 0, (f"README command failed (exit {out.returncode}): {line}\n"
+                                     f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        ran.append(line)
+        if (len(words) >= 3 and words[:2] == (".venv/bin/python", "-m")
+                and words[2].startswith("bench.") and "--help" not in line):
+            name = words[2].split(".", 1)[1]
+            assert (clone / "bench" / "out" / f"{name}.json").is_file(), line
+            assert (clone / "bench" / "out" / f"{name}.png").is_file(), line
+    assert _digest(clone / "bench" / "results") == results_before, \
+        "a README command changed the committed bench/results"
+    return ran
+
+
+def test_every_readme_bash_command_runs_as_written(tmp_path: Path) -> None:
+    """Each command of the README's bash blocks exits 0 in a fresh copy (reduced if long)."""
+    ran = run_readme(tmp_path, full=False)
+    assert any(r.startswith(".venv/bin/sguard checkpoints ls") for r in ran)
+    assert any(r.startswith("bash scripts/demo.sh") for r in ran)
+
+
+@pytest.mark.slow
+def test_every_readme_bash_command_runs_in_full(tmp_path: Path, request: pytest.FixtureRequest
+                                                ) -> None:
+    """The same, unreduced (5-30 minutes: opt-in with ``-m slow`` or ``SGUARD_SLOW=1``)."""
+    markexpr = str(request.config.getoption("markexpr") or "")
+    if os.environ.get("SGUARD_SLOW") != "1" and not re.fullmatch(r"\s*slow\s*", markexpr):
+        pytest.skip("opt-in: -m slow or SGUARD_SLOW=1")
+    run_readme(tmp_path, full=True)
+
+
+def test_readme_python_blocks_run(tmp_path: Path) -> None:
+    """Each ```python block of the README runs without error on the package under test."""
+    text = (checkout() / "README.md").read_text(encoding="utf-8")
+    bodies = blocks(text, "python")
+    assert len(bodies) >= 2
+    for body in bodies:
+        out = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, f"README python block failed:\n{body}\n{out.stderr[-3000:]}"
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    """The README's `bash scripts/test.sh` is CI's entry point (so this suite runs it)."""
+    src = checkout()
+    readme = commands((src / "README.md").read_text(encoding="utf-8"))
+    assert any(tuple(shlex.split(c, comments=True)) == SELF for c in readme), readme
+    ci = (src / ".ci" / "run").read_text(encoding="utf-8")
+    assert re.search(r"^\s*bash scripts/test\.sh\b", ci, re.M), ci
+
+
+def test_bare_sguard_is_not_assumed_on_path() -> None:
+    """No README command, in a block or inline, calls a bare `sguard` / `python` / `pytest`.
+
+    They live in .venv/bin, which the README's two commands do not put on PATH.
+    """
+    text = (checkout() / "README.md").read_text(encoding="utf-8")
+    prose = re.sub(r"^```.*?^```", "", re.sub(r"<!--.*?-->", "", text, flags=re.S),
+                   flags=re.S | re.M)
+    for cmd in commands(text) + re.findall(r"`([^`\n]+)`", prose):
+        assert not re.match(r"^(sguard|python3?|pytest) ", cmd), cmd
+
+
+def test_readme_s3_configuration_works_against_a_real_s3(tmp_path: Path) -> None:
+    """The README's S3 lines (```text: they need a service) work with its placeholders
+    filled in for a local SeaweedFS cluster: the documented environment variables are
+    the ones `sguard checkpoints` reads."""
+    import numpy as np
+
+    import mmm
+    from ioservice import CheckpointManager, open_root
+    from ioservice.testing import SeaweedCluster
+    from mmm.structures.hashmap import HashMap
+
+    text = (checkout() / "README.md").read_text(encoding="utf-8")
+    lines = [ln.strip() for body in blocks(text, "text") for ln in body.splitlines()]
+    s3_lines = [ln for ln in lines if "SGUARD_S3_ENDPOINT" in ln or "s3://" in ln]
+    assert len(s3_lines) == 2 and s3_lines[0].startswith("export "), s3_lines
+    with SeaweedCluster() as cluster:
+        cluster.create_bucket("readme")
+        host_port = cluster.s3_endpoint.removeprefix("http://")
+        root = open_root("s3://readme/ckpt", s3_endpoint=cluster.s3_endpoint,
+                         s3_access_key=cluster.access_key, s3_secret_key=cluster.secret_key)
+        pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+        counts = HashMap.create(pm, "counts", key="<u4", value=[("n", "<i8")])
+        counts.upsert(np.arange(100, dtype="<u4"), combine={"n": "count"})
+        with CheckpointManager(pm, root, "readme0") as mgr:
+            pending = mgr.checkpoint()
+            assert pending is not None
+            pending.result()
+        fill = {"<host>:<port>": host_port, "<key>": cluster.access_key,
+                "<secret>": cluster.secret_key, "<bucket>": "readme", "<prefix>": "ckpt"}
+        script = "\n".join(s3_lines)
+        for placeholder, value in fill.items():
+            script = script.replace(placeholder, value)
+        assert "<" not in script, script
+        clone = fresh_clone(checkout(), tmp_path / "clone")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("AWS_", "SGUARD_S3")) and k != "PYTHONPATH"}
+        out = subprocess.run(["bash", "-ec", script], cwd=clone, env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "readme0-1" in out.stdout, out.stdout  # the checkpoint written above
