@@ -39,8 +39,8 @@ import numpy as np
 from peace.errors import (CannotScheduleNowError, CoordinatorStateError, ScheduleInfeasibleError,
                           UnknownRequestError)
 from peace.model import Network, Topology, build_network
-from peace.scheduler import (RACK_AWARE, ChunkPlacement, Heuristics, PeaceScheduler, ReplicaTemplate,
-                             WriteRequest)
+from peace.scheduler import (RACK_AWARE, ChunkPlacement, Heuristics, ReplicaTemplate, WriteRequest,
+                             make_scheduler)
 
 __all__ = ["RequestState", "RequestStatus", "CoordinatorStats", "Coordinator"]
 
@@ -116,7 +116,7 @@ class Coordinator:
         Seed of the randomized shortest paths.
     method, variant, lookahead
         Passed to :class:`~peace.scheduler.PeaceScheduler`: ``variant="improved"``
-        (default) or ``"paper"`` (Algorithm 1 as published).
+        (default), ``"paper"`` (Algorithm 1 as published) or ``"mcf"`` (:mod:`peace.mcf`).
 
     Raises
     ------
@@ -147,7 +147,7 @@ class Coordinator:
         if max_pending_requests is not None and max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {max_pending_requests}")
         self.network = topology if isinstance(topology, Network) else build_network(topology)
-        self.scheduler = PeaceScheduler(self.network, templates, seed=seed,
+        self.scheduler = make_scheduler(self.network, templates, seed=seed,
                                         method=method, variant=variant, lookahead=lookahead)
         self.advance_fraction = advance_fraction
         self.hold_inflight = hold_inflight

@@ -107,6 +107,8 @@ __all__ = [
     "VARIANTS",
     "PeaceScheduler",
     "check_templates",
+    "SCHEDULER_VARIANTS",
+    "make_scheduler",
 ]
 
 logger = logging.getLogger(__name__)
@@ -821,6 +823,29 @@ class PeaceScheduler:
         vertices.reverse()
         eids = tuple(net.edge_index[(a, b)] for a, b in zip(vertices, vertices[1:]))
         return j, eids, int(best)
+
+
+#: every variant name :func:`make_scheduler` understands (``mcf``: :mod:`peace.mcf`)
+SCHEDULER_VARIANTS = ("improved", "paper", "mcf")
+
+
+def make_scheduler(network: Network | Topology, templates: Sequence[ReplicaTemplate] = RACK_AWARE,
+                   *, seed: int | np.random.Generator | None = None,
+                   method: Literal["fast", "networkx"] = "fast",
+                   variant: str | Heuristics = "improved",
+                   lookahead: bool | None = None) -> PeaceScheduler:
+    """A scheduler by variant name: ``improved``, ``paper`` or ``mcf`` (or a :class:`Heuristics`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown variant name.
+    """
+    if variant == "mcf":
+        from peace.mcf import McfScheduler
+        return McfScheduler(network, templates, seed=seed, method=method, lookahead=lookahead)
+    return PeaceScheduler(network, templates, seed=seed, method=method, variant=variant,
+                          lookahead=lookahead)
 
 
 def _single(n: int, j: int) -> npt.NDArray[np.bool_]:

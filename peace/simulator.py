@@ -627,6 +627,7 @@ PEACE_VARIANTS: dict[str, str | Heuristics] = {
     "peace": "improved",
     "peace-paper": "paper",
     "peace-fill": Heuristics(whole_requests=False),
+    "peace-mcf": "mcf",
 }
 POLICIES = (*PEACE_VARIANTS, "hdfs", "random", "admission")
 
