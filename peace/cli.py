@@ -12,7 +12,9 @@ Subcommands:
   the local coordinator service (runs until interrupted, or ``--serve-s`` seconds).
 
 ``--variant improved`` (default) is the improved scheduler, ``paper`` Algorithm 1
-as published (see :mod:`peace.scheduler`).
+as published (see :mod:`peace.scheduler`), ``mcf`` the min-cost-flow variant
+(:mod:`peace.mcf`). ``simulate --policies`` includes the fair baseline
+``hdfs-fair`` (HDFS with Peace's per-writer concurrency) and ``--replication 2 3``.
 """
 from __future__ import annotations
 
@@ -51,25 +53,41 @@ def load_topology(spec: str) -> Topology:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from peace.experiment import aggregate, plot_figure10, run_grid
+    from peace.experiment import Row, aggregate, plot_figure10, run_grid
 
     seeds = list(range(args.seeds))
-    total = len(args.writers) * len(args.sizes_mb) * len(args.policies) * len(seeds)
+    levels = list(dict.fromkeys(args.replication))
+    total = len(args.writers) * len(args.sizes_mb) * len(args.policies) * len(seeds) * len(levels)
     with tqdm(total=total, desc="peace simulate", unit="run", disable=args.no_progress) as bar:
         def progress(done: int, _total: int) -> None:
             bar.update(done - bar.n)
 
+        rows: list[Row] = []
         try:
-            rows = run_grid(args.writers, args.sizes_mb, args.policies, seeds, on_progress=progress)
+            for r in levels:
+                base = len(rows)
+
+                def progress_r(done: int, _total: int, base: int = base) -> None:
+                    progress(base + done, total)
+
+                rows += run_grid(args.writers, args.sizes_mb, args.policies, seeds,
+                                 replication=r, on_progress=progress_r)
         except (ValueError, PeaceError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    agg = aggregate(rows)
-    print(f"{'policy':18s} {'writers':>7s} {'size_mb':>7s} {'response_s':>10s} "
+    print(f"{'r':>2s} {'policy':18s} {'writers':>7s} {'size_mb':>7s} {'response_s':>10s} "
           f"{'service_s':>9s} {'makespan_s':>10s}")
-    for (policy, w, size), m in sorted(agg.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        print(f"{policy:18s} {w:7d} {size:7d} {m['mean_response_s']:10.2f} "
-              f"{m['mean_service_s']:9.2f} {m['makespan_s']:10.2f}")
+    for r in levels:
+        agg = aggregate(rows, r)
+        for (policy, w, size), m in sorted(agg.items(),
+                                           key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+            fair = agg.get(("hdfs-fair", w, size))
+            vs = "" if fair is None or policy == "hdfs-fair" else (
+                f"  vs hdfs-fair: service x{m['mean_service_s'] / fair['mean_service_s']:.2f} "
+                f"makespan x{m['makespan_s'] / fair['makespan_s']:.2f} "
+                f"response x{m['mean_response_s'] / fair['mean_response_s']:.2f}")
+            print(f"{r:2d} {policy:18s} {w:7d} {size:7d} {m['mean_response_s']:10.2f} "
+                  f"{m['mean_service_s']:9.2f} {m['makespan_s']:10.2f}{vs}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rows": [r.to_dict() for r in rows]}, fh, indent=1)
@@ -88,12 +106,12 @@ def _parse_request(text: str) -> tuple[str, int, int]:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    from peace.scheduler import PeaceScheduler, WriteRequest
+    from peace.scheduler import WriteRequest, make_scheduler
     from peace.validate import validate_schedule
 
     try:
         topo = load_topology(args.topology)
-        sched = PeaceScheduler(topo, seed=args.seed, variant=args.variant)
+        sched = make_scheduler(topo, seed=args.seed, variant=args.variant)
         reqs = [WriteRequest(w, r, k, i) for i, (w, r, k) in enumerate(args.request)]
         schedule = sched.schedule(reqs)
         report = validate_schedule(sched.network, reqs, schedule.placements)
@@ -136,7 +154,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add the ``peace`` subcommand (and its leaves) to the top-level ``sguard`` parser."""
     from peace.experiment import ALL_POLICIES, FIG10_POLICIES
-    from peace.scheduler import VARIANTS
+    from peace.scheduler import SCHEDULER_VARIANTS
 
     peace = subparsers.add_parser("peace", help="Peace DFS write scheduler: simulate, schedule, serve")
     sub = peace.add_subparsers(dest="peace_command", required=True)
@@ -145,8 +163,12 @@ def register(subparsers: Any) -> None:
     sim.add_argument("--writers", type=int, nargs="+", default=[8, 12, 16])
     sim.add_argument("--sizes-mb", type=int, nargs="+", default=[128, 256, 512])
     sim.add_argument("--policies", nargs="+", default=list(FIG10_POLICIES), choices=ALL_POLICIES,
-                     help="peace = improved scheduler, peace-paper = Algorithm 1 as published "
-                          "(both on the paper's capacity 2); default: %(default)s")
+                     help="peace = improved scheduler, peace-paper = Algorithm 1 as published, "
+                          "peace-mcf = min-cost-flow plan per timestep (all on the paper's "
+                          "capacity 2); hdfs-fair = HDFS with Peace's per-writer concurrency "
+                          "(2 pipelines), hdfs = 1 pipeline per writer; default: %(default)s")
+    sim.add_argument("--replication", type=int, nargs="+", default=[3], choices=[1, 2, 3, 4],
+                     help="replication levels to simulate (default: %(default)s)")
     sim.add_argument("--seeds", type=int, default=1, help="runs per configuration")
     sim.add_argument("--plot", metavar="PNG", help="write the Figure 10 plot here")
     sim.add_argument("--json", metavar="PATH", help="write every run as JSON here")
@@ -159,8 +181,9 @@ def register(subparsers: Any) -> None:
     sch.add_argument("--request", type=_parse_request, action="append", required=True,
                      metavar="WRITER,R,K")
     sch.add_argument("--seed", type=int, default=0)
-    sch.add_argument("--variant", choices=sorted(VARIANTS), default="improved",
-                     help="improved (default) or paper (Algorithm 1 as published)")
+    sch.add_argument("--variant", choices=SCHEDULER_VARIANTS, default="improved",
+                     help="improved (default), paper (Algorithm 1 as published) or mcf "
+                          "(min-cost-flow plan per timestep)")
     sch.set_defaults(func=_cmd_schedule)
 
     srv = sub.add_parser("serve", help="serve the online coordinator on a local TCP port")
@@ -168,8 +191,9 @@ def register(subparsers: Any) -> None:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=0)
     srv.add_argument("--seed", type=int, default=0)
-    srv.add_argument("--variant", choices=sorted(VARIANTS), default="improved",
-                     help="improved (default) or paper (Algorithm 1 as published)")
+    srv.add_argument("--variant", choices=SCHEDULER_VARIANTS, default="improved",
+                     help="improved (default), paper (Algorithm 1 as published) or mcf "
+                          "(min-cost-flow plan per timestep)")
     srv.add_argument("--advance-fraction", type=float, default=0.8)
     srv.add_argument("--max-pending", type=int, default=None)
     srv.add_argument("--serve-s", type=float, default=None, help="stop after this many seconds")

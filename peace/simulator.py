@@ -629,19 +629,24 @@ PEACE_VARIANTS: dict[str, str | Heuristics] = {
     "peace-fill": Heuristics(whole_requests=False),
     "peace-mcf": "mcf",
 }
-POLICIES = (*PEACE_VARIANTS, "hdfs", "random", "admission")
+POLICIES = (*PEACE_VARIANTS, "hdfs", "hdfs-fair", "random", "admission")
+PeacePolicyOrBaseline: TypeAlias = "PeacePolicy | BaselinePolicy"
 
 
 def make_policy(name: str, *, seed: int = 0, streams_per_writer: int = 1,
                 admission_cap: int = 4, advance_fraction: float = 0.8,
-                hold_inflight: bool = False) -> PeacePolicy | BaselinePolicy:
+                hold_inflight: bool = False, fair_streams: int = 2) -> PeacePolicyOrBaseline:
     """A policy by name (see :data:`POLICIES`).
 
     ``peace`` is the improved scheduler, ``peace-paper`` Algorithm 1 as
-    published, ``peace-fill`` the improved one without the whole-requests rule
+    published, ``peace-mcf`` the min-cost-flow variant (:mod:`peace.mcf`),
+    ``peace-fill`` the improved one without the whole-requests rule
     (a request may start below its full rate: fuller timesteps, shorter
-    makespan, longer service times); ``hdfs``, ``random``, ``admission`` are
-    the baselines.
+    makespan, longer service times); ``hdfs`` (``streams_per_writer``
+    pipelines per writer, 1 by default), ``hdfs-fair`` (HDFS default placement
+    with ``fair_streams`` pipelines per writer: the same per-writer
+    concurrency as Peace, whose writers send at most their SND->UP capacity
+    of chunks at once), ``random``, ``admission`` are the baselines.
 
     Raises
     ------
@@ -653,6 +658,8 @@ def make_policy(name: str, *, seed: int = 0, streams_per_writer: int = 1,
                            hold_inflight=hold_inflight, variant=PEACE_VARIANTS[name], name=name)
     if name == "hdfs":
         return BaselinePolicy("hdfs", streams_per_writer=streams_per_writer, seed=seed)
+    if name == "hdfs-fair":
+        return BaselinePolicy("hdfs", streams_per_writer=fair_streams, seed=seed, name="hdfs-fair")
     if name == "random":
         return BaselinePolicy("random", streams_per_writer=streams_per_writer, seed=seed)
     if name == "admission":
