@@ -13,6 +13,7 @@ bound to ``127.0.0.1`` by default. One JSON object per line each way::
             "state": "ACTIVE", "completed": 0, "chunks": 8}
     {"op": "complete", "request_id": 0, "chunk_index": 0}   -> {"ok": true}
     {"op": "status", "request_id": 0} / {"op": "stats"}     -> {"ok": true, ...}
+    {"op": "servers"}  -> {"ok": true, "servers": [...], "racks": {"rack1": [...], ...}}
 
 ``wait`` is a long poll: it returns the assignments not yet delivered to that
 request as soon as there is at least one (or the request is finished), or an
@@ -184,6 +185,10 @@ class CoordinatorServer:
             return {"ok": True, "request_id": st.request_id, "writer": st.writer,
                     "chunks": st.chunks, "assigned": st.assigned, "completed": st.completed,
                     "state": st.state.name}
+        if op == "servers":
+            topo = c.network.topology
+            return {"ok": True, "servers": list(topo.servers), "topology": topo.name,
+                    "racks": {r.name: list(r.servers) for r in topo.racks}}
         if op == "stats":
             s = c.stats()
             return {"ok": True, "timestep": s.timestep, "pending_requests": s.pending_requests,
@@ -254,6 +259,14 @@ class CoordinatorClient:
                 raise cls(message)
             raise ValueError(message)
         return reply
+
+    def set_timeout(self, timeout_s: float | None) -> None:
+        """Socket timeout of every later call (None: wait forever)."""
+        self._sock.settimeout(timeout_s)
+
+    def servers(self) -> list[str]:
+        """The coordinator topology's server names (the valid writers)."""
+        return [str(s) for s in self.call(op="servers")["servers"]]
 
     def submit(self, writer: str, replication: int, chunks: int) -> int:
         """Submit a request; returns its id (see :meth:`Coordinator.submit` for errors)."""
