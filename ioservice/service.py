@@ -287,6 +287,8 @@ class IOService:
 
         def finished(k: int, fut: cf.Future[npt.NDArray[np.uint64]]) -> None:
             exc = fut.exception()
+            if exc is None:  # report before counting, so every report precedes the last
+                sched.chunk_done(k)
             skipped = 0
             with lock:
                 if exc is not None and not isinstance(exc, _Stop):
@@ -302,8 +304,6 @@ class IOService:
                             skipped += 1
                     done[0] += skipped
                 last = done[0] == n_files
-            if exc is None:
-                sched.chunk_done(k)
             if last:
                 complete()
 

@@ -104,3 +104,20 @@ def test_coordinator_runs_mcf_and_simulator_names_it() -> None:
             c.complete(pl.request_id, pl.chunk_index)
     validate_schedule(c.network, c.requests(), c.history(), complete=True)
     c._check()
+
+
+def test_abandon_releases_a_dead_writers_chunks() -> None:
+    """A writer that goes away mid-request: its in-flight chunk stops holding the timestep
+    and its queued chunks are dropped, so the next request is scheduled."""
+    from peace.coordinator import Coordinator, RequestState
+    c = Coordinator(figure5_topology(), seed=0, hold_inflight=True)
+    dead = c.submit("svr1.1", 1, 3)
+    assert len(c.in_flight()) == 1
+    alive = c.submit("svr1.1", 1, 1)
+    assert c.status(alive).assigned == 0  # the dead writer's chunk holds the only slot
+    c.abandon(dead)
+    assert c.status(dead).state is RequestState.FAILED
+    assert c.status(alive).assigned == 1
+    assert all(p.request_id == alive for p in c.in_flight())
+    c._check()
+    assert c.abandon(dead) == []  # idempotent
