@@ -12,6 +12,11 @@ unpins them in mmm. Completion or failure is reported through a
 `concurrent.futures.Future`; on the first failure the other workers stop at
 their next write.
 
+Scheduled writing (``write_snapshot(..., scheduler=...)``, `ioservice.scheduling`):
+the pages are split into chunks of the scheduler's size, one file each, and a
+dispatcher thread starts each chunk when the scheduler grants it and reports it
+when written; a failing, dead or hung scheduler makes the rest unscheduled.
+
 Reading: one task per page file; each reads runs of contiguous pages in
 chunks of ``chunk_bytes`` into a reusable buffer, verifies every page's
 checksum and header PageID against the manifest, and hands the verified pages

@@ -54,6 +54,10 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
 
 Individual changes can be switched with :class:`Heuristics` (ablations).
 
+A third variant, ``"mcf"`` (:class:`peace.mcf.McfScheduler`, built by
+:func:`make_scheduler`), plans each timestep with an integral min-cost flow and
+repairs the plan into chains with the improved search.
+
 Randomization is explicit: among all eligible destinations whose path cost is
 minimal (and, in ``"improved"``, of the best tie-break class), one is drawn
 uniformly; among the minimal-cost paths to it, one is drawn uniformly (by

@@ -13,10 +13,12 @@ different racks.
 
 Each policy decides when and where chunks start: :class:`PeacePolicy` drives the
 online :class:`~peace.coordinator.Coordinator` (``peace``: the improved scheduler,
-``peace-paper``: Algorithm 1 as published, see :mod:`peace.scheduler`); :class:`BaselinePolicy` is HDFS
+``peace-paper``: Algorithm 1 as published, see :mod:`peace.scheduler`; ``peace-mcf``:
+the min-cost-flow variant, :mod:`peace.mcf`); :class:`BaselinePolicy` is HDFS
 default placement or random placement, each writer running ``streams_per_writer``
 pipelines at once (the IOService's worker threads), optionally with an admission
-cap on concurrent requests ("admission only").
+cap on concurrent requests ("admission only"). ``hdfs-fair`` is HDFS with the
+same per-writer concurrency as Peace (its writers' SND->UP capacity, 2).
 
 Per request the result holds the *response time* (submit -> last chunk done)
 and the *service time* (first chunk start -> last chunk done); the makespan is

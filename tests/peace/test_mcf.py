@@ -121,3 +121,31 @@ def test_abandon_releases_a_dead_writers_chunks() -> None:
     assert all(p.request_id == alive for p in c.in_flight())
     c._check()
     assert c.abandon(dead) == []  # idempotent
+
+
+def test_hdfs_fair_runs_peaces_concurrency_per_writer() -> None:
+    """hdfs-fair = HDFS placement with 2 pipelines per writer: it beats 1-stream HDFS on
+    the paper's 16 x 512 MB at r = 2 and 3, and Peace's service time is < 0.5x of it."""
+    from peace.simulator import BaselinePolicy, make_jobs, make_policy, simulate
+    pol = make_policy("hdfs-fair", fair_streams=2)
+    assert isinstance(pol, BaselinePolicy) and pol.streams == 2 and pol.name == "hdfs-fair"
+    topo = paper_topology()
+    for r in (2, 3):
+        jobs = make_jobs(topo, 16, 512 * MB, replication=r)
+        fair = simulate(topo, jobs, "hdfs-fair")
+        one = simulate(topo, jobs, "hdfs")
+        peace = simulate(topo, jobs, "peace")
+        assert fair.makespan_s < one.makespan_s and fair.mean_service_s < one.mean_service_s
+        assert peace.mean_service_s < 0.5 * fair.mean_service_s
+
+
+def test_fluid_bounds_hold_for_every_policy() -> None:
+    """No simulated policy finishes 16 x 512 MB faster than the fluid makespan bound."""
+    from peace.experiment import fluid_bounds
+    from peace.simulator import make_jobs, simulate
+    topo = paper_topology()
+    for r in (2, 3):
+        bound = fluid_bounds(topo, 16, 512 * MB, r)["makespan_s"]
+        for policy in ("hdfs-fair", "peace", "peace-mcf", "random"):
+            res = simulate(topo, make_jobs(topo, 16, 512 * MB, replication=r), policy)
+            assert res.makespan_s >= bound * (1 - 1e-9)
