@@ -82,9 +82,11 @@ def _worker(args: argparse.Namespace) -> int:
         m.upsert(k, combine=spec)
         lat.append((t, time.time() - t))
 
-    while time.time() < args.start_at - args.warmup_s:
+    print("READY", flush=True)  # the parent answers with the common start instant
+    start_at = float(sys.stdin.readline())
+    while time.time() < start_at - args.warmup_s:
         time.sleep(0.005)
-    while time.time() < args.start_at:
+    while time.time() < start_at:
         batch()
     t_ask = time.time()
     pending = mgr.checkpoint(full=True)
@@ -116,18 +118,28 @@ def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitio
            size_mb: int, tag: str, env: dict[str, str]) -> dict[str, Any]:
     vol_dirs = [cluster.workdir / f"volume{i}" for i in range(len(cluster.volumes))]
     before = [_dir_bytes(d) for d in vol_dirs]
-    start_at = time.time() + 3.0 + 0.25 * partitions * size_mb / 16
     procs = []
     for i in range(partitions):
         cmd = [sys.executable, "-m", "bench.peace_live", "--worker", "--root",
                f"{bucket}/{tag}", "--haunit", f"p{i:02d}", "--size-mb", str(size_mb),
-               "--seed", str(i), "--start-at", repr(start_at), "--warmup-s", "0.5"]
+               "--seed", str(i), "--warmup-s", "0.5"]
         if scheduler:
             cmd += ["--scheduler", f"{scheduler}?writer={_writer(i, partitions)}&replication=2"
                                    "&chunk_mb=8&timeout_s=10"]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env, cwd=ROOT))
+        procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, env=env, cwd=ROOT))
+    for p in procs:  # barrier: every partition has built its state
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if line.strip() != b"READY":
+            tail = p.stderr.read().decode()[-3000:] if p.stderr is not None else ""
+            raise RuntimeError(f"partition worker did not get ready: {line!r} {tail}")
+    start_at = time.time() + 1.0
     results = []
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(f"{start_at!r}\n".encode())
+        p.stdin.flush()
     for p in procs:
         out, err = p.communicate(timeout=900)
         if p.returncode != 0:
@@ -182,7 +194,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--haunit", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--warmup-s", type=float, default=0.5, help=argparse.SUPPRESS)
     ap.add_argument("--scheduler", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

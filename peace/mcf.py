@@ -49,6 +49,11 @@ integral multi-commodity path problem, NP-hard in general and far too slow for
 5 ms per decision at 1000 servers; the pooled rack-level network keeps the
 flow tiny and exact where it matters most (inter-rack links and rack balance).
 
+Balancing inside a rack is left to the repair search's tie-break: the
+improved heuristics spread receivers (among equal-cost servers, the one with
+the most free receive slots first), so two chunks share a disk only when they
+must.
+
 Repair: the plan is turned into chains request by request (started first,
 then queue order). Each planned chunk is placed by the improved scheduler's
 chain search with the head and tail racks as hints; if the hinted chain does
@@ -56,8 +61,14 @@ not exist on the real residual (the relaxation over-promised), the chain is
 searched without hints, and if that fails too the chunk waits. Then a fill
 pass offers every request's remaining chunks to the same search (capacity the
 pooled plan did not see). The improved scheduler's whole-requests rule
-applies: an unstarted request that would start below its full rate gives its
-chunks back. Every chain therefore comes from the same constrained
+applies -- an unstarted request that would start below its full rate gives its
+chunks back -- with one exception (``partial_starts``): at most one request
+per writer rack and pass may start below its full rate when the other chunks
+of the pass already share a receiving disk. Chunks then run at disk / 2
+anyway, so the spare send and link slots cost no placed chunk any rate and
+shorten the makespan; while no disk is shared (e.g. r = 2 on the paper's
+topology, with the receiver-spreading tie-break) whole requests keep every
+chunk on an undivided disk, which is faster still. Every chain therefore comes from the same constrained
 shortest-path search as ``peace``, which is why the validator always passes.
 """
 from __future__ import annotations
@@ -95,7 +106,7 @@ class McfScheduler(PeaceScheduler):
 
     Parameters are those of :class:`~peace.scheduler.PeaceScheduler`;
     ``variant`` picks the heuristics of the repair search (default: the
-    improved ones).
+    improved ones). ``partial_starts`` (default True): see the module docstring.
 
     Examples
     --------
@@ -109,10 +120,12 @@ class McfScheduler(PeaceScheduler):
     def __init__(self, network: Network | Topology, templates: Sequence[ReplicaTemplate] = RACK_AWARE,
                  *, seed: int | np.random.Generator | None = None,
                  method: Literal["fast", "networkx"] = "fast",
-                 variant: str | Heuristics = "improved", lookahead: bool | None = None) -> None:
+                 variant: str | Heuristics = "improved", lookahead: bool | None = None,
+                 partial_starts: bool = True) -> None:
         super().__init__(network, templates, seed=seed, method=method, variant=variant,
                          lookahead=lookahead)
         self.variant = "mcf"
+        self.partial_starts = partial_starts
         self._hint: tuple[int, ...] | None = None
         self.flow_time_s = 0.0
         """Wall time spent building and solving the flow networks."""
@@ -315,6 +328,15 @@ class McfScheduler(PeaceScheduler):
         rolled_back = 0
         gave_up = [False] * n_req
 
+        def shared_disk(i: int) -> bool:
+            """Whether the other requests' chunks already share a receiving disk this pass."""
+            used = net.capacity[net.e_dn_rcv] - residual[net.e_dn_rcv]
+            mine = np.zeros(net.n_edges, dtype=np.int64)
+            for pl in placed[i]:
+                for e in pl.edge_ids:
+                    mine[e] += 1
+            return bool(((used - mine[net.e_dn_rcv]) >= 2).any())
+
         def place(i: int, hint: tuple[int, ...] | None) -> bool:
             q, w = reqs[i], writers[i]
             if len(placed[i]) >= q.chunks:
@@ -335,10 +357,17 @@ class McfScheduler(PeaceScheduler):
                 edge_ids=tuple(e for hp in hops for e in hp)))
             return True
 
+        partial_racks: set[int] = set()
+
         def settle(i: int) -> None:
-            """Whole-requests rule: an unstarted request below its full rate gives back."""
+            """Whole-requests rule: an unstarted request below its full rate gives back,
+            unless it may start partially (see ``partial_starts``)."""
             nonlocal rolled_back
             if placed[i] and len(placed[i]) < targets[i]:
+                rack = int(net.rack_of[writers[i]])
+                if self.partial_starts and rack not in partial_racks and shared_disk(i):
+                    partial_racks.add(rack)
+                    return
                 for pl in placed[i]:
                     for e in pl.edge_ids:
                         residual[e] += 1

@@ -149,3 +149,25 @@ def test_fluid_bounds_hold_for_every_policy() -> None:
         for policy in ("hdfs-fair", "peace", "peace-mcf", "random"):
             res = simulate(topo, make_jobs(topo, 16, 512 * MB, replication=r), policy)
             assert res.makespan_s >= bound * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("r", [2, 3])
+def test_mcf_meets_the_fair_targets_on_the_paper_workload(r: int) -> None:
+    """16 x 512 MB on the paper's topology: peace-mcf's service <= 0.5x, makespan <= 1.0x and
+    response <= 0.8x of HDFS with Peace's per-writer concurrency; at r = 2 (no disk needs
+    sharing) whole requests keep every chunk on an undivided disk and the makespan is the
+    inter-rack link's fluid bound."""
+    from peace.experiment import fluid_bounds
+    from peace.simulator import make_jobs, simulate
+    topo = paper_topology()
+    jobs = make_jobs(topo, 16, 512 * MB, replication=r)
+    fair = simulate(topo, jobs, "hdfs-fair")
+    mcf = simulate(topo, jobs, "peace-mcf")
+    assert mcf.mean_service_s <= 0.5 * fair.mean_service_s
+    assert mcf.makespan_s <= fair.makespan_s
+    assert mcf.mean_response_s <= 0.8 * fair.mean_response_s
+    if r == 2:
+        assert mcf.makespan_s == pytest.approx(fluid_bounds(topo, 16, 512 * MB, 2)["makespan_s"],
+                                               rel=1e-3)
+    strict = McfScheduler(topo, seed=0, partial_starts=False)
+    assert strict.partial_starts is False
