@@ -206,12 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 2 <= partitions <= 32 or size_mb < 1 or rounds < 1:
         ap.error("--partitions must be 2..32, --size-mb and --rounds >= 1")
 
+    import signal
+
     from ioservice.testing import SeaweedCluster
     from peace.model import paper_topology
     from sguard.scheduling import start_coordinator
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up cluster and coordinator
     t0 = time.perf_counter()
-    topo = paper_topology(rack_sizes=((partitions + 1) // 2, max(1, partitions // 2)))
+    # the paper's capacities (2 chunks per writer and per receiver); the "inter-rack link"
+    # is loopback here, so its capacity is made non-binding
+    topo = paper_topology(rack_sizes=((partitions + 1) // 2, max(1, partitions // 2)),
+                          link_chunks=2 * partitions)
     runs: list[dict[str, Any]] = []
     with SeaweedCluster(racks=("rack1", "rack1", "rack2", "rack2"), replication="010",
                         volume_size_limit_mb=256) as cluster:
@@ -262,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "admission only (SeaweedFS's S3 gateway places replicas)",
     }
     params = {"quick": args.quick, "partitions": partitions, "size_mb": size_mb, "rounds": rounds,
+              "coordinator_model": "paper capacities (2 per writer, 2 per receiver), r = 2, "
+                                   "inter-rack link not binding (loopback)",
               "chunk_mb": 8, "replication": "010 (2 copies, one per rack)", "page_bytes": PAGE,
               "batch": BATCH, "coordinator_topology": topo.name, "io_workers": 4}
     args.out.mkdir(parents=True, exist_ok=True)
