@@ -24,7 +24,7 @@ from tests.ioservice.ckpt_helpers import PAGE_BYTES, mutate, new_pm, open_struct
 class SlotScheduler:
     """Admission with ``slots`` chunks in flight over all writers, FIFO by request."""
 
-    def __init__(self, slots: int, chunk_bytes: int = 4 * PAGE_BYTES, *, timeout_s: float = 2.0,
+    def __init__(self, slots: int, chunk_bytes: int = 4 * PAGE_BYTES, *, timeout_s: float = 10.0,
                  max_wait_s: float = 60.0) -> None:
         self.slots, self.chunk_bytes = slots, chunk_bytes
         self.timeout_s, self.max_wait_s = timeout_s, max_wait_s
