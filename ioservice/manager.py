@@ -58,6 +58,7 @@ from ioservice.errors import (
 from ioservice.format import Manifest, PageFile, PageTable, checkpoint_dir, checkpoint_name
 from ioservice.fs import StorageRoot, open_root, validate_name
 from ioservice.recovery import list_checkpoints, read_manifest, restore
+from ioservice.scheduling import ChunkGrant, WriteScheduler, resolve_scheduler
 from ioservice.service import IOService, WriteResult
 from mmm.manager import PageManager
 from mmm.snapshot import Snapshot, SnapshotState
@@ -120,6 +121,15 @@ class PendingCheckpoint:
         Pages this checkpoint writes (the changed ones, for an incremental one).
     prepare_s : float
         Duration of the pause (steps 1-2).
+    scheduled : bool
+        Whether a write scheduler admitted its chunks (`ioservice.scheduling`).
+    fallback : str or None
+        Set once committed: why (part of) it was written unscheduled, if so.
+    grants : tuple of ChunkGrant
+        Set once committed: the scheduler's grants (placement advice included).
+    admission_s, write_s : float
+        Set once committed: wait before the first chunk started; start of the
+        write step to its last page file closed.
     """
 
     def __init__(self, seq: int, name: str, full: bool, n_pages: int, n_pages_written: int,
@@ -130,6 +140,11 @@ class PendingCheckpoint:
         self.n_pages = n_pages
         self.n_pages_written = n_pages_written
         self.prepare_s = prepare_s
+        self.scheduled = False
+        self.fallback: str | None = None
+        self.grants: tuple[ChunkGrant, ...] = ()
+        self.admission_s = 0.0
+        self.write_s = 0.0
         self.state = CheckpointState.WRITING
         self.future: cf.Future[Manifest] = cf.Future()
         self.future.set_running_or_notify_cancel()
@@ -192,6 +207,13 @@ class CheckpointManager:
         Step 5: ``on_done(manifest)`` after the record step and retention.
     on_failed : callable, optional
         ``on_failed(seq, exc)`` when a checkpoint was cancelled.
+    scheduler : WriteScheduler or str, optional
+        Admit each checkpoint's chunks through a write scheduler
+        (`ioservice.scheduling`), e.g. ``"peace://127.0.0.1:7000"`` once
+        ``sguard.scheduling`` is imported. Default None: unscheduled writes.
+        A dead or hung scheduler never blocks `checkpoint`; the write falls back
+        to unscheduled after the scheduler's timeout (logged, counted in
+        ``schedule_counters["unscheduled_fallbacks"]``).
     check_root : bool
         Probe that the root is writable now (a clear error early).
     clock : callable
@@ -203,6 +225,8 @@ class CheckpointManager:
         If `haunit` is not a valid name.
     UnsupportedURIError, InvalidURIError
         For a bad URI.
+    UnknownSchedulerError
+        For a scheduler URI whose scheme is not registered.
     RootNotWritableError, StorageUnreachableError
         If the root cannot be written or reached.
 
@@ -232,9 +256,11 @@ class CheckpointManager:
                  on_record: Callable[[Manifest], None] | None = None,
                  on_done: Callable[[Manifest], None] | None = None,
                  on_failed: Callable[[int, BaseException], None] | None = None,
+                 scheduler: WriteScheduler | str | None = None,
                  check_root: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.haunit = validate_name(haunit)
+        self.scheduler = resolve_scheduler(scheduler)
         self.root = open_root(root) if isinstance(root, str) else root
         if check_root:
             self.root.check_writable()
@@ -254,6 +280,8 @@ class CheckpointManager:
         self._last_start = clock()
         self._tuples = 0
         self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0}
+        #: committed checkpoints written through the scheduler, and those that fell back
+        self.schedule_counters = {"scheduled": 0, "unscheduled_fallbacks": 0}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -437,9 +465,11 @@ class CheckpointManager:
                 snap.mark_persisted(np.flatnonzero(refer))  # durable in earlier checkpoints
             pending = PendingCheckpoint(seq, name, bool(full), len(snap), len(write_idx),
                                         time.perf_counter() - t0)
+            pending.scheduled = self.scheduler is not None
             self._pending = pending
         directory = checkpoint_dir(name)
-        fut = self.io.write_snapshot(self.root, directory, snap, write_idx, name=name)  # step 3
+        fut = self.io.write_snapshot(self.root, directory, snap, write_idx, name=name,  # step 3
+                                     scheduler=self.scheduler, haunit=self.haunit)
         fut.add_done_callback(
             lambda f: self._finish(pending, snap, base, ref_rows, meta, f))
         return pending
@@ -451,6 +481,12 @@ class CheckpointManager:
         """On an I/O thread: commit the manifest, or cancel the checkpoint."""
         try:
             res = fut.result()
+            pending.fallback, pending.grants = res.fallback, res.grants
+            pending.admission_s, pending.write_s = res.first_start_s, res.seconds
+            if res.scheduled:
+                self.schedule_counters["scheduled"] += 1
+                if res.fallback is not None:
+                    self.schedule_counters["unscheduled_fallbacks"] += 1
             man = self._manifest(pending, snap, base, ref_rows, meta, res)
             try:
                 self.root.write_atomic(man.manifest_path, man.to_json())      # step 4

@@ -12,6 +12,11 @@ unpins them in mmm. Completion or failure is reported through a
 `concurrent.futures.Future`; on the first failure the other workers stop at
 their next write.
 
+Scheduled writing (``write_snapshot(..., scheduler=...)``, `ioservice.scheduling`):
+the pages are split into chunks of the scheduler's size, one file each, and a
+dispatcher thread starts each chunk when the scheduler grants it and reports it
+when written; a failing, dead or hung scheduler makes the rest unscheduled.
+
 Reading: one task per page file; each reads runs of contiguous pages in
 chunks of ``chunk_bytes`` into a reusable buffer, verifies every page's
 checksum and header PageID against the manifest, and hands the verified pages
@@ -50,6 +55,7 @@ from ioservice.errors import (
 )
 from ioservice.format import Manifest, PageFile, PageTable, page_checksums, page_file_name
 from ioservice.fs import StorageRoot
+from ioservice.scheduling import ChunkGrant, ScheduledWrite, WriteIntent, WriteScheduler
 from mmm.manager import Loader
 from mmm.page import HEADER_DTYPE
 
@@ -90,6 +96,14 @@ class WriteResult:
     """One row per page written, sorted by page_id; ``file`` indexes `files`."""
     written_bytes: int
     seconds: float
+    first_start_s: float = 0.0
+    """Seconds from the call to the first chunk's start (the admission wait when scheduled)."""
+    scheduled: bool = False
+    """Whether a write scheduler admitted the chunks (see `ioservice.scheduling`)."""
+    fallback: str | None = None
+    """Why some chunks were written unscheduled (scheduler dead, hung or failing), if so."""
+    grants: tuple[ChunkGrant, ...] = ()
+    """The scheduler's grants, in the order they arrived (placement advice included)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +188,9 @@ class IOService:
     # ----------------------------------------------------------------------- write
     def write_snapshot(self, root: StorageRoot, directory: str, snap: SnapshotLike,
                        indices: npt.ArrayLike | None = None, *, name: str | None = None,
-                       on_progress: ProgressFn | None = None) -> cf.Future[WriteResult]:
+                       on_progress: ProgressFn | None = None,
+                       scheduler: WriteScheduler | None = None,
+                       haunit: str = "") -> cf.Future[WriteResult]:
         """Write pages of `snap` into `directory`, one file per worker, asynchronously.
 
         Parameters
@@ -191,6 +207,13 @@ class IOService:
             Checkpoint name used in error messages (default: `directory`).
         on_progress : callable, optional
             ``on_progress(pages_done, pages_total)``, called from worker threads.
+        scheduler : WriteScheduler, optional
+            Admit the write chunk by chunk (`ioservice.scheduling`): the pages are
+            split into chunks of ``scheduler.chunk_bytes`` (one file each) that
+            start only when granted, from a dispatcher thread; on a scheduler
+            failure or timeout the rest is written unscheduled (logged).
+        haunit : str
+            HA unit name told to the scheduler.
 
         Returns
         -------
@@ -217,7 +240,11 @@ class IOService:
         pb = snap.page_bytes
         idx = np.arange(len(snap.page_ids), dtype=np.int64) if indices is None \
             else np.asarray(indices, dtype=np.int64)
-        n_files = min(self.n_workers, len(idx))
+        if scheduler is not None and len(idx):
+            per_chunk = max(1, int(scheduler.chunk_bytes) // pb)
+            n_files = -(-len(idx) // per_chunk)
+        else:
+            n_files = min(self.n_workers, len(idx))
         shares = np.array_split(idx, n_files) if n_files else []
         result: cf.Future[WriteResult] = cf.Future()
         result.set_running_or_notify_cancel()
@@ -231,6 +258,9 @@ class IOService:
         outcomes: list[Any] = [None] * n_files
         errors: list[BaseException] = []
         total = len(idx)
+        launched = [False] * n_files
+        first_start: list[float] = []
+        sched = _SchedState()
 
         def progress(n: int) -> None:
             with lock:
@@ -239,18 +269,8 @@ class IOService:
             if on_progress is not None:
                 on_progress(now, total)
 
-        def finished(k: int, fut: cf.Future[npt.NDArray[np.uint64]]) -> None:
-            exc = fut.exception()
-            with lock:
-                if exc is not None and not isinstance(exc, _Stop):
-                    errors.append(exc)
-                    stop.set()
-                else:
-                    outcomes[k] = fut.result() if exc is None else None
-                done[0] += 1
-                last = done[0] == n_files
-            if not last:
-                return
+        def complete() -> None:
+            sched.finish()
             if errors:
                 result.set_exception(errors[0])
                 return
@@ -265,13 +285,55 @@ class IOService:
             secs = time.perf_counter() - start
             nbytes = total * pb
             logger.debug("wrote %d pages (%d B) of %s in %.3f s", total, nbytes, label, secs)
-            result.set_result(WriteResult(files, table, nbytes, secs))
+            result.set_result(WriteResult(files, table, nbytes, secs,
+                                          (first_start[0] if first_start else start) - start,
+                                          scheduler is not None, sched.fallback,
+                                          tuple(sched.grants)))
 
-        for k, share in enumerate(shares):
+        def finished(k: int, fut: cf.Future[npt.NDArray[np.uint64]]) -> None:
+            exc = fut.exception()
+            if exc is None:  # report before counting, so every report precedes the last
+                sched.chunk_done(k)
+            skipped = 0
+            with lock:
+                if exc is not None and not isinstance(exc, _Stop):
+                    errors.append(exc)
+                    stop.set()
+                else:
+                    outcomes[k] = fut.result() if exc is None else None
+                done[0] += 1
+                if stop.is_set():  # chunks never granted will not start: count them now
+                    for j in range(n_files):
+                        if not launched[j]:
+                            launched[j] = True
+                            skipped += 1
+                    done[0] += skipped
+                last = done[0] == n_files
+            if last:
+                complete()
+
+        def launch(k: int) -> bool:
+            """Start chunk ``k`` unless it already started; False if it had."""
+            with lock:
+                if launched[k]:
+                    return False
+                launched[k] = True
+                if not first_start:
+                    first_start.append(time.perf_counter())
             relpath = f"{directory}/{page_file_name(k)}"
-            fut = self._pool.submit(self._write_share, root, relpath, snap, share, stop,
+            fut = self._pool.submit(self._write_share, root, relpath, snap, shares[k], stop,
                                     label, progress)
             fut.add_done_callback(functools.partial(finished, k))
+            return True
+
+        if scheduler is None:
+            for k in range(n_files):
+                launch(k)
+            return result
+        intent = WriteIntent(haunit, label, n_files, max(1, int(scheduler.chunk_bytes) // pb) * pb,
+                             total * pb)
+        threading.Thread(target=_dispatch, name=f"sguard-sched-{label}", daemon=True,
+                         args=(scheduler, intent, sched, launch, stop, n_files)).start()
         return result
 
     def _write_share(self, root: StorageRoot, relpath: str, snap: SnapshotLike,
@@ -470,6 +532,132 @@ class IOService:
         finally:
             f.close()
 
+
+class _SchedState:
+    """A scheduled write's grants, fallback reason and conversation (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ticket: ScheduledWrite | None = None
+        self.grants: list[ChunkGrant] = []
+        self.fallback: str | None = None
+        self.closed = False
+
+    def chunk_done(self, k: int) -> None:
+        with self.lock:
+            ticket = None if self.fallback is not None or self.closed else self.ticket
+        if ticket is None:
+            return
+        try:
+            ticket.chunk_done(k)
+        except Exception as exc:  # noqa: BLE001 - the scheduler is advisory
+            if self.fall_back(f"reporting chunk {k} failed: {exc!r}"):
+                logger.warning("write scheduler unavailable (reporting chunk %d failed: %r); "
+                               "writing the remaining chunks unscheduled", k, exc)
+
+    def fall_back(self, why: str) -> bool:
+        """Record the first fallback reason; True if this call recorded it."""
+        with self.lock:
+            if self.fallback is not None:
+                return False
+            self.fallback = why
+            return True
+
+    def finish(self) -> None:
+        with self.lock:
+            ticket, self.closed = self.ticket, True
+        if ticket is not None:
+            try:
+                ticket.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _dispatch(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState,
+              launch: Callable[[int], bool], stop: threading.Event, n_chunks: int) -> None:
+    """Dispatcher thread of one scheduled write: start each chunk when granted.
+
+    Never blocks the caller of `IOService.write_snapshot`. On any scheduler
+    failure, a scheduler call silent for longer than its poll plus
+    `WriteScheduler.timeout_s` (a watchdog thread notices even if the call
+    never returns), or no grant for `WriteScheduler.max_wait_s`, every chunk
+    not yet started starts now (unscheduled) and a warning is logged.
+    """
+    started = [0]
+    busy: list[float | None] = [None]  # monotonic start of the scheduler call in progress
+    over = threading.Event()
+    poll = max(0.01, min(1.0, float(scheduler.timeout_s)))
+
+    def fall_back(why: str) -> None:
+        if sched.fall_back(why):
+            logger.warning("checkpoint %s: write scheduler unavailable (%s); writing %d of %d "
+                           "chunks unscheduled", intent.name, why, n_chunks - started[0], n_chunks)
+        for k in range(n_chunks):
+            launch(k)
+        over.set()
+
+    def watchdog() -> None:
+        limit = poll + float(scheduler.timeout_s)
+        while not over.wait(min(0.05, limit / 4)):
+            since = busy[0]
+            if since is not None and time.monotonic() - since > limit:
+                fall_back(f"a scheduler call did not return within {limit:.2f} s")
+                return
+
+    threading.Thread(target=watchdog, name=f"sguard-sched-watchdog-{intent.name}",
+                     daemon=True).start()
+    try:
+        _dispatch_loop(scheduler, intent, sched, launch, stop, n_chunks, poll, started, busy,
+                       fall_back, over)
+    finally:
+        over.set()
+
+
+def _dispatch_loop(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState,
+                   launch: Callable[[int], bool], stop: threading.Event, n_chunks: int,
+                   poll: float, started: list[int], busy: list[float | None],
+                   fall_back: Callable[[str], None], over: threading.Event) -> None:
+    t0 = time.monotonic()
+    busy[0] = t0
+    try:
+        ticket = scheduler.begin(intent)
+    except Exception as exc:  # noqa: BLE001 - the scheduler is advisory
+        fall_back(f"submitting the checkpoint failed: {exc!r}")
+        return
+    finally:
+        busy[0] = None
+    with sched.lock:
+        sched.ticket = ticket
+        closed = sched.closed
+    if closed:  # the watchdog fell back and every chunk finished meanwhile
+        sched.finish()
+        return
+    while started[0] < n_chunks and not stop.is_set() and not over.is_set():
+        busy[0] = time.monotonic()
+        try:
+            grants = ticket.next_grants(poll)
+        except Exception as exc:  # noqa: BLE001
+            fall_back(f"waiting for grants failed: {exc!r}")
+            return
+        finally:
+            busy[0] = None
+        if over.is_set():
+            return
+        for g in grants:
+            if not 0 <= g.chunk_index < n_chunks:
+                logger.warning("checkpoint %s: scheduler granted unknown chunk %d", intent.name,
+                               g.chunk_index)
+                continue
+            with sched.lock:
+                sched.grants.append(g)
+            if launch(g.chunk_index):
+                started[0] += 1
+        if sched.fallback is not None:  # reporting a chunk failed meanwhile
+            fall_back(sched.fallback)
+            return
+        if started[0] < n_chunks and time.monotonic() - t0 > scheduler.max_wait_s:
+            fall_back(f"no grant for the remaining chunks within {scheduler.max_wait_s} s")
+            return
 
 def _verify(pages: npt.NDArray[np.uint8], page_ids: npt.NDArray[np.uint64],
             checksums: npt.NDArray[np.uint64], offsets: npt.NDArray[np.uint64], where: str) -> None:

@@ -23,8 +23,9 @@ from peace.errors import (CannotScheduleNowError, InfeasibleRequestError, Invali
                           UnknownServerError)
 from peace.model import (MB, Network, Rack, SwitchLink, Topology, build_network, figure5_topology,
                          leaf_spine_topology, paper_topology)
-from peace.scheduler import (RACK_AWARE, UNCONSTRAINED, ChunkPlacement, PeaceScheduler,
-                             ReplicaTemplate, Schedule, TimestepPlan, WriteRequest)
+from peace.scheduler import (RACK_AWARE, SCHEDULER_VARIANTS, UNCONSTRAINED, ChunkPlacement,
+                             PeaceScheduler, ReplicaTemplate, Schedule, TimestepPlan, WriteRequest,
+                             make_scheduler)
 from peace.validate import ScheduleReport, validate_schedule
 from peace.coordinator import Coordinator, RequestState, RequestStatus
 from peace.mincost import FlowBound, min_cost_flow_bound
@@ -36,7 +37,7 @@ __all__ = [
     "MB", "Network", "Rack", "SwitchLink", "Topology", "build_network", "figure5_topology",
     "leaf_spine_topology", "paper_topology",
     "RACK_AWARE", "UNCONSTRAINED", "ChunkPlacement", "PeaceScheduler", "ReplicaTemplate",
-    "Schedule", "TimestepPlan", "WriteRequest",
+    "Schedule", "TimestepPlan", "WriteRequest", "SCHEDULER_VARIANTS", "make_scheduler",
     "ScheduleReport", "validate_schedule",
     "Coordinator", "RequestState", "RequestStatus", "FlowBound", "min_cost_flow_bound",
 ]

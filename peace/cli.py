@@ -12,7 +12,9 @@ Subcommands:
   the local coordinator service (runs until interrupted, or ``--serve-s`` seconds).
 
 ``--variant improved`` (default) is the improved scheduler, ``paper`` Algorithm 1
-as published (see :mod:`peace.scheduler`).
+as published (see :mod:`peace.scheduler`), ``mcf`` the min-cost-flow variant
+(:mod:`peace.mcf`). ``simulate --policies`` includes the fair baseline
+``hdfs-fair`` (HDFS with Peace's per-writer concurrency) and ``--replication 2 3``.
 """
 from __future__ import annotations
 
@@ -116,7 +118,7 @@ def _output_file(text: str) -> str:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from peace.experiment import aggregate, plot_figure10, run_grid
+    from peace.experiment import Row, aggregate, plot_figure10, run_grid
 
     n_servers = len(paper_topology().servers)
     if max(args.writers) > n_servers:
@@ -124,22 +126,38 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
               f"paper topology's servers), got {max(args.writers)}", file=sys.stderr)
         return 2
     seeds = list(range(args.seeds))
-    total = len(args.writers) * len(args.sizes_mb) * len(args.policies) * len(seeds)
+    levels = list(dict.fromkeys(args.replication))
+    total = len(args.writers) * len(args.sizes_mb) * len(args.policies) * len(seeds) * len(levels)
     with tqdm(total=total, desc="peace simulate", unit="run", disable=args.no_progress) as bar:
         def progress(done: int, _total: int) -> None:
             bar.update(done - bar.n)
 
+        rows: list[Row] = []
         try:
-            rows = run_grid(args.writers, args.sizes_mb, args.policies, seeds, on_progress=progress)
+            for r in levels:
+                base = len(rows)
+
+                def progress_r(done: int, _total: int, base: int = base) -> None:
+                    progress(base + done, total)
+
+                rows += run_grid(args.writers, args.sizes_mb, args.policies, seeds,
+                                 replication=r, on_progress=progress_r)
         except (ValueError, PeaceError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    agg = aggregate(rows)
-    print(f"{'policy':18s} {'writers':>7s} {'size_mb':>7s} {'response_s':>10s} "
+    print(f"{'r':>2s} {'policy':18s} {'writers':>7s} {'size_mb':>7s} {'response_s':>10s} "
           f"{'service_s':>9s} {'makespan_s':>10s}")
-    for (policy, w, size), m in sorted(agg.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        print(f"{policy:18s} {w:7d} {size:7d} {m['mean_response_s']:10.2f} "
-              f"{m['mean_service_s']:9.2f} {m['makespan_s']:10.2f}")
+    for r in levels:
+        agg = aggregate(rows, r)
+        for (policy, w, size), m in sorted(agg.items(),
+                                           key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+            fair = agg.get(("hdfs-fair", w, size))
+            vs = "" if fair is None or policy == "hdfs-fair" else (
+                f"  vs hdfs-fair: service x{m['mean_service_s'] / fair['mean_service_s']:.2f} "
+                f"makespan x{m['makespan_s'] / fair['makespan_s']:.2f} "
+                f"response x{m['mean_response_s'] / fair['mean_response_s']:.2f}")
+            print(f"{r:2d} {policy:18s} {w:7d} {size:7d} {m['mean_response_s']:10.2f} "
+                  f"{m['mean_service_s']:9.2f} {m['makespan_s']:10.2f}{vs}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rows": [r.to_dict() for r in rows]}, fh, indent=1)
@@ -158,12 +176,12 @@ def _parse_request(text: str) -> tuple[str, int, int]:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    from peace.scheduler import PeaceScheduler, WriteRequest
+    from peace.scheduler import WriteRequest, make_scheduler
     from peace.validate import validate_schedule
 
     try:
         topo = load_topology(args.topology)
-        sched = PeaceScheduler(topo, seed=args.seed, variant=args.variant)
+        sched = make_scheduler(topo, seed=args.seed, variant=args.variant)
         reqs = [WriteRequest(w, r, k, i) for i, (w, r, k) in enumerate(args.request)]
         schedule = sched.schedule(reqs)
         report = validate_schedule(sched.network, reqs, schedule.placements)
@@ -225,7 +243,7 @@ example:
 def register(subparsers: Any) -> None:
     """Add the ``peace`` subcommand (and its leaves) to the top-level ``sguard`` parser."""
     from peace.experiment import ALL_POLICIES, FIG10_POLICIES
-    from peace.scheduler import VARIANTS
+    from peace.scheduler import SCHEDULER_VARIANTS
 
     raw = argparse.RawDescriptionHelpFormatter
     peace = subparsers.add_parser(
@@ -250,8 +268,12 @@ def register(subparsers: Any) -> None:
     sim.add_argument("--sizes-mb", type=_positive_int, nargs="+", default=[128, 256, 512],
                      help="checkpoint size per writer in MB (default: %(default)s)")
     sim.add_argument("--policies", nargs="+", default=list(FIG10_POLICIES), choices=ALL_POLICIES,
-                     help="peace = improved scheduler, peace-paper = Algorithm 1 as published "
-                          "(both on the paper's capacity 2); default: %(default)s")
+                     help="peace = improved scheduler, peace-paper = Algorithm 1 as published, "
+                          "peace-mcf = min-cost-flow plan per timestep (all on the paper's "
+                          "capacity 2); hdfs-fair = HDFS with Peace's per-writer concurrency "
+                          "(2 pipelines), hdfs = 1 pipeline per writer; default: %(default)s")
+    sim.add_argument("--replication", type=int, nargs="+", default=[3], choices=[1, 2, 3, 4],
+                     help="replication levels to simulate (default: %(default)s)")
     sim.add_argument("--seeds", type=_positive_int, default=1,
                      help="runs per configuration (default %(default)s)")
     sim.add_argument("--plot", metavar="PNG", type=_output_file,
@@ -274,8 +296,9 @@ def register(subparsers: Any) -> None:
                      help="a write request: writer server, replication R, chunks K (repeatable)")
     sch.add_argument("--seed", type=_nonnegative_int, default=0,
                      help="tie-breaking seed (default %(default)s)")
-    sch.add_argument("--variant", choices=sorted(VARIANTS), default="improved",
-                     help="improved (default) or paper (Algorithm 1 as published)")
+    sch.add_argument("--variant", choices=SCHEDULER_VARIANTS, default="improved",
+                     help="improved (default), paper (Algorithm 1 as published) or mcf "
+                          "(min-cost-flow plan per timestep)")
     sch.set_defaults(func=_cmd_schedule)
 
     srv = sub.add_parser(
@@ -290,8 +313,9 @@ def register(subparsers: Any) -> None:
                      help="TCP port, 0 = any free port (default %(default)s)")
     srv.add_argument("--seed", type=_nonnegative_int, default=0,
                      help="tie-breaking seed (default %(default)s)")
-    srv.add_argument("--variant", choices=sorted(VARIANTS), default="improved",
-                     help="improved (default) or paper (Algorithm 1 as published)")
+    srv.add_argument("--variant", choices=SCHEDULER_VARIANTS, default="improved",
+                     help="improved (default), paper (Algorithm 1 as published) or mcf "
+                          "(min-cost-flow plan per timestep)")
     srv.add_argument("--advance-fraction", type=_fraction, default=0.8,
                      help="fraction of a timestep's chunks done before the next one is "
                           "scheduled, in (0, 1] (default %(default)s)")

@@ -39,8 +39,8 @@ import numpy as np
 from peace.errors import (CannotScheduleNowError, CoordinatorStateError, ScheduleInfeasibleError,
                           UnknownRequestError)
 from peace.model import Network, Topology, build_network
-from peace.scheduler import (RACK_AWARE, ChunkPlacement, Heuristics, PeaceScheduler, ReplicaTemplate,
-                             WriteRequest)
+from peace.scheduler import (RACK_AWARE, ChunkPlacement, Heuristics, ReplicaTemplate, WriteRequest,
+                             make_scheduler)
 
 __all__ = ["RequestState", "RequestStatus", "CoordinatorStats", "Coordinator"]
 
@@ -116,7 +116,7 @@ class Coordinator:
         Seed of the randomized shortest paths.
     method, variant, lookahead
         Passed to :class:`~peace.scheduler.PeaceScheduler`: ``variant="improved"``
-        (default) or ``"paper"`` (Algorithm 1 as published).
+        (default), ``"paper"`` (Algorithm 1 as published) or ``"mcf"`` (:mod:`peace.mcf`).
 
     Raises
     ------
@@ -147,7 +147,7 @@ class Coordinator:
         if max_pending_requests is not None and max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {max_pending_requests}")
         self.network = topology if isinstance(topology, Network) else build_network(topology)
-        self.scheduler = PeaceScheduler(self.network, templates, seed=seed,
+        self.scheduler = make_scheduler(self.network, templates, seed=seed,
                                         method=method, variant=variant, lookahead=lookahead)
         self.advance_fraction = advance_fraction
         self.hold_inflight = hold_inflight
@@ -271,6 +271,39 @@ class Coordinator:
                 logger.debug("request %d done", request_id)
         return self.poll()
 
+    def abandon(self, request_id: int) -> list[ChunkPlacement]:
+        """Drop a request whose writer went away: its queued chunks are forgotten and its
+        in-flight chunks release their capacity and count as finished for the timestep rule
+        (a dead writer must not stall everybody else). No-op for a finished request.
+
+        Returns
+        -------
+        list of ChunkPlacement
+            Chunks assigned as a consequence (see :meth:`poll`).
+
+        Raises
+        ------
+        UnknownRequestError
+            If the request id was never issued.
+        """
+        with self._lock:
+            rec = self._records.get(request_id)
+            if rec is None:
+                raise UnknownRequestError(f"unknown request id {request_id}")
+            if rec.state in (RequestState.DONE, RequestState.FAILED):
+                return []
+            self._pending = [q for q in self._pending if q.request_id != request_id]
+            for key in [k for k in self._inflight if k[0] == request_id]:
+                pl = self._inflight.pop(key)
+                for e in pl.edge_ids:
+                    self._held[e] -= 1
+                if pl.timestep == self._timestep:
+                    self._ts_done += 1
+            rec.state = RequestState.FAILED
+            logger.warning("request %d from %s abandoned (%d of %d chunks completed)", request_id,
+                           rec.request.writer, rec.completed, rec.request.chunks)
+        return self.poll()
+
     def status(self, request_id: int) -> RequestStatus:
         """Progress of one request.
 
@@ -391,5 +424,7 @@ class Coordinator:
             assert 0 <= self._ts_done <= self._ts_scheduled
             for rid, rec in self._records.items():
                 assert (rec.state is RequestState.DONE) == (rec.completed == rec.request.chunks)
+                if rec.state is RequestState.FAILED:
+                    assert all(k[0] != rid for k in self._inflight)
                 assert rec.completed <= rec.assigned <= rec.request.chunks
 

@@ -13,7 +13,7 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
     (``W'``). Ties among equal-cost destinations are broken uniformly at random.
 
 ``"improved"`` (default; the ``peace`` policy of the benchmark) -- Algorithm 1 plus
-    five changes, all of them only *restrict or order* the candidates of the
+    six changes, all of them only *restrict or order* the candidates of the
     same randomized shortest-path step, so every placement is still a
     minimum-cost path on the residual graph and capacities, templates and the
     chain property hold exactly as before (the validator checks the same
@@ -46,13 +46,21 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
        this rule, so nothing that Algorithm 1 would place ever stalls;
     5. **started requests first**: requests that already have chunks written
        are served before requests that have not started (stable otherwise), so
-       a started request keeps its rate until it is done.
+       a started request keeps its rate until it is done;
+    6. **spread receivers**: among equal-cost destinations, servers with more
+       free receive slots (DN->RCV) come first, before the role-aware key: two
+       chunks share a disk (and each runs at half its speed) only when they
+       must.
 
     The template look-ahead (``lookahead``: never pick a rack from which the
     remaining templates cannot be met, e.g. a one-server rack when the next
     replica must share it) is on in ``"improved"`` and off in ``"paper"``.
 
 Individual changes can be switched with :class:`Heuristics` (ablations).
+
+A third variant, ``"mcf"`` (:class:`peace.mcf.McfScheduler`, built by
+:func:`make_scheduler`), plans each timestep with an integral min-cost flow and
+repairs the plan into chains with the improved search.
 
 Randomization is explicit: among all eligible destinations whose path cost is
 minimal (and, in ``"improved"``, of the best tie-break class), one is drawn
@@ -107,6 +115,8 @@ __all__ = [
     "VARIANTS",
     "PeaceScheduler",
     "check_templates",
+    "SCHEDULER_VARIANTS",
+    "make_scheduler",
 ]
 
 logger = logging.getLogger(__name__)
@@ -183,13 +193,17 @@ class Heuristics:
     """An unstarted request starts only with its full per-timestep rate."""
     started_first: bool = True
     """Requests with chunks already placed go before requests that have not started."""
+    spread_receivers: bool = True
+    """Among equal-cost destinations prefer servers with the most free receive slots
+    (before the role-aware key): chunks avoid sharing a disk when they need not."""
 
 
 #: named variants: ``"paper"`` is Algorithm 1 as published, ``"improved"`` the default.
 VARIANTS: dict[str, Heuristics] = {
     "improved": Heuristics(),
     "paper": Heuristics(template_lookahead=False, send_lookahead=False, max_backtracks=0,
-                        role_aware_ties=False, whole_requests=False, started_first=False),
+                        role_aware_ties=False, whole_requests=False, started_first=False,
+                        spread_receivers=False),
 }
 
 
@@ -640,11 +654,16 @@ class PeaceScheduler:
         forward anyway -- writers still to be served this pass (soonest first),
         then servers without send capacity left -- before spare forwarders.
         """
-        if not last:
-            return -rank
         net = self.network
-        spare = (rank == _NO_REQUEST) & (residual[net.e_snd_up] > 0) & (residual[net.e_up_sw] > 0)
-        out: npt.NDArray[np.int64] = rank + spare.astype(np.int64)
+        if not last:
+            out: npt.NDArray[np.int64] = -rank
+        else:
+            spare = ((rank == _NO_REQUEST) & (residual[net.e_snd_up] > 0)
+                     & (residual[net.e_up_sw] > 0))
+            out = rank + spare.astype(np.int64)
+        if self.heuristics.spread_receivers:
+            free = np.minimum(residual[net.e_sw_dn], residual[net.e_dn_rcv])
+            out = out - free * (_NO_REQUEST << 2)
         return out
 
     def schedule(self, requests: Sequence[WriteRequest], *, max_timesteps: int = 100_000) -> Schedule:
@@ -821,6 +840,29 @@ class PeaceScheduler:
         vertices.reverse()
         eids = tuple(net.edge_index[(a, b)] for a, b in zip(vertices, vertices[1:]))
         return j, eids, int(best)
+
+
+#: every variant name :func:`make_scheduler` understands (``mcf``: :mod:`peace.mcf`)
+SCHEDULER_VARIANTS = ("improved", "paper", "mcf")
+
+
+def make_scheduler(network: Network | Topology, templates: Sequence[ReplicaTemplate] = RACK_AWARE,
+                   *, seed: int | np.random.Generator | None = None,
+                   method: Literal["fast", "networkx"] = "fast",
+                   variant: str | Heuristics = "improved",
+                   lookahead: bool | None = None) -> PeaceScheduler:
+    """A scheduler by variant name: ``improved``, ``paper`` or ``mcf`` (or a :class:`Heuristics`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown variant name.
+    """
+    if variant == "mcf":
+        from peace.mcf import McfScheduler
+        return McfScheduler(network, templates, seed=seed, method=method, lookahead=lookahead)
+    return PeaceScheduler(network, templates, seed=seed, method=method, variant=variant,
+                          lookahead=lookahead)
 
 
 def _single(n: int, j: int) -> npt.NDArray[np.bool_]:

@@ -13,6 +13,13 @@ bound to ``127.0.0.1`` by default. One JSON object per line each way::
             "state": "ACTIVE", "completed": 0, "chunks": 8}
     {"op": "complete", "request_id": 0, "chunk_index": 0}   -> {"ok": true}
     {"op": "status", "request_id": 0} / {"op": "stats"}     -> {"ok": true, ...}
+    {"op": "servers"}  -> {"ok": true, "servers": [...], "racks": {"rack1": [...], ...}}
+
+A request whose submitting connection closes before it is done is
+*abandoned* (:meth:`~peace.coordinator.Coordinator.abandon`): its queued
+chunks are dropped and its in-flight chunks release their capacity, so a
+writer that dies (or gives up and writes unscheduled) never stalls the others.
+Keep the submitting connection open until every chunk is reported.
 
 ``wait`` is a long poll: it returns the assignments not yet delivered to that
 request as soon as there is at least one (or the request is finished), or an
@@ -78,8 +85,18 @@ class CoordinatorServer:
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
+                mine: list[int] = []  # requests submitted on this connection
+                try:
+                    self._serve(mine)
+                finally:
+                    outer._abandon(mine)
+
+            def _serve(self, mine: list[int]) -> None:
                 while True:
-                    line = self.rfile.readline(_MAX_LINE)
+                    try:
+                        line = self.rfile.readline(_MAX_LINE)
+                    except OSError:
+                        return
                     if not line:
                         return
                     try:
@@ -87,14 +104,19 @@ class CoordinatorServer:
                         if not isinstance(msg, dict):
                             raise ValueError("a message is a JSON object")
                         reply = outer._dispatch(msg)
+                        if msg.get("op") == "submit" and reply.get("ok"):
+                            mine.append(int(reply["request_id"]))
                     except PeaceError as exc:
                         reply = {"ok": False, "error": type(exc).__name__, "message": str(exc),
                                  "retry_after_s": getattr(exc, "retry_after_s", None)}
                     except (ValueError, KeyError, TypeError) as exc:
                         reply = {"ok": False, "error": "ValueError",
                                  "message": f"bad message: {exc!r}"}
-                    self.wfile.write((json.dumps(reply) + "\n").encode())
-                    self.wfile.flush()
+                    try:
+                        self.wfile.write((json.dumps(reply) + "\n").encode())
+                        self.wfile.flush()
+                    except OSError:
+                        return
 
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
@@ -130,6 +152,18 @@ class CoordinatorServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _abandon(self, request_ids: list[int]) -> None:
+        """The connection that submitted these requests closed: drop the unfinished ones."""
+        for rid in request_ids:
+            try:
+                self.coordinator.abandon(rid)
+            except PeaceError as exc:  # pragma: no cover - ids come from this server
+                logger.warning("abandoning request %d failed: %s", rid, exc)
+        with self._cond:
+            for rid in request_ids:
+                self._boxes.pop(rid, None)
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ ops
     def _dispatch(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +218,10 @@ class CoordinatorServer:
             return {"ok": True, "request_id": st.request_id, "writer": st.writer,
                     "chunks": st.chunks, "assigned": st.assigned, "completed": st.completed,
                     "state": st.state.name}
+        if op == "servers":
+            topo = c.network.topology
+            return {"ok": True, "servers": list(topo.servers), "topology": topo.name,
+                    "racks": {r.name: list(r.servers) for r in topo.racks}}
         if op == "stats":
             s = c.stats()
             return {"ok": True, "timestep": s.timestep, "pending_requests": s.pending_requests,
@@ -254,6 +292,14 @@ class CoordinatorClient:
                 raise cls(message)
             raise ValueError(message)
         return reply
+
+    def set_timeout(self, timeout_s: float | None) -> None:
+        """Socket timeout of every later call (None: wait forever)."""
+        self._sock.settimeout(timeout_s)
+
+    def servers(self) -> list[str]:
+        """The coordinator topology's server names (the valid writers)."""
+        return [str(s) for s in self.call(op="servers")["servers"]]
 
     def submit(self, writer: str, replication: int, chunks: int) -> int:
         """Submit a request; returns its id (see :meth:`Coordinator.submit` for errors)."""

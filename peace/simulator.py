@@ -13,10 +13,12 @@ different racks.
 
 Each policy decides when and where chunks start: :class:`PeacePolicy` drives the
 online :class:`~peace.coordinator.Coordinator` (``peace``: the improved scheduler,
-``peace-paper``: Algorithm 1 as published, see :mod:`peace.scheduler`); :class:`BaselinePolicy` is HDFS
+``peace-paper``: Algorithm 1 as published, see :mod:`peace.scheduler`; ``peace-mcf``:
+the min-cost-flow variant, :mod:`peace.mcf`); :class:`BaselinePolicy` is HDFS
 default placement or random placement, each writer running ``streams_per_writer``
 pipelines at once (the IOService's worker threads), optionally with an admission
-cap on concurrent requests ("admission only").
+cap on concurrent requests ("admission only"). ``hdfs-fair`` is HDFS with the
+same per-writer concurrency as Peace (its writers' SND->UP capacity, 2).
 
 Per request the result holds the *response time* (submit -> last chunk done)
 and the *service time* (first chunk start -> last chunk done); the makespan is
@@ -627,20 +629,26 @@ PEACE_VARIANTS: dict[str, str | Heuristics] = {
     "peace": "improved",
     "peace-paper": "paper",
     "peace-fill": Heuristics(whole_requests=False),
+    "peace-mcf": "mcf",
 }
-POLICIES = (*PEACE_VARIANTS, "hdfs", "random", "admission")
+POLICIES = (*PEACE_VARIANTS, "hdfs", "hdfs-fair", "random", "admission")
+PeacePolicyOrBaseline: TypeAlias = "PeacePolicy | BaselinePolicy"
 
 
 def make_policy(name: str, *, seed: int = 0, streams_per_writer: int = 1,
                 admission_cap: int = 4, advance_fraction: float = 0.8,
-                hold_inflight: bool = False) -> PeacePolicy | BaselinePolicy:
+                hold_inflight: bool = False, fair_streams: int = 2) -> PeacePolicyOrBaseline:
     """A policy by name (see :data:`POLICIES`).
 
     ``peace`` is the improved scheduler, ``peace-paper`` Algorithm 1 as
-    published, ``peace-fill`` the improved one without the whole-requests rule
+    published, ``peace-mcf`` the min-cost-flow variant (:mod:`peace.mcf`),
+    ``peace-fill`` the improved one without the whole-requests rule
     (a request may start below its full rate: fuller timesteps, shorter
-    makespan, longer service times); ``hdfs``, ``random``, ``admission`` are
-    the baselines.
+    makespan, longer service times); ``hdfs`` (``streams_per_writer``
+    pipelines per writer, 1 by default), ``hdfs-fair`` (HDFS default placement
+    with ``fair_streams`` pipelines per writer: the same per-writer
+    concurrency as Peace, whose writers send at most their SND->UP capacity
+    of chunks at once), ``random``, ``admission`` are the baselines.
 
     Raises
     ------
@@ -652,6 +660,8 @@ def make_policy(name: str, *, seed: int = 0, streams_per_writer: int = 1,
                            hold_inflight=hold_inflight, variant=PEACE_VARIANTS[name], name=name)
     if name == "hdfs":
         return BaselinePolicy("hdfs", streams_per_writer=streams_per_writer, seed=seed)
+    if name == "hdfs-fair":
+        return BaselinePolicy("hdfs", streams_per_writer=fair_streams, seed=seed, name="hdfs-fair")
     if name == "random":
         return BaselinePolicy("random", streams_per_writer=streams_per_writer, seed=seed)
     if name == "admission":

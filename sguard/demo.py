@@ -80,8 +80,10 @@ def _process(op: Aggregate, mgr: CheckpointManager, args: argparse.Namespace, st
 def _manager(pm: mmm.PageManager, args: argparse.Namespace) -> CheckpointManager:
     policy = CheckpointPolicy(every_n_tuples=args.checkpoint_every * args.batch, keep=3,
                               full_every=4)
+    if args.scheduler:
+        import sguard.scheduling  # noqa: F401  (registers peace://)
     return CheckpointManager(pm, str(Path(args.run_dir).resolve()), HAUNIT, policy=policy,
-                             n_workers=args.io_workers)
+                             n_workers=args.io_workers, scheduler=args.scheduler or None)
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -219,7 +221,8 @@ def _forward(args: argparse.Namespace) -> list[str]:
     return ["--batches", str(args.batches), "--batch", str(args.batch), "--groups",
             str(args.groups), "--checkpoint-every", str(args.checkpoint_every),
             "--page-bytes", str(args.page_bytes), "--seed", str(args.seed),
-            "--root", str(args.root), "--io-workers", str(args.io_workers)]
+            "--root", str(args.root), "--io-workers", str(args.io_workers),
+            *(["--scheduler", args.scheduler] if args.scheduler else [])]
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -294,6 +297,9 @@ def register(sub: Any) -> None:
     p.add_argument("--kill-at", type=nonnegative_int, default=None,
                    help="batch at which the worker kills itself, below --batches "
                         "(default: 2/3 of the run)")
+    p.add_argument("--scheduler", default=None, metavar="URI",
+                   help="write checkpoints through a write scheduler, e.g. the Peace coordinator "
+                        "peace://127.0.0.1:PORT (see `sguard peace serve`); default: unscheduled")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true",

@@ -144,12 +144,16 @@ def test_backtracking_completes_a_chain_the_published_algorithm_never_can() -> N
 
 def test_role_aware_forwarders_keep_the_next_writers_send_slots() -> None:
     """16 writers x 8 chunks at capacity 2: forwarders never take a send slot a later request
-    of the same timestep needed, so every placed request runs at its full rate (2 per timestep)."""
+    of the same timestep needed, so every placed request runs at its full rate (2 per timestep).
+
+    This is the role-aware key alone; the default also spreads receivers first (see
+    test_paper_workload_offline_schedule), which trades a few full-rate starts for fuller
+    timesteps."""
     t = paper_topology()
     net = build_network(t)
     reqs = [WriteRequest(w, 3, 8, i) for i, w in enumerate(t.servers[:16])]
     for seed in range(3):
-        s = PeaceScheduler(net, seed=seed)
+        s = PeaceScheduler(net, seed=seed, variant=Heuristics(spread_receivers=False))
         residual = net.new_residual()
         plan = s.schedule_timestep(reqs, residual)
         validate_schedule(net, reqs, plan.placements, complete=False)
@@ -160,20 +164,24 @@ def test_role_aware_forwarders_keep_the_next_writers_send_slots() -> None:
         assert len(plan.placements) >= len(paper.placements) - 2
 
 
-@pytest.mark.parametrize("variant", ["improved", "fill", "paper"])
+@pytest.mark.parametrize("variant", ["whole", "improved", "fill", "paper"])
 def test_paper_workload_offline_schedule(variant: str) -> None:
     """16 writers (8 per rack) x 8 chunks at capacity 2; the inter-rack link (5 per direction)
     allows at most 10 chunks per timestep.
 
-    Improved: every request is written in 4 consecutive timesteps at 2 chunks each (8 chunks
-    per timestep: the fifth link slot would start a request below its full rate). Without
-    the whole-requests rule ("fill") timesteps hold 10 chunks; the published algorithm
-    spreads requests out and needs more timesteps than both.
+    Without the receiver spreading ("whole"): every request is written in 4 consecutive
+    timesteps at 2 chunks each (8 chunks per timestep: the fifth link slot would start a
+    request below its full rate). Improved (spreading receivers first): forwarders sometimes
+    use a waiting writer's send slot, so a few requests start at rate 1 and timesteps are
+    fuller (15 instead of 16), requests span at most 6. Without the whole-requests rule
+    ("fill") timesteps hold 10 chunks; the published algorithm spreads requests out and
+    needs more timesteps than all of them.
     """
     t = paper_topology()
     net = build_network(t)
     reqs = [WriteRequest(w, 3, 8, i) for i, w in enumerate(spread_writers(t, 16))]
-    h = {"fill": Heuristics(whole_requests=False)}.get(variant, variant)
+    h = {"fill": Heuristics(whole_requests=False),
+         "whole": Heuristics(spread_receivers=False)}.get(variant, variant)
     sched = PeaceScheduler(net, seed=1, variant=h).schedule(reqs)
     rep = validate_schedule(net, reqs, sched.placements)
     assert rep.chunks == 128 and rep.max_edge_load <= 5
@@ -182,6 +190,9 @@ def test_paper_workload_offline_schedule(variant: str) -> None:
         spans[p.request_id].append(p.timestep)
     span = {rid: max(ts) - min(ts) + 1 for rid, ts in spans.items()}
     if variant == "improved":
+        assert sched.timesteps == 15 and max(span.values()) <= 6
+        assert np.mean(list(span.values())) < 5
+    elif variant == "whole":
         assert set(span.values()) == {4}
         assert all(Counter(ts) == Counter({m: 2 for m in range(min(ts), min(ts) + 4)})
                    for ts in spans.values())

@@ -39,6 +39,9 @@ def test_notebook_executes_top_to_bottom_in_quick_mode(monkeypatch: pytest.Monke
     assert "peace-paper" in outputs and "peace-paper-caps" not in outputs
     assert "improved t=0: svr2.1 -> svr2.2 -> svr1.1" in outputs
     assert "improved deferred: []" in outputs
+    assert "mcf deferred: []" in outputs
+    assert "r=2 peace        vs hdfs-fair" in outputs and "r=3 peace        vs hdfs-fair" in outputs
+    assert "fluid lower bounds on makespan" in outputs
 
 
 def test_cli_simulate_writes_a_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,11 +49,17 @@ def test_cli_simulate_writes_a_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = tmp_path / "fig10.png"
     js = tmp_path / "rows.json"
     rc = main(["peace", "simulate", "--writers", "4", "--sizes-mb", "128", "--policies", "peace",
-               "peace-paper", "hdfs", "--plot", str(out), "--json", str(js), "--no-progress"])
+               "peace-paper", "peace-mcf", "hdfs", "hdfs-fair", "--replication", "2", "3",
+               "--plot", str(out), "--json", str(js), "--no-progress"])
     assert rc == 0
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
     text = capsys.readouterr().out
     assert "peace " in text and "peace-paper" in text and "hdfs" in text and js.exists()
+    assert "peace-mcf" in text and "hdfs-fair" in text
+    assert "vs hdfs-fair" in text
+    import json
+    rows = json.loads(js.read_text())["rows"]
+    assert {r["replication"] for r in rows} == {2, 3}
 
 
 def test_cli_schedule_prints_figure5_and_rejects_unknown_writer(capsys: pytest.CaptureFixture[str]

