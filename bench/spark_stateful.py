@@ -221,7 +221,8 @@ def summarize_variant(runs: list[dict[str, Any]]) -> dict[str, Any]:
                             "checkpoint": commit,
                             "add_batch": mean_of("add_batch_ms"),
                             "driver_offset_commit_logs": mean_of("driver_log_ms")}}
-    for f in ("prepare_ms", "state_ms_max", "attach_ms", "rollback_ms"):
+    for f in ("prepare_ms", "snapshot_ms", "log_wait_ms", "attach_ms", "state_ms_max",
+              "task_total_ms"):
         v = mean_of(f)
         if v is not None:
             out["breakdown_ms"][f] = v
@@ -347,7 +348,7 @@ def _run(a: argparse.Namespace, pl: dict[str, Any], work: Path, t_start: float) 
         f"{micro['first_access_after_ms']['median']:.3f} ms")
     n_files = max(pl["batches"][v][k] for v in a.variants for k in a.keys)
     for k in a.keys:
-        V.write_files(work / "input", k, n_files + (4 if "sguard" in a.variants else 0))
+        V.write_files(work / "input", k, n_files)
     spark = V.spark_session(work / "spark-local", PARTITIONS)
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {k: {v: [] for v in a.variants}
                                                          for k in a.keys}
@@ -379,8 +380,7 @@ def _run(a: argparse.Namespace, pl: dict[str, Any], work: Path, t_start: float) 
 
             log("sguard recovery after losing the local state (100k keys) ...")
             try:
-                recovery = S.recovery(spark, work, 100_000, PARTITIONS,
-                                      batches=4 if a.quick else 8)
+                recovery = S.recovery(spark, work, 100_000, PARTITIONS)
                 log(f"  recovery {recovery.get('recovery_s')} s, replay "
                     f"{recovery.get('replay_batches')} batch(es)")
             except Exception as e:  # noqa: BLE001
