@@ -219,7 +219,8 @@ def _merge_task_metrics(rows: list[dict[str, Any]], path: Path) -> None:
 # -- aggregation ----------------------------------------------------------------------------------
 def measured(run: dict[str, Any]) -> list[dict[str, Any]]:
     """The batches after the first (warm-up) one."""
-    return run["batches"][1:]
+    bs: list[dict[str, Any]] = run["batches"][1:]
+    return bs
 
 
 def run_rate(run: dict[str, Any]) -> float:
@@ -244,22 +245,21 @@ def summarize_variant(runs: list[dict[str, Any]]) -> dict[str, Any]:
     state, commit = mean_of("state_ms"), mean_of("commit_ms")
     d = float(dur.mean())
     spark_rest = d - (state or 0.0) - (commit or 0.0)
-    out = {"runs": len(runs), "measured_batches": len(bs),
-           "rows_per_s": float(np.median(rates)), "rows_per_s_min": float(np.min(rates)),
-           "rows_per_s_max": float(np.max(rates)), "rows_per_s_runs": rates,
-           "latency_p50_ms": float(np.percentile(dur, 50)),
-           "latency_p99_ms": float(np.percentile(dur, 99)),
-           "breakdown_ms": {"batch": d, "spark": spark_rest, "state": state,
-                            "checkpoint": commit,
-                            "add_batch": mean_of("add_batch_ms"),
-                            "driver_offset_commit_logs": mean_of("driver_log_ms")},
-           "state_ms_median": median_of("state_ms"), "checkpoint_ms_median": median_of("commit_ms")}
+    breakdown: dict[str, float | None] = {
+        "batch": d, "spark": spark_rest, "state": state, "checkpoint": commit,
+        "add_batch": mean_of("add_batch_ms"), "driver_offset_commit_logs": mean_of("driver_log_ms")}
     for f in ("prepare_ms", "snapshot_ms", "log_wait_ms", "attach_ms", "state_ms_max",
               "task_total_ms"):
         v = mean_of(f)
         if v is not None:
-            out["breakdown_ms"][f] = v
-    return out
+            breakdown[f] = v
+    return {"runs": len(runs), "measured_batches": len(bs),
+           "rows_per_s": float(np.median(rates)), "rows_per_s_min": float(np.min(rates)),
+           "rows_per_s_max": float(np.max(rates)), "rows_per_s_runs": rates,
+           "latency_p50_ms": float(np.percentile(dur, 50)),
+           "latency_p99_ms": float(np.percentile(dur, 99)),
+           "breakdown_ms": breakdown,
+           "state_ms_median": median_of("state_ms"), "checkpoint_ms_median": median_of("commit_ms")}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -310,19 +310,20 @@ def build_summary(per: dict[int, dict[str, dict[str, Any]]], micro: dict[str, An
         s["recovery_s_100k"] = recovery.get("recovery_s")
         s["recovery_replay_batches"] = recovery.get("replay_batches")
         s["recovery_replay_rows"] = recovery.get("replay_rows")
-    targets = {"ratio_vs_best_python_10k": (">=", 5), "ratio_vs_best_python_100k": (">=", 5),
+    targets: dict[str, tuple[str, float]] = {
+               "ratio_vs_best_python_10k": (">=", 5), "ratio_vs_best_python_100k": (">=", 5),
                "ratio_vs_sql_10k": (">=", 1), "ratio_vs_sql_100k": (">=", 1),
                "ratio_vs_ceiling_10k": (">=", 0.9), "ratio_vs_ceiling_100k": (">=", 0.9),
                "state_ms_per_partition_100k": ("<=", 10),
                "checkpoint_ms_on_critical_path": ("<=", 5), "rollback_ms_1m_keys": ("<=", 1),
                "rollback_file_ms_1m_keys": ("<=", 1)}
-    missed = {}
+    missed: dict[str, str] = {}
     for f, (op, t) in targets.items():
-        v = s.get(f)
-        if v is None:
+        val = s.get(f)
+        if not isinstance(val, (int, float)):
             missed[f] = "not measured"
-        elif (op == ">=" and v < t) or (op == "<=" and v > t):
-            missed[f] = f"{v:.3g} vs target {op} {t}"
+        elif (op == ">=" and val < t) or (op == "<=" and val > t):
+            missed[f] = f"{val:.3g} vs target {op} {t}"
     s["targets_missed"] = missed
     return s
 
