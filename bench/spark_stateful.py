@@ -470,6 +470,12 @@ def _run(a: argparse.Namespace, pl: dict[str, Any], work: Path, t_start: float) 
         spark.stop()
     per = {k: {v: summarize_variant(rs) for v, rs in runs[k].items() if rs} for k in a.keys}
     summary = build_summary(per, micro, recovery)
+    for k in a.keys:  # sguard over each baseline within the same repetition (adjacent runs)
+        for base in ("sql", "ceiling"):
+            pairs = [run_rate(x) / run_rate(y) for x, y in zip(runs[k].get("sguard", []),
+                                                                runs[k].get(base, []))]
+            if pairs:
+                summary[f"ratio_vs_{base}_{k // 1000}k_per_rep"] = pairs
     summary["errors"] = errors
     doc = {"summary": summary,
            "params": {"quick": a.quick, "master": "local[2]", **pl,
