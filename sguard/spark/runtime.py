@@ -100,6 +100,7 @@ class RuntimeConfig:
     """Everything a task needs (shipped to executors inside the mapInArrow closure)."""
 
     state_uri: str
+    state_key: str
     layout: OperatorLayout
     operator: Operator
     key: str
@@ -116,7 +117,7 @@ class RuntimeConfig:
 
     @property
     def sid(self) -> str:
-        return state_id(self.state_uri, self.layout.name, self.layout.generation)
+        return state_id(self.state_key, self.layout.name, self.layout.generation)
 
 
 # ------------------------------------------------------------------------- process state
@@ -332,13 +333,14 @@ class _Partition:
                                    cfg.key)
             t_apply = time.perf_counter()
             if cfg.faults is not None and self._has_fault(b, "mid"):
-                half = table.num_rows // 2
-                out_a = self.state.apply(table.slice(0, half), b)
+                self.state.apply(table.slice(0, table.num_rows // 2), b)
                 self._flush()
-                self._fault(b, "mid", table)
-                out = pa.concat_tables([out_a, self.state.apply(table.slice(half), b)])
-            else:
-                out = self.state.apply(table, b)
+                self._fault(b, "mid", table)  # kill / raise: the next attempt rolls back
+                self.pm.rollback(self.snap)     # the fault let us live: undo the half batch
+                self.snap = self.pm.chkpt()
+                slot.write_base(self.snap.page_ids, self.snap._frames)
+                self.state = cfg.operator.open(self.pm, cfg.input_schema, cfg.key)
+            out = self.state.apply(table, b)
             self._flush()
             apply_ms = (time.perf_counter() - t_apply) * 1e3
             t_log = time.perf_counter()
@@ -374,8 +376,10 @@ class _Partition:
     # -- fault injection (tests and demo) ----------------------------------------------------------
     def _has_fault(self, b: int, point: str) -> bool:
         fp = self.cfg.faults
-        return fp is not None and any((f.batch, f.partition, f.point) == (b, self.p, point)
-                                      for f in fp.faults)
+        return fp is not None and any(
+            (f.batch, f.partition, f.point) == (b, self.p, point)
+            and not os.path.exists(os.path.join(fp.fault_dir, f"fired-{i}"))
+            for i, f in enumerate(fp.faults))
 
     def _fault(self, b: int, point: str, table: pa.Table) -> bool:
         fp = self.cfg.faults
