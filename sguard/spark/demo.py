@@ -75,7 +75,9 @@ def generate(inp: Path, batches: int, rows: int, keys: int, seed: int) -> None:
         t = pa.table({"k": rng.integers(0, keys, rows, dtype=np.int64),
                       "v": rng.integers(-1000, 1000, rows, dtype=np.int64),
                       "ts": pa.array(ts, pa.timestamp("us", tz="UTC"))})
-        pq.write_table(t, inp / f"part-{i:05d}.parquet")
+        f = inp / f"part-{i:05d}.parquet"
+        pq.write_table(t, f)
+        os.utime(f, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source orders by mtime
 
 
 # ------------------------------------------------------------------------------ the driver
