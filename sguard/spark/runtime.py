@@ -64,8 +64,9 @@ class Fault:
     kind: ``"kill"`` (SIGKILL the Python worker), ``"raise"`` (an exception),
     ``"delete_local"`` (the partition's local state vanishes, as on a lost
     host), ``"kill_in_checkpoint"`` (force a checkpoint and SIGKILL the worker
-    while its pages are being written), ``"pause"`` (announce itself in
-    ``fault_dir`` and sleep, so a test can kill the driver mid-batch).
+    while its pages are being written), ``"pause"`` (announce itself as
+    ``paused-b<b>-p<p>`` in ``fault_dir`` and sleep until ``resume-b<b>-p<p>``
+    appears there, so a test can kill the driver or a server mid-batch).
     point: ``"start"`` (before the batch is applied), ``"mid"`` (after half of
     its rows), ``"end"`` (after all of it, before the output is returned).
     """
@@ -401,10 +402,13 @@ class _Partition:
             with open(os.path.join(fp.fault_dir, f"paused-b{b}-p{self.p}"), "w") as fh:
                 fh.write(str(os.getpid()))
             parent = os.getppid()
-            for _ in range(1200):
+            resume = os.path.join(fp.fault_dir, f"resume-b{b}-p{self.p}")
+            for _ in range(2400):  # until resumed (or 2 minutes); die with the parent
                 time.sleep(0.05)
                 if os.getppid() != parent:
                     os._exit(1)
+                if os.path.exists(resume):
+                    break
             return False
         return f.kind == "kill_in_checkpoint"
 

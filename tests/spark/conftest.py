@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.ioservice.conftest import seaweed  # noqa: F401 - the SeaweedFS cluster fixture
 from tests.spark.helpers import make_input
 
 

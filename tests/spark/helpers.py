@@ -59,15 +59,17 @@ def stream(spark: Any, inp: StreamInput) -> Any:
 
 
 def run_query(spark: Any, inp: StreamInput, work: Path, operator: Any, *, faults: Any = None,
-              partitions: int = 2, restarts: int = 3, **kw: Any) -> tuple[list[tuple[Any, ...]],
+              partitions: int = 2, restarts: int = 3, state_uri_override: str | None = None,
+              **kw: Any) -> tuple[list[tuple[Any, ...]],
                                                                           list[tuple[Any, ...]], int]:
     """Run a stateful query to the end of the input, restarting it (same
     checkpointLocation) when it fails; returns (sink rows, state rows, failures)."""
     import sguard.spark as ss
     from sguard.spark.state import read_local_state
     failures = 0
+    uri = state_uri_override or str(work / "state")
     while True:
-        out = ss.stateful(stream(spark, inp), "k", operator, str(work / "state"), partitions,
+        out = ss.stateful(stream(spark, inp), "k", operator, uri, partitions,
                           faults=faults, **kw)
         q = (out.writeStream.format("parquet").option("path", str(work / "out"))
              .option("checkpointLocation", str(work / "ckpt")).start())
@@ -82,5 +84,5 @@ def run_query(spark: Any, inp: StreamInput, work: Path, operator: Any, *, faults
                 raise
             time.sleep(0.2)
     rows = sorted(tuple(r) for r in spark.read.parquet(str(work / "out")).collect())
-    st, _ = read_local_state(str(work / "state"))
+    st, _ = read_local_state(uri, storage_options=kw.get("storage_options"))
     return rows, [tuple(r.values()) for r in st.to_pylist()], failures
