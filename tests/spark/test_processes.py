@@ -68,6 +68,38 @@ def test_executor_killed_under_local_cluster(stream_input: StreamInput, tmp_path
     assert [tuple(r) for r in res["state"]] == want_state
 
 
+def test_driver_sigkilled_mid_batch_and_restarted(stream_input: StreamInput,
+                                                  tmp_path: Path) -> None:
+    """The driver (its process group: JVM and Python workers) is SIGKILLed while batch 3 is
+    half applied in partition 1; a new driver on the same checkpointLocation replays
+    batch 3 (same id, same rows), which is rolled back first."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "tests.spark.cluster_driver", "local[2,4]",
+           str(stream_input.dir), str(tmp_path)]
+    with open(tmp_path / "driver1.log", "wb") as log:
+        proc = subprocess.Popen(cmd + ["pause:3:1:mid"], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_for(tmp_path / "faults" / "paused-b3-p1", proc, 400)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert not (tmp_path / "result.json").exists()
+    with open(tmp_path / "driver2.log", "wb") as log:
+        out = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                             timeout=500)
+    assert out.returncode == 0, (tmp_path / "driver2.log").read_text()[-3000:]
+    res = json.loads((tmp_path / "result.json").read_text())
+    want_rows, want_state = running_oracle(stream_input.tables)
+    assert [tuple(r) for r in res["rows"]] == want_rows
+    assert [tuple(r) for r in res["state"]] == want_state
+    from ioservice import open_root
+    from sguard.spark.metrics import read_metrics
+    recs = {(r["batch"], r["partition"]): r for r in read_metrics(open_root(str(tmp_path / "state")))[0]}
+    assert recs[(3, 1)]["recovery"] == "rolled_back_file"
+
+
+@pytest.mark.slow
 def test_demo_driver_killed_and_restarted(tmp_path: Path) -> None:
     """The main job at a small size: worker kill, exception, lost local state, and the
     driver SIGKILLed mid-batch then restarted from its checkpointLocation; both
