@@ -21,8 +21,9 @@ Subclass `Operator` (set `Operator.kind`; implement `params`, `check_input`,
   order-dependent step, and sort the output;
 * `apply` must not catch and hide exceptions: a failed batch is rolled back.
 
-Example (a per-key row counter)::
+Example (a per-key row counter; tests/spark/test_custom_operator.py runs it)::
 
+    @register_operator            # lets tools rebuild it from the state URI's layout
     class CountRows(Operator):
         kind = "count_rows"
         def params(self): return {}
@@ -43,6 +44,8 @@ Example (a per-key row counter)::
         def dump(self):
             k, v = self.m.items(); o = np.argsort(k)
             return pa.table({self.key: k[o], "n": v["n"][o]})
+
+    out = sguard.spark.stateful(df, "k", CountRows(), "file:///tmp/cr", 4)
 
 Operators shipped here: `RunningAggregate` (count/sum/min/max per key),
 `WindowAggregate` (tumbling event-time windows, evicted by watermark, closed
