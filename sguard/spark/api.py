@@ -27,7 +27,7 @@ from sguard.spark.checkpointing import CheckpointConfig
 from sguard.spark.errors import (NotStreamingError, OperatorMismatchError, PartitionCountError,
                                  SchemaChangedError)
 from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
-from sguard.spark.placement import default_local_dir
+from sguard.spark.placement import default_local_dir, root_key
 from sguard.spark.runtime import FaultPlan, RuntimeConfig, task_function
 from sguard.statelayout import OperatorLayout, read_layout, write_layout
 
@@ -142,7 +142,7 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
         raise TypeError(f"operator must be an sguard.spark Operator, got "
                         f"{type(operator).__name__}")
     df = operator.prepare_input(df, key)
-    in_schema = to_arrow_schema(df.schema)
+    in_schema = to_arrow_schema(df.schema, timezone="UTC")
     in_schema = pa.schema([f.with_nullable(True) for f in in_schema])
     operator.check_input(in_schema, key)
     out_schema = operator.output_schema(in_schema, key)
@@ -168,7 +168,7 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
         layout = existing
     else:
         write_layout(root, layout)
-    cfg = RuntimeConfig(state_uri=state_uri, layout=layout, operator=operator, key=key,
+    cfg = RuntimeConfig(state_uri=state_uri, state_key=root_key(root), layout=layout, operator=operator, key=key,
                         input_schema=in_schema, output_schema=out_schema,
                         local_dir=local_dir or default_local_dir(), page_bytes=page_bytes,
                         capacity_bytes=capacity_bytes,

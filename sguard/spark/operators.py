@@ -21,8 +21,9 @@ Subclass `Operator` (set `Operator.kind`; implement `params`, `check_input`,
   order-dependent step, and sort the output;
 * `apply` must not catch and hide exceptions: a failed batch is rolled back.
 
-Example (a per-key row counter)::
+Example (a per-key row counter; tests/spark/test_custom_operator.py runs it)::
 
+    @register_operator            # lets tools rebuild it from the state URI's layout
     class CountRows(Operator):
         kind = "count_rows"
         def params(self): return {}
@@ -43,6 +44,8 @@ Example (a per-key row counter)::
         def dump(self):
             k, v = self.m.items(); o = np.argsort(k)
             return pa.table({self.key: k[o], "n": v["n"][o]})
+
+    out = sguard.spark.stateful(df, "k", CountRows(), "file:///tmp/cr", 4)
 
 Operators shipped here: `RunningAggregate` (count/sum/min/max per key),
 `WindowAggregate` (tumbling event-time windows, evicted by watermark, closed
@@ -65,6 +68,7 @@ from mmm._kernels import jit
 from sguard.spark.errors import SchemaChangedError, UnsupportedKeyTypeError
 
 __all__ = ["Operator", "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin",
+           "register_operator", "operator_from_params",
            "check_key_type", "key_dtype", "column_numpy", "upsert_returning", "SIDE_COLUMN"]
 
 SIDE_COLUMN = "_sguard_side"
@@ -618,3 +622,28 @@ class _WindowJoinState(OperatorState):
 
     def n_keys(self) -> int:
         return len(self.buf[0]) + len(self.buf[1])
+
+
+_REGISTRY: dict[str, type[Operator]] = {c.kind: c for c in (RunningAggregate, WindowAggregate,
+                                                             WindowJoin)}
+
+
+def register_operator(cls: type[Operator]) -> type[Operator]:
+    """Make a custom operator kind known to `operator_from_params` (a class decorator)."""
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def operator_from_params(kind: str, params: dict[str, Any]) -> Operator:
+    """Rebuild an operator from the kind and parameters stored in a layout document.
+
+    Raises
+    ------
+    ValueError
+        If the kind is unknown (register custom operators with `register_operator`).
+    """
+    cls = _REGISTRY.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown operator kind {kind!r}; known: {sorted(_REGISTRY)} "
+                         f"(custom operators: decorate with register_operator)")
+    return cls(**params)

@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from sguard.spark.errors import PartitionLockTimeout
 
-__all__ = ["Marker", "PartitionSlot", "default_local_dir", "state_id", "boot_id"]
+__all__ = ["Marker", "PartitionSlot", "default_local_dir", "state_id", "root_key", "boot_id"]
 
 _SHM = "/dev/shm"
 
@@ -49,9 +49,14 @@ def default_local_dir() -> str:
     return os.path.join(base, f"sguard-{os.getuid()}")
 
 
-def state_id(state_uri: str, name: str, generation: int) -> str:
-    """A short stable id of (state URI, operator name, generation) for directory names."""
-    h = hashlib.sha1(f"{state_uri}\0{name}\0{generation}".encode()).hexdigest()[:16]
+def root_key(root: Any) -> str:
+    """A normalized name of a state root (``file:///a/``, ``/a`` and ``/a/`` are one root)."""
+    return f"{root.backend}:{root.base_path}"
+
+
+def state_id(state_key: str, name: str, generation: int) -> str:
+    """A short stable id of (state root, operator name, generation) for directory names."""
+    h = hashlib.sha1(f"{state_key}\0{name}\0{generation}".encode()).hexdigest()[:16]
     return f"{name}-g{generation}-{h}"
 
 

@@ -64,8 +64,9 @@ class Fault:
     kind: ``"kill"`` (SIGKILL the Python worker), ``"raise"`` (an exception),
     ``"delete_local"`` (the partition's local state vanishes, as on a lost
     host), ``"kill_in_checkpoint"`` (force a checkpoint and SIGKILL the worker
-    while its pages are being written), ``"pause"`` (announce itself in
-    ``fault_dir`` and sleep, so a test can kill the driver mid-batch).
+    while its pages are being written), ``"pause"`` (announce itself as
+    ``paused-b<b>-p<p>`` in ``fault_dir`` and sleep until ``resume-b<b>-p<p>``
+    appears there, so a test can kill the driver or a server mid-batch).
     point: ``"start"`` (before the batch is applied), ``"mid"`` (after half of
     its rows), ``"end"`` (after all of it, before the output is returned).
     """
@@ -100,6 +101,7 @@ class RuntimeConfig:
     """Everything a task needs (shipped to executors inside the mapInArrow closure)."""
 
     state_uri: str
+    state_key: str
     layout: OperatorLayout
     operator: Operator
     key: str
@@ -116,7 +118,7 @@ class RuntimeConfig:
 
     @property
     def sid(self) -> str:
-        return state_id(self.state_uri, self.layout.name, self.layout.generation)
+        return state_id(self.state_key, self.layout.name, self.layout.generation)
 
 
 # ------------------------------------------------------------------------- process state
@@ -332,13 +334,14 @@ class _Partition:
                                    cfg.key)
             t_apply = time.perf_counter()
             if cfg.faults is not None and self._has_fault(b, "mid"):
-                half = table.num_rows // 2
-                out_a = self.state.apply(table.slice(0, half), b)
+                self.state.apply(table.slice(0, table.num_rows // 2), b)
                 self._flush()
-                self._fault(b, "mid", table)
-                out = pa.concat_tables([out_a, self.state.apply(table.slice(half), b)])
-            else:
-                out = self.state.apply(table, b)
+                self._fault(b, "mid", table)  # kill / raise: the next attempt rolls back
+                self.pm.rollback(self.snap)     # the fault let us live: undo the half batch
+                self.snap = self.pm.chkpt()
+                slot.write_base(self.snap.page_ids, self.snap._frames)
+                self.state = cfg.operator.open(self.pm, cfg.input_schema, cfg.key)
+            out = self.state.apply(table, b)
             self._flush()
             apply_ms = (time.perf_counter() - t_apply) * 1e3
             t_log = time.perf_counter()
@@ -374,8 +377,10 @@ class _Partition:
     # -- fault injection (tests and demo) ----------------------------------------------------------
     def _has_fault(self, b: int, point: str) -> bool:
         fp = self.cfg.faults
-        return fp is not None and any((f.batch, f.partition, f.point) == (b, self.p, point)
-                                      for f in fp.faults)
+        return fp is not None and any(
+            (f.batch, f.partition, f.point) == (b, self.p, point)
+            and not os.path.exists(os.path.join(fp.fault_dir, f"fired-{i}"))
+            for i, f in enumerate(fp.faults))
 
     def _fault(self, b: int, point: str, table: pa.Table) -> bool:
         fp = self.cfg.faults
@@ -397,10 +402,13 @@ class _Partition:
             with open(os.path.join(fp.fault_dir, f"paused-b{b}-p{self.p}"), "w") as fh:
                 fh.write(str(os.getpid()))
             parent = os.getppid()
-            for _ in range(1200):
+            resume = os.path.join(fp.fault_dir, f"resume-b{b}-p{self.p}")
+            for _ in range(2400):  # until resumed (or 2 minutes); die with the parent
                 time.sleep(0.05)
                 if os.getppid() != parent:
                     os._exit(1)
+                if os.path.exists(resume):
+                    break
             return False
         return f.kind == "kill_in_checkpoint"
 

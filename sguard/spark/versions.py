@@ -24,6 +24,8 @@ into one of the actions of `Action`.
 from __future__ import annotations
 
 import enum
+import errno
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +34,7 @@ import numpy.typing as npt
 
 from mmm import PageManager, PagePool
 from mmm.page import PAGE_MAGIC
-from mmm.pool import FREE, LIVE
+from mmm.pool import FREE, LIVE, ORPHAN
 from sguard.spark.placement import Marker, boot_id
 
 __all__ = ["Action", "Decision", "decide", "attach_at", "LocalStateDamaged"]
@@ -86,25 +88,65 @@ def decide(marker: Marker | None, batch: int, cached_token: str | None, has_pool
 
 
 class _RollbackPool(PagePool):
-    """A pool attach that first makes exactly the given frames the live ones."""
+    """A pool attach that first makes exactly the given frames the live ones.
+
+    Frames it drops (and, without a rollback point, the ORPHAN frames a dead
+    snapshot left) are zeroed entirely, not only their header's magic:
+    `PagePool.attach` treats frames above the highest live frame as never
+    used, hence already zero, and hands them out unzeroed (mmm/pool.py,
+    ``_rebuild_allocation``); stale bytes there would leak into new pages.
+    """
 
     _keep: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None = None
 
     def _rebuild_allocation(self) -> None:
+        h = self.headers
         if self._keep is not None:
             page_ids, frames = self._keep
             if len(frames) and (frames.min() < 0 or frames.max() >= self.n_frames):
                 raise LocalStateDamaged("rollback point names frames outside the pool")
-            h = self.headers
             if not (np.all(h["magic"][frames] == PAGE_MAGIC)
                     and np.array_equal(h["page_id"][frames], page_ids)):
                 raise LocalStateDamaged("rollback point's frames no longer hold its pages")
             used = np.flatnonzero(self.state != FREE)
             drop = used[~np.isin(used, frames)]
-            self.state[drop] = FREE
-            h["magic"][drop] = 0
             self.state[frames] = LIVE
+        else:
+            drop = np.flatnonzero(self.state == ORPHAN)
+        self.frames[drop] = 0
+        self.state[drop] = FREE
         super()._rebuild_allocation()
+        # frames above the new watermark that held pages once (released ones keep
+        # their bytes) are zeroed: the pool hands them out as never used
+        assert self.path is not None
+        hi = min(self.n_frames, -(-max(0, _data_end(self.path) - self._frames_offset())
+                                  // self.page_bytes))
+        if hi > self._watermark:
+            cand = np.arange(self._watermark, hi)
+            dirty = cand[(h["version"][cand] != 0) | (h["page_id"][cand] != 0)
+                         | (h["magic"][cand] != 0)]
+            if len(dirty):
+                self.frames[dirty] = 0
+
+    def _frames_offset(self) -> int:
+        return self.page_bytes * (1 + self._state_pages(self.n_frames))
+
+
+def _data_end(path: str) -> int:
+    """The end of the last data extent of a (sparse) file: bytes past it were never written."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        end, off = 0, 0
+        while True:
+            try:
+                d = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    return end
+                return os.fstat(fd).st_size  # no SEEK_DATA support: assume all of it
+            end = off = os.lseek(fd, d, os.SEEK_HOLE)
+    finally:
+        os.close(fd)
 
 
 def attach_at(path: str, page_bytes: int,
@@ -118,8 +160,6 @@ def attach_at(path: str, page_bytes: int,
     mmm.PoolFileError
         If the file is not a pool of `page_bytes` pages.
     """
-    if base is None:
-        return PageManager.attach(path, page_bytes)
     pool: Any = _RollbackPool.__new__(_RollbackPool)
     pool._keep = base
     PagePool.__init__(pool, page_bytes, 0, path, _attach=True)
