@@ -130,9 +130,9 @@ def aipws_func(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterato
 def tws_processor() -> Any:
     """A `StatefulProcessor` for `transformWithState` (row API) keeping one ``ValueState``."""
     from pyspark.sql import Row
-    from pyspark.sql.streaming import StatefulProcessor
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    class RunningAgg(StatefulProcessor):  # type: ignore[misc]
+    class RunningAgg(StatefulProcessor):
         def init(self, handle: Any) -> None:
             self.agg = handle.getValueState("agg", "count long, min_ts long, max_ts long")
 
@@ -173,6 +173,8 @@ class CeilingFn:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
+        if ctx is None:
+            raise RuntimeError("CeilingFn runs inside a Spark task only")
         part = ctx.partitionId()
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
         batches = list(it)
