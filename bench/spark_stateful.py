@@ -276,6 +276,7 @@ def build_summary(per: dict[int, dict[str, dict[str, Any]]], micro: dict[str, An
             s[f"rows_per_s_{v}_{tag}"] = r
         py = [rate[v] for v in PYTHON_APIS if v in rate]
         best = max(py) if py else None
+        s[f"best_python_{tag}"] = next((v for v in PYTHON_APIS if rate.get(v) == best), None)
         sg = rate.get("sguard")
         s[f"ratio_vs_best_python_{tag}"] = _ratio(sg, best)
         s[f"ratio_vs_sql_{tag}"] = _ratio(sg, rate.get("sql"))
