@@ -150,9 +150,11 @@ class PartitionCheckpointer:
                  >= c.every_n_batches)
                 or (c.interval_s is not None and time.monotonic() - self._last_t >= c.interval_s))
 
-    def checkpoint(self, state_batch: int) -> PendingCheckpoint | None:
-        """Start a checkpoint of the state after `state_batch` (steps 1-2 here)."""
-        p = self.mgr.checkpoint(user_meta={**self.meta, "batch_id": state_batch})
+    def checkpoint(self, state_batch: int, force: bool = False) -> PendingCheckpoint | None:
+        """Start a checkpoint of the state after `state_batch` (steps 1-2 here); `force`
+        writes one even when nothing changed."""
+        p = self.mgr.checkpoint(user_meta={**self.meta, "batch_id": state_batch},
+                                full=True if force else None)
         self._last_t = time.monotonic()
         self.last_batch = state_batch
         if p is None:  # nothing changed since the previous one: it covers this batch too

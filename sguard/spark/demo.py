@@ -92,6 +92,7 @@ def _queries(spark: Any, work: Path, tag: str, partitions: int, faults: Any,
     for qn in QUERIES:
         res = ss.stateful(df, "k", ops[qn], str(work / tag / qn / "state"), partitions,
                           checkpoint=ss.CheckpointConfig(every_n_batches=3),
+                          local_dir=str(work / tag / qn / "local"),
                           faults=faults if qn == "running" else None)
         q = (res.writeStream.format("parquet").queryName(f"{tag}_{qn}")
              .option("path", str(work / tag / qn / "out"))
@@ -176,8 +177,10 @@ def _compare(spark: Any, work: Path, qn: str) -> dict[str, Any]:
         return sorted(tuple(r) for r in df.collect())
 
     got, want = rows("run"), rows("reference")
-    st_got, b_got = read_local_state(str(work / "run" / qn / "state"))
-    st_want, b_want = read_local_state(str(work / "reference" / qn / "state"))
+    st_got, b_got = read_local_state(str(work / "run" / qn / "state"),
+                                     local_dir=str(work / "run" / qn / "local"))
+    st_want, b_want = read_local_state(str(work / "reference" / qn / "state"),
+                                       local_dir=str(work / "reference" / qn / "local"))
     return {"output_rows": len(got), "reference_rows": len(want), "output_equal": got == want,
             "state_rows": st_got.num_rows, "state_equal": st_got.equals(st_want),
             "state_batches": b_got, "reference_batches": b_want}

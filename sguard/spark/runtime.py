@@ -313,13 +313,16 @@ class _Partition:
             # 3. checkpoint "after b-1" (committed, since b arrived) when due
             prepare_ms = 0.0
             forced = self._fault(b, "checkpoint", table)
+            if forced:  # die once the pages are written, as the manifest is about to be
+                self.ckpt.mgr.root = _KillBeforeManifest(self.ckpt.mgr.root)  # type: ignore[assignment]
             if forced or self.ckpt.due(b - 1):
-                pending = self.ckpt.checkpoint(b - 1)
+                pending = self.ckpt.checkpoint(b - 1, force=forced)
                 if pending is not None:
                     prepare_ms = pending.prepare_s * 1e3
                     pending.add_done_callback(lambda _p: self._maybe_release())
                     if forced:
-                        self._kill_when_writing(pending.name)
+                        pending.exception(60)
+                        raise AssertionError("the checkpoint fault did not fire")
             # 4. rollback point "after b-1"
             t_snap = time.perf_counter()
             if self.snap is not None:
@@ -412,14 +415,20 @@ class _Partition:
             return False
         return f.kind == "kill_in_checkpoint"
 
-    def _kill_when_writing(self, name: str) -> None:
-        root = self.rt.root
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 5:
-            if root.list_dir(f"checkpoint/{name}", allow_not_found=True):
-                break
-            time.sleep(0.001)
-        os.kill(os.getpid(), signal.SIGKILL)
+
+class _KillBeforeManifest:
+    """A StorageRoot proxy that SIGKILLs the process instead of writing a manifest."""
+
+    def __init__(self, root: StorageRoot) -> None:
+        self._root = root
+
+    def write_atomic(self, relpath: str, data: Any) -> None:
+        if relpath.endswith("manifest.json"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        self._root.write_atomic(relpath, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._root, name)
 
 
 def _write_metrics(root: StorageRoot, rec: dict[str, Any]) -> None:

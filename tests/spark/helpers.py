@@ -70,7 +70,7 @@ def run_query(spark: Any, inp: StreamInput, work: Path, operator: Any, *, faults
     uri = state_uri_override or str(work / "state")
     while True:
         out = ss.stateful(stream(spark, inp), "k", operator, uri, partitions,
-                          faults=faults, **kw)
+                          faults=faults, local_dir=str(work / "local"), **kw)
         q = (out.writeStream.format("parquet").option("path", str(work / "out"))
              .option("checkpointLocation", str(work / "ckpt")).start())
         try:
@@ -84,5 +84,6 @@ def run_query(spark: Any, inp: StreamInput, work: Path, operator: Any, *, faults
                 raise
             time.sleep(0.2)
     rows = sorted(tuple(r) for r in spark.read.parquet(str(work / "out")).collect())
-    st, _ = read_local_state(uri, storage_options=kw.get("storage_options"))
+    st, _ = read_local_state(uri, storage_options=kw.get("storage_options"),
+                             local_dir=str(work / "local"))
     return rows, [tuple(r.values()) for r in st.to_pylist()], failures

@@ -65,7 +65,7 @@ def existing_state(spark: Any, stream_input: StreamInput,
 
 def _unchanged(work: Path, before: Any) -> None:
     from sguard.spark.state import read_local_state
-    st, _ = read_local_state(str(work / "state"))
+    st, _ = read_local_state(str(work / "state"), local_dir=str(work / "local"))
     assert [tuple(r.values()) for r in st.to_pylist()] == before[1]
     lay = read_layout(open_root(str(work / "state")))
     assert lay is not None and lay.operator == "running_aggregate"
