@@ -29,10 +29,12 @@ __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "subparsers_of"]
 
 #: modules that expose ``register(subparsers) -> None``; each leaf subcommand sets ``func``.
 #: Every module listed must import: a missing one is a broken install, not an optional feature.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("sguard.demo", "ioservice.cli", "peace.cli")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("sguard.demo", "ioservice.cli", "peace.cli",
+                                       "sguard.spark.cli", "sguard.state_cli")
 
 _EPILOG = """\
 examples:
+  sguard spark demo                             # the main job: Spark streaming with injected failures
   sguard demo                                   # Aggregate, self-kill, recovery (local disk)
   sguard checkpoints ls sguard-data/run-1       # list the checkpoints a demo run wrote
   sguard checkpoints verify sguard-data/run-1   # check every page checksum

@@ -1,0 +1,159 @@
+"""The sguard variant of `bench.spark_stateful`, measured from outside `sguard.spark`.
+
+The query is ``sguard.spark.stateful(df, key="key", operator=RunningAggregate(value="ts",
+aggs=(count, min, max)), state_uri=file://<run>/state, num_partitions=2,
+local_dir=<run>/local)`` with the runtime's default checkpoint policy (every 4 batches,
+asynchronous, incremental). The per-task timings come from the runtime's metrics
+records (``<state_uri>/metrics/p*/b*.json``, `sguard.spark.metrics`):
+
+* ``state_ms``: ``apply_ms`` (the operator's work on the partition's rows);
+* ``prepare_ms``: the checkpoint's prepare pause (0 in batches without a checkpoint);
+* ``snapshot_ms``: the rollback point (an mmm snapshot plus ``base.npy`` and the marker);
+* ``log_wait_ms``: waiting for the input-log write that ran beside ``apply``;
+* ``recovery_ms``: bringing the state to "after b-1" (re-attach, rollback or restore);
+* ``commit_ms`` (the "checkpoint" column of the breakdown): everything the runtime does on
+  the batch's critical path for durability and rollback: prepare + snapshot + log wait.
+
+All are means over the partitions of a batch (they run in parallel).
+
+`recovery` measures restore plus replay after the executor's local state is lost: a
+query runs batches ``0..6`` (the default policy checkpoints "after 3" at the start of
+batch 4), the local state directory is deleted, and the query restarts from its
+``checkpointLocation`` with one more file; the partitions of batch 7 restore the
+checkpoint and replay batches 4-6 from the input log (3 batches: the longest replay the
+every-4-batches policy allows). ``recovery_s`` is the slowest partition's
+``recovery_ms``; the whole first batch's duration is reported beside it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import _spark_variants as V
+
+CHECKPOINT_EVERY = 4
+
+
+def _query(spark: Any, df: Any, partitions: int, run_dir: Path) -> Any:
+    import sguard.spark as ss
+
+    op = ss.RunningAggregate(value="ts", aggs=("count", "min", "max"))
+    return ss.stateful(df, key="key", operator=op, state_uri=(run_dir / "state").as_uri(),
+                       num_partitions=partitions, local_dir=str(run_dir / "local"),
+                       checkpoint=ss.CheckpointConfig(every_n_batches=CHECKPOINT_EVERY))
+
+
+def build(spark: Any, df: Any, n_keys: int, partitions: int, run_dir: Path
+          ) -> tuple[Any, str, Any]:
+    (run_dir / "state").mkdir(parents=True, exist_ok=True)
+    return _query(spark, df, partitions, run_dir), "append", {"run_dir": run_dir,
+                                                              "partitions": partitions}
+
+
+def read_records(run_dir: Path, expect: int, timeout_s: float = 20.0
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The runtime's batch and checkpoint records, waiting (briefly) for ``expect`` batch
+    records: the runtime writes them on a background thread."""
+    from ioservice import open_root
+    from sguard.spark.metrics import read_metrics
+
+    root = open_root((run_dir / "state").as_uri())
+    t0 = time.monotonic()
+    while True:
+        bs, cs = read_metrics(root)
+        if len(bs) >= expect or time.monotonic() - t0 > timeout_s:
+            return bs, cs
+        time.sleep(0.2)
+
+
+_FIELDS = ("apply_ms", "prepare_ms", "snapshot_ms", "log_wait_ms", "recovery_ms",
+           "lock_wait_ms", "total_ms")
+
+
+def collect(ctx: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Merge the runtime's per-task metrics into the per-batch rows (means over partitions)."""
+    p = int(ctx["partitions"])
+    bs, cs = read_records(ctx["run_dir"], len(rows) * p)
+    per: dict[int, list[dict[str, Any]]] = {}
+    for r in bs:
+        per.setdefault(int(r["batch"]), []).append(r)
+    for row in rows:
+        recs = per.get(row["batch"], [])
+        if not recs:
+            row["state_ms"] = row["commit_ms"] = None
+            continue
+        m = {f: float(np.mean([float(r.get(f, 0.0)) for r in recs])) for f in _FIELDS}
+        row["state_ms"] = m["apply_ms"]
+        row["state_ms_max"] = max(float(r.get("apply_ms", 0.0)) for r in recs)
+        row["prepare_ms"] = m["prepare_ms"]
+        row["snapshot_ms"] = m["snapshot_ms"]
+        row["log_wait_ms"] = m["log_wait_ms"]
+        row["attach_ms"] = m["recovery_ms"]
+        row["task_total_ms"] = m["total_ms"]
+        row["commit_ms"] = m["prepare_ms"] + m["snapshot_ms"] + m["log_wait_ms"]
+        row["recovery_actions"] = sorted({str(r.get("recovery", "")) for r in recs})
+        row["state_keys"] = sum(int(r.get("state_keys", 0)) for r in recs)
+    return {"checkpoints": [{k: c.get(k) for k in ("partition", "checkpoint_seq", "batch",
+                                                   "written_bytes", "pages", "full")}
+                            for c in cs]}
+
+
+def recovery(spark: Any, work: Path, n_keys: int, partitions: int, batches: int = 7
+             ) -> dict[str, Any]:
+    """Restore + replay after the local state is lost (see the module docstring)."""
+    run_dir = work / "runs" / f"recovery-k{n_keys}"
+    run_dir.mkdir(parents=True)
+    src_dir = run_dir / "input"
+    src_dir.mkdir()
+    all_dir = work / "input" / f"k{n_keys}" / "all"
+    V.write_files(work / "input", n_keys, batches + 1)
+    for b in range(batches):
+        os.link(all_dir / f"batch-{b:05d}.parquet", src_dir / f"batch-{b:05d}.parquet")
+    ckpt = run_dir / "checkpoint"
+    (run_dir / "state").mkdir()
+    r1 = V.run_query(spark, _query(spark, V.source(spark, src_dir), partitions, run_dir),
+                     "append", ckpt, f"sguard_recovery_a_k{n_keys}")
+    first = V.batch_rows(r1["progress"], partitions)
+    # wait until the checkpoint "after CHECKPOINT_EVERY-1" of every partition is durable
+    t0 = time.monotonic()
+    while True:
+        bs, cs = read_records(run_dir, batches * partitions)
+        durable = {int(c["partition"]) for c in cs}
+        if len(durable) == partitions or time.monotonic() - t0 > 60:
+            break
+        time.sleep(0.5)
+    if len(durable) < partitions:
+        raise RuntimeError(f"no durable checkpoint for partitions "
+                           f"{sorted(set(range(partitions)) - durable)} after 60 s")
+    ck_batch = max(int(c["batch"]) for c in cs)
+    shutil.rmtree(run_dir / "local")  # the executor's local state is lost
+    os.link(all_dir / f"batch-{batches:05d}.parquet", src_dir / f"batch-{batches:05d}.parquet")
+    r2 = V.run_query(spark, _query(spark, V.source(spark, src_dir), partitions, run_dir),
+                     "append", ckpt, f"sguard_recovery_b_k{n_keys}")
+    second = V.batch_rows(r2["progress"], partitions)
+    if len(second) != 1 or second[0]["batch"] != batches:
+        raise RuntimeError(f"restart ran batches {[b['batch'] for b in second]}, "
+                           f"expected [{batches}]")
+    bs, _ = read_records(run_dir, (batches + 1) * partitions)
+    recs = [r for r in bs if int(r["batch"]) == batches]
+    if len(recs) != partitions:
+        raise RuntimeError(f"restart: {len(recs)} metric records for batch {batches}")
+    actions = sorted({str(r.get("recovery")) for r in recs})
+    steady = [b["duration_ms"] for b in first[1:]]
+    out = {"n_keys": n_keys, "batches_before_loss": batches, "checkpoint_batch": ck_batch,
+           "recovery_s": max(float(r["recovery_ms"]) for r in recs) / 1e3,
+           "recovery_ms_per_partition": [float(r["recovery_ms"]) for r in recs],
+           "replay_batches": max(int(r.get("replayed_batches", 0)) for r in recs),
+           "replay_rows": max(int(r.get("replayed_batches", 0)) for r in recs)
+           * V.ROWS_PER_BATCH,
+           "actions": actions,
+           "first_batch_after_loss_ms": second[0]["duration_ms"],
+           "steady_batch_ms_median": float(np.median(steady)) if steady else None,
+           "state_keys_after": sum(int(r.get("state_keys", 0)) for r in recs)}
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return out

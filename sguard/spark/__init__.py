@@ -1,0 +1,31 @@
+"""sguard.spark: stateful PySpark streaming operators with state in mmm pages.
+
+A Spark user writes::
+
+    import sguard.spark as ss
+    out = ss.stateful(df, key="k", operator=ss.RunningAggregate(value="v"),
+                      state_uri="file:///tmp/state", num_partitions=4)
+    out.writeStream.format("parquet").option("path", "out") \\
+       .option("checkpointLocation", "ckpt").start()
+
+Modules (one concern each): `api` (the entry points), `operators` (the
+operator contract and the shipped operators), `runtime` (what a task does),
+`placement` (local state files and locks), `versions` (batch versions and
+rollback), `checkpointing` (asynchronous DFS checkpoints), `inputlog`
+(the HAInput log), `metrics` (JSON-lines metrics), `state` (reading state
+back), `cli` (``sguard spark demo|status``), `demo` (the main job).
+"""
+from sguard.spark.api import local_session, stateful, stream_join
+from sguard.spark.checkpointing import CheckpointConfig
+from sguard.spark.errors import (InputLogGapError, NotStreamingError, OperatorMismatchError,
+                                 PartitionCountError, PartitionLockTimeout, SchemaChangedError,
+                                 SparkStateError, StateAheadError, UnsupportedKeyTypeError)
+from sguard.spark.operators import (Operator, OperatorState, RunningAggregate, WindowAggregate,
+                                    WindowJoin)
+from sguard.spark.runtime import Fault, FaultPlan, InjectedFault
+
+__all__ = ["stateful", "stream_join", "local_session", "CheckpointConfig", "Operator",
+           "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin", "Fault",
+           "FaultPlan", "InjectedFault", "SparkStateError", "UnsupportedKeyTypeError",
+           "SchemaChangedError", "OperatorMismatchError", "PartitionCountError",
+           "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]

@@ -1,0 +1,242 @@
+"""The PySpark-native entry point: a stateful operator as a streaming transformation.
+
+>>> out = sguard.spark.stateful(df, key="k", operator=RunningAggregate(value="v"),
+...                             state_uri="file:///tmp/agg-state", num_partitions=4)  # doctest: +SKIP
+
+`stateful` returns ``df.repartition(P, key).mapInArrow(fn, schema)``: any
+sink works (Spark's file sink is exactly-once by itself; a replayed batch
+produces the same rows, so ``foreachBatch`` sinks keyed by batch id are
+idempotent too). The state of each partition lives in an mmm page pool on the
+executor's local disk or ``/dev/shm``, is checkpointed asynchronously to
+`state_uri` and restored exactly once after any failure
+(`sguard.spark.runtime`). Spark's own ``checkpointLocation`` keeps the
+offsets and commits; use the same one on every restart.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from typing import Any
+
+import pyarrow as pa
+
+from ioservice import open_root
+from sguard.spark.checkpointing import CheckpointConfig
+from sguard.spark.errors import (NotStreamingError, OperatorMismatchError, PartitionCountError,
+                                 SchemaChangedError)
+from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
+from sguard.spark.placement import default_local_dir, root_key
+from sguard.spark.runtime import FaultPlan, RuntimeConfig, task_function
+from sguard.statelayout import OperatorLayout, read_layout, write_layout
+
+__all__ = ["stateful", "stream_join", "local_session", "schema_to_json", "schema_from_layout"]
+
+STATE_SCHEMA_VERSION = 1
+
+
+def schema_to_json(schema: pa.Schema) -> str:
+    """An Arrow schema as base64 IPC (stored in the layout document; no pickle)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_layout(layout: OperatorLayout) -> pa.Schema:
+    """The Arrow input schema recorded in a layout document."""
+    import pyarrow.ipc as ipc
+    return ipc.read_schema(pa.py_buffer(base64.b64decode(layout.extra["arrow_schema"])))
+
+
+def _describe(schema: pa.Schema) -> dict[str, str]:
+    return {f.name: str(f.type) for f in schema}
+
+
+def _check_layout(old: OperatorLayout, new: OperatorLayout, uri: str) -> None:
+    if old.operator != new.operator:
+        raise OperatorMismatchError(
+            f"state URI {uri} holds the state of operator {old.operator!r} "
+            f"(name {old.name!r}), not {new.operator!r}; use another state URI")
+    if old.name != new.name:
+        raise OperatorMismatchError(f"state URI {uri} holds operator name {old.name!r}, not "
+                                    f"{new.name!r}")
+    if old.key != new.key:
+        raise SchemaChangedError(f"state URI {uri} is keyed on column {old.key!r}, the stream "
+                                 f"now on {new.key!r}")
+    if old.schema.get("input") != new.schema.get("input"):
+        was, now = old.schema.get("input", {}), new.schema["input"]
+        diff = sorted(set(was.items()) ^ set(now.items()))
+        raise SchemaChangedError(
+            f"the stream's schema changed since the state at {uri} was written: "
+            f"was {was}, now {now} (differs in {diff}); use a new state URI, or restore the "
+            f"old schema")
+    if old.schema.get("params") != new.schema.get("params"):
+        raise SchemaChangedError(
+            f"operator {old.operator!r} parameters changed since the state at {uri} was "
+            f"written: was {old.schema.get('params')}, now {new.schema.get('params')}")
+    if old.num_partitions != new.num_partitions:
+        raise PartitionCountError(
+            f"state at {uri} has {old.num_partitions} partitions, not {new.num_partitions}; "
+            f"pass num_partitions={old.num_partitions} or repartition the state with "
+            f"`sguard rescale` first")
+
+
+def stateful(df: Any, key: str, operator: Operator, state_uri: str,
+             num_partitions: int | None = None, *, name: str | None = None,
+             checkpoint: CheckpointConfig | None = None, local_dir: str | None = None,
+             page_bytes: int = 1 << 16, capacity_bytes: int = 1 << 30,
+             storage_options: dict[str, Any] | None = None, lock_timeout_s: float = 600.0,
+             metrics: bool = True, faults: FaultPlan | None = None) -> Any:
+    """Apply a stateful `operator` per `key` to a streaming DataFrame.
+
+    Parameters
+    ----------
+    df : pyspark.sql.DataFrame
+        A streaming DataFrame (``spark.readStream...``) over a replayable source.
+    key : str
+        The key column (an integer column).
+    operator : Operator
+        E.g. ``RunningAggregate(value="v")``.
+    state_uri : str
+        Where checkpoints, the input log and metrics go: ``file:///...`` (or a
+        local path), ``s3://bucket/prefix``, ``hdfs://host:port/path``.
+    num_partitions : int, optional
+        State partitions P (default: the existing state's, else
+        ``spark.sql.shuffle.partitions``). Fixed for a state URI.
+    name : str, optional
+        The operator's name (default: its kind).
+    checkpoint : CheckpointConfig, optional
+        Checkpoint policy (default: every 4 batches, keep 2).
+    local_dir : str, optional
+        Where executors keep the live state (default ``/dev/shm/sguard-<uid>``).
+    page_bytes, capacity_bytes : int
+        Page size and the per-partition pool capacity (a sparse file).
+    storage_options : dict, optional
+        Keyword arguments of `ioservice.open_root` (e.g. ``s3_endpoint``).
+    lock_timeout_s : float
+        How long a task waits for a partition's lock.
+    metrics : bool
+        Write per batch and partition metrics under ``<state_uri>/metrics``.
+    faults : FaultPlan, optional
+        Injected failures (tests and the demo).
+
+    Returns
+    -------
+    pyspark.sql.DataFrame
+        The streaming output (`Operator.output_schema`).
+
+    Raises
+    ------
+    NotStreamingError
+        If `df` is not streaming.
+    UnsupportedKeyTypeError, SchemaChangedError, OperatorMismatchError, PartitionCountError
+        If the input or the existing state does not fit (nothing is written).
+    ioservice.RootNotWritableError, ioservice.StorageUnreachableError
+        If the state URI cannot be written.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+    if not getattr(df, "isStreaming", False):
+        raise NotStreamingError("sguard.spark.stateful needs a streaming DataFrame "
+                                "(spark.readStream...); this one is a batch DataFrame")
+    if not isinstance(operator, Operator):
+        raise TypeError(f"operator must be an sguard.spark Operator, got "
+                        f"{type(operator).__name__}")
+    df = operator.prepare_input(df, key)
+    in_schema = to_arrow_schema(df.schema, timezone="UTC")
+    in_schema = pa.schema([f.with_nullable(True) for f in in_schema])
+    operator.check_input(in_schema, key)
+    out_schema = operator.output_schema(in_schema, key)
+    opts = dict(storage_options or {})
+    root = open_root(state_uri, **opts)
+    root.check_writable()
+    existing = read_layout(root)
+    if num_partitions is None:
+        num_partitions = (existing.num_partitions if existing is not None else
+                          int(df.sparkSession.conf.get("spark.sql.shuffle.partitions")))
+    if not isinstance(num_partitions, int) or isinstance(num_partitions, bool) \
+            or num_partitions < 1:
+        raise ValueError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
+    layout = OperatorLayout(
+        operator=operator.kind, name=name or operator.kind, key=key,
+        num_partitions=num_partitions,
+        schema={"input": _describe(in_schema), "params": operator.params()},
+        schema_version=STATE_SCHEMA_VERSION,
+        generation=existing.generation if existing is not None else 0,
+        extra={"arrow_schema": schema_to_json(in_schema)})
+    if existing is not None:
+        _check_layout(existing, layout, root.uri)
+        layout = existing
+    else:
+        write_layout(root, layout)
+    cfg = RuntimeConfig(state_uri=state_uri, state_key=root_key(root), layout=layout, operator=operator, key=key,
+                        input_schema=in_schema, output_schema=out_schema,
+                        local_dir=local_dir or default_local_dir(), page_bytes=page_bytes,
+                        capacity_bytes=capacity_bytes,
+                        checkpoint=checkpoint or CheckpointConfig(),
+                        storage_options=opts, lock_timeout_s=lock_timeout_s, metrics=metrics,
+                        faults=faults)
+    return df.repartition(num_partitions, key).mapInArrow(task_function(cfg),
+                                                           from_arrow_schema(out_schema))
+
+
+def stream_join(left: Any, right: Any, key: str, time: str, value: str, window: Any,
+                state_uri: str, *, lateness: Any = 0, **kwargs: Any) -> Any:
+    """The windowed stream join of two streaming DataFrames (`WindowJoin`).
+
+    Both inputs need the columns `key`, `time` and `value` (same types). The
+    output has ``key, left_<time>, left_<value>, right_<time>, right_<value>``
+    for every pair with equal keys and times at most `window` apart.
+    Other keyword arguments go to `stateful`.
+    """
+    from pyspark.sql import functions as F
+
+    cols = [key, time, value]
+    for side, d in (("left", left), ("right", right)):
+        missing = [c for c in cols if c not in d.columns]
+        if missing:
+            raise SchemaChangedError(f"{side} input lacks column(s) {missing}")
+    lt = {f.name: f.dataType for f in left.schema.fields}
+    rt = {f.name: f.dataType for f in right.schema.fields}
+    for c in cols:
+        if lt[c] != rt[c]:
+            raise SchemaChangedError(f"column {c!r} is {lt[c].simpleString()} on the left and "
+                                     f"{rt[c].simpleString()} on the right")
+    both = (left.select(*cols, F.lit(0).cast("byte").alias(SIDE_COLUMN))
+            .unionByName(right.select(*cols, F.lit(1).cast("byte").alias(SIDE_COLUMN))))
+    return stateful(both, key, WindowJoin(time=time, window=window, value=value,
+                                          lateness=lateness), state_uri, **kwargs)
+
+
+def local_session(master: str = "local[2]", app_name: str = "sguard", *,
+                  shuffle_partitions: int = 2, conf: dict[str, str] | None = None) -> Any:
+    """A local SparkSession set up for sguard (PYSPARK_PYTHON = this interpreter).
+
+    Python workers run ``PYSPARK_PYTHON`` (default ``python3`` on the PATH); it
+    is set to `sys.executable` so workers import pyarrow and sguard from this
+    environment.
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local-cluster"):
+        import pyspark
+        os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+    b = (SparkSession.builder.master(master).appName(app_name)
+         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+         .config("spark.python.worker.faulthandler.enabled", "true"))
+    if master.startswith("local-cluster"):
+        b = b.config("spark.executor.memory", "768m")
+    for k, v in (conf or {}).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def layout_json(layout: OperatorLayout) -> str:
+    """The layout as pretty JSON (for status)."""
+    return json.dumps(json.loads(layout.to_json()), indent=1)

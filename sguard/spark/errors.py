@@ -1,0 +1,42 @@
+"""Exceptions of the Spark runtime: each names the thing at fault."""
+from __future__ import annotations
+
+__all__ = ["SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError",
+           "OperatorMismatchError", "PartitionCountError", "StateAheadError",
+           "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]
+
+
+class SparkStateError(Exception):
+    """Base class of the errors of `sguard.spark`."""
+
+
+class UnsupportedKeyTypeError(SparkStateError, TypeError):
+    """The key column has a type the state structures cannot key on."""
+
+
+class SchemaChangedError(SparkStateError, ValueError):
+    """The stream's schema or the operator's parameters differ from the existing state's."""
+
+
+class OperatorMismatchError(SparkStateError, ValueError):
+    """The state URI holds the state of another operator."""
+
+
+class PartitionCountError(SparkStateError, ValueError):
+    """The number of partitions differs from the existing state's."""
+
+
+class StateAheadError(SparkStateError, RuntimeError):
+    """The durable state includes batches Spark has not committed (a foreign checkpointLocation)."""
+
+
+class InputLogGapError(SparkStateError, RuntimeError):
+    """A batch needed for replay is missing from the input log."""
+
+
+class PartitionLockTimeout(SparkStateError, TimeoutError):
+    """Another process held a partition's lock for too long."""
+
+
+class NotStreamingError(SparkStateError, RuntimeError):
+    """The operator ran outside a streaming micro-batch (no batch id)."""

@@ -1,0 +1,649 @@
+"""Stateful stream operators for the Spark runtime, and the contract they implement.
+
+An operator is a small, picklable *description* (its parameters) made on the
+driver. On an executor, `Operator.open` binds it to one partition's
+`mmm.PageManager` and returns an `OperatorState` whose `OperatorState.apply`
+consumes one micro-batch (an Arrow table: the partition's rows of that batch)
+and returns the output rows. All state lives in mmm structures created by name
+in that page manager, so the runtime can snapshot, roll back, checkpoint and
+restore it without the operator's help.
+
+Writing your own operator
+-------------------------
+Subclass `Operator` (set `Operator.kind`; implement `params`, `check_input`,
+`output_schema`, `open`) and `OperatorState` (`apply`, `dump`). Rules:
+
+* keep every bit of state in structures of the page manager (``HashMap``,
+  ``PagedDeque``...), created by name in `open` (the same call recovers them);
+  nothing in Python attributes survives a batch;
+* `apply` must be deterministic in the *set* of input rows: Spark may hand a
+  replayed batch's rows in another order, so sort (or aggregate) before any
+  order-dependent step, and sort the output;
+* `apply` must not catch and hide exceptions: a failed batch is rolled back.
+
+Example (a per-key row counter; tests/spark/test_custom_operator.py runs it)::
+
+    @register_operator            # lets tools rebuild it from the state URI's layout
+    class CountRows(Operator):
+        kind = "count_rows"
+        def params(self): return {}
+        def check_input(self, schema, key): check_key_type(schema, key)
+        def output_schema(self, schema, key):
+            return pa.schema([schema.field(key), pa.field("n", pa.int64())])
+        def open(self, pm, schema, key): return _CountRowsState(pm, schema, key)
+
+    class _CountRowsState(OperatorState):
+        def __init__(self, pm, schema, key):
+            self.key = key
+            self.m = mmm.HashMap.create(pm, "n", key_dtype(schema, key), [("n", "<i8")])
+        def apply(self, table, batch_id):
+            keys = column_numpy(table, self.key)
+            self.m.upsert(keys, None, {"n": "count"})
+            u = np.unique(keys)
+            return pa.table({self.key: u, "n": self.m.get(u)[1]["n"]})
+        def dump(self):
+            k, v = self.m.items(); o = np.argsort(k)
+            return pa.table({self.key: k[o], "n": v["n"][o]})
+
+    out = sguard.spark.stateful(df, "k", CountRows(), "file:///tmp/cr", 4)
+
+Operators shipped here: `RunningAggregate` (count/sum/min/max per key),
+`WindowAggregate` (tumbling event-time windows, evicted by watermark, closed
+windows emitted) and `WindowJoin` (the SGuard paper's windowed stream join:
+deque buffers plus per-key maps).
+"""
+from __future__ import annotations
+
+import abc
+import datetime as _dt
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from mmm import HashMap, PageManager, PagedDeque
+from mmm._kernels import jit
+from sguard.spark.errors import SchemaChangedError, UnsupportedKeyTypeError
+
+__all__ = ["Operator", "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin",
+           "register_operator", "operator_from_params",
+           "check_key_type", "key_dtype", "column_numpy", "upsert_returning", "SIDE_COLUMN"]
+
+SIDE_COLUMN = "_sguard_side"
+
+_INT_TYPES = {pa.int8(): "<i1", pa.int16(): "<i2", pa.int32(): "<i4", pa.int64(): "<i8",
+              pa.uint8(): "<u1", pa.uint16(): "<u2", pa.uint32(): "<u4", pa.uint64(): "<u8"}
+
+
+def check_key_type(schema: pa.Schema, key: str) -> None:
+    """Raise `UnsupportedKeyTypeError` unless `key` is an integer column of `schema`."""
+    if key not in schema.names:
+        raise SchemaChangedError(f"key column {key!r} is not in the stream's columns {schema.names}")
+    t = schema.field(key).type
+    if t not in _INT_TYPES:
+        raise UnsupportedKeyTypeError(
+            f"key column {key!r} has type {t}; sguard.spark keys state on integer columns "
+            f"(byte, short, int, long); cast or hash the key to a long first, "
+            f"e.g. df.withColumn({key!r}, xxhash64({key!r}))")
+
+
+def key_dtype(schema: pa.Schema, key: str) -> str:
+    """The numpy dtype of the key column."""
+    check_key_type(schema, key)
+    return _INT_TYPES[schema.field(key).type]
+
+
+def column_numpy(table: pa.Table, name: str) -> npt.NDArray[Any]:
+    """A column as a numpy array (timestamps as int64 in their unit); nulls are refused."""
+    col = table.column(name)
+    if col.null_count:
+        raise ValueError(f"column {name!r} has {col.null_count} null value(s) in this batch; "
+                         f"filter or fill them before the stateful operator")
+    t = col.type
+    if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_duration(t):
+        col = col.cast(pa.int64()) if not pa.types.is_date32(t) else col.cast(pa.int32())
+    arr = col.to_numpy() if col.num_chunks != 1 else col.chunk(0).to_numpy(zero_copy_only=False)
+    return np.asarray(arr)
+
+
+def _value_kind(schema: pa.Schema, name: str, what: str) -> str:
+    if name not in schema.names:
+        raise SchemaChangedError(f"{what} column {name!r} is not in the stream's columns "
+                                 f"{schema.names}")
+    t = schema.field(name).type
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return "<i8"
+    if pa.types.is_floating(t):
+        return "<f8"
+    raise UnsupportedKeyTypeError(f"{what} column {name!r} has type {t}; a numeric column is "
+                                  f"needed")
+
+
+def _time_unit(schema: pa.Schema, name: str) -> tuple[pa.DataType, int]:
+    """The time column's Arrow type and how many of its integer units make a second."""
+    if name not in schema.names:
+        raise SchemaChangedError(f"time column {name!r} is not in the stream's columns "
+                                 f"{schema.names}")
+    t = schema.field(name).type
+    if pa.types.is_timestamp(t):
+        return t, {"s": 1, "ms": 1000, "us": 1_000_000, "ns": 1_000_000_000}[t.unit]
+    if pa.types.is_integer(t):
+        return t, 1
+    raise UnsupportedKeyTypeError(f"time column {name!r} has type {t}; a timestamp or "
+                                  f"integer column is needed")
+
+
+def _duration_units(d: float | int | _dt.timedelta, per_s: int, what: str) -> int:
+    if isinstance(d, _dt.timedelta):
+        v = int(round(d.total_seconds() * per_s))
+    elif isinstance(d, (int, float)) and not isinstance(d, bool):
+        v = int(round(float(d) * per_s)) if per_s != 1 else int(d)
+    else:
+        raise TypeError(f"{what} must be a number or a timedelta, got {d!r}")
+    return v
+
+
+def upsert_returning(m: HashMap, keys: npt.NDArray[Any], values: Any,
+                     combine: dict[str, Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """Upsert, then return ``(distinct keys, their values after the upsert)``, keys sorted.
+
+    Uses the values `HashMap.upsert` returns per input row when it does (the
+    value of a key's last row is its final value either way); otherwise looks
+    the distinct keys up once more.
+    """
+    res = m.upsert(keys, values, combine)  # type: ignore[func-returns-value]
+    rev_u, rev_first = np.unique(keys[::-1], return_index=True)
+    if res is not None and len(res) == len(keys):
+        return rev_u, np.asarray(res)[len(keys) - 1 - rev_first]
+    found, vals = m.get(rev_u)
+    return rev_u, vals
+
+
+class OperatorState(abc.ABC):
+    """One partition's live operator, bound to its page manager (see module docstring)."""
+
+    @abc.abstractmethod
+    def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
+        """Consume the partition's rows of one micro-batch; return the output rows."""
+
+    @abc.abstractmethod
+    def dump(self) -> pa.Table:
+        """The whole state as a table in a canonical order (tests, status, repartitioning)."""
+
+    def n_keys(self) -> int:
+        """Keys (or records) held, for metrics."""
+        return 0
+
+
+class Operator(abc.ABC):
+    """The driver-side description of a stateful operator (picklable, stateless)."""
+
+    kind: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def params(self) -> dict[str, Any]:
+        """JSON parameters; stored with the state, a change between restarts is refused."""
+
+    @abc.abstractmethod
+    def check_input(self, schema: pa.Schema, key: str) -> None:
+        """Raise a specific error if the input schema does not fit this operator."""
+
+    @abc.abstractmethod
+    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
+        """The Arrow schema of the output rows."""
+
+    @abc.abstractmethod
+    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+        """Create or recover the operator's structures in `pm`."""
+
+    def prepare_input(self, df: Any, key: str) -> Any:
+        """Spark-side projection applied before the shuffle (default: none)."""
+        return df
+
+
+# --------------------------------------------------------------------------- running aggregate
+_AGGS = ("count", "sum", "min", "max")
+
+
+class RunningAggregate(Operator):
+    """count / sum / min / max of a numeric column per key, over the whole stream.
+
+    Each batch outputs one row per key the batch touched, with the key's
+    aggregates *after* the batch (an update stream; the last row per key is
+    the current value).
+
+    Parameters
+    ----------
+    value : str, optional
+        The numeric column to aggregate (needed for sum/min/max).
+    aggs : sequence of str
+        Any of ``"count"``, ``"sum"``, ``"min"``, ``"max"``.
+    """
+
+    kind = "running_aggregate"
+
+    def __init__(self, value: str | None = None, aggs: Sequence[str] = _AGGS) -> None:
+        aggs = tuple(aggs)
+        bad = [a for a in aggs if a not in _AGGS]
+        if bad or not aggs:
+            raise ValueError(f"aggs must be a non-empty subset of {_AGGS}, got {aggs!r}")
+        if value is None and any(a != "count" for a in aggs):
+            raise ValueError(f"aggs {aggs!r} need a value column (value=...)")
+        self.value = value
+        self.aggs = aggs
+
+    def params(self) -> dict[str, Any]:
+        return {"value": self.value, "aggs": list(self.aggs)}
+
+    def check_input(self, schema: pa.Schema, key: str) -> None:
+        check_key_type(schema, key)
+        if self.value is not None:
+            _value_kind(schema, self.value, "value")
+
+    def _fields(self, schema: pa.Schema) -> list[tuple[str, str]]:
+        vk = _value_kind(schema, self.value, "value") if self.value is not None else "<i8"
+        return [(a, "<i8" if a == "count" else vk) for a in self.aggs]
+
+    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
+        out = [pa.field(key, schema.field(key).type, nullable=False)]
+        for a, dt in self._fields(schema):
+            name = a if a == "count" else f"{a}_{self.value}"
+            out.append(pa.field(name, pa.from_numpy_dtype(np.dtype(dt)), nullable=False))
+        return pa.schema(out)
+
+    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+        return _RunningAggregateState(self, pm, schema, key)
+
+
+class _RunningAggregateState(OperatorState):
+    def __init__(self, op: RunningAggregate, pm: PageManager, schema: pa.Schema, key: str) -> None:
+        self.key = key
+        self.value = op.value
+        self.out_schema = op.output_schema(schema, key)
+        fields = op._fields(schema)
+        self.vdt = np.dtype(fields[0][1]) if op.value is None else None
+        self.map = HashMap.create(pm, "aggregate", key_dtype(schema, key), fields)
+        self.spec: dict[str, Any] = {a: "count" if a == "count" else (a, "v") for a, _ in fields}
+        self.val_kind = next((dt for a, dt in fields if a != "count"), "<i8")
+
+    def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
+        if table.num_rows == 0:
+            return self.out_schema.empty_table()
+        keys = column_numpy(table, self.key)
+        cols = None
+        if self.value is not None:
+            cols = {"v": column_numpy(table, self.value).astype(self.val_kind, copy=False)}
+        uk, vals = upsert_returning(self.map, keys, cols, self.spec)
+        return self._table(uk, vals)
+
+    def _table(self, keys: npt.NDArray[Any], vals: npt.NDArray[Any]) -> pa.Table:
+        arrays = [pa.array(keys)] + [pa.array(vals[n]) for n in (vals.dtype.names or ())]
+        return pa.Table.from_arrays(arrays, schema=self.out_schema)
+
+    def dump(self) -> pa.Table:
+        k, v = self.map.items()
+        order = np.argsort(k, kind="stable")
+        return self._table(k[order], v[order])
+
+    def n_keys(self) -> int:
+        return len(self.map)
+
+
+# --------------------------------------------------------------------- window aggregate
+class WindowAggregate(Operator):
+    """Tumbling event-time windows per key: count / sum / min / max, emitted when closed.
+
+    The watermark of a partition is the largest event time it has seen minus
+    `lateness`; a window ``[start, start + window)`` closes (is emitted once
+    and evicted) when its end is at or below the watermark. Rows of windows
+    already closed are late: dropped and counted. Each open window is its
+    own hash map, so evicting a window frees its pages at once.
+
+    Parameters
+    ----------
+    time : str
+        Event-time column (timestamp or integer).
+    window : number or timedelta
+        Window length: seconds (or a timedelta) for a timestamp column, units
+        of the column for an integer one.
+    value : str
+        The numeric column aggregated.
+    lateness : number or timedelta
+        How far behind the largest event time rows may still arrive.
+    """
+
+    kind = "window_aggregate"
+
+    def __init__(self, time: str, window: float | _dt.timedelta, value: str,
+                 lateness: float | _dt.timedelta = 0) -> None:
+        self.time, self.window, self.value, self.lateness = time, window, value, lateness
+
+    def params(self) -> dict[str, Any]:
+        def j(d: Any) -> Any:
+            return d.total_seconds() if isinstance(d, _dt.timedelta) else d
+        return {"time": self.time, "window": j(self.window), "value": self.value,
+                "lateness": j(self.lateness)}
+
+    def check_input(self, schema: pa.Schema, key: str) -> None:
+        check_key_type(schema, key)
+        _time_unit(schema, self.time)
+        _value_kind(schema, self.value, "value")
+        per_s = _time_unit(schema, self.time)[1]
+        if _duration_units(self.window, per_s, "window") <= 0:
+            raise ValueError(f"window must be > 0, got {self.window!r}")
+        if _duration_units(self.lateness, per_s, "lateness") < 0:
+            raise ValueError(f"lateness must be >= 0, got {self.lateness!r}")
+
+    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
+        tt = _time_unit(schema, self.time)[0]
+        vt = pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value")))
+        return pa.schema([pa.field("window_start", tt, nullable=False),
+                          pa.field("window_end", tt, nullable=False),
+                          pa.field(key, schema.field(key).type, nullable=False),
+                          pa.field("count", pa.int64(), nullable=False),
+                          pa.field(f"sum_{self.value}", vt, nullable=False),
+                          pa.field(f"min_{self.value}", vt, nullable=False),
+                          pa.field(f"max_{self.value}", vt, nullable=False)])
+
+    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+        return _WindowAggregateState(self, pm, schema, key)
+
+
+_META = [("max_ts", "<i8"), ("seen", "<i8"), ("late", "<i8")]
+_NO_TS = np.iinfo(np.int64).min
+
+
+class _WindowAggregateState(OperatorState):
+    def __init__(self, op: WindowAggregate, pm: PageManager, schema: pa.Schema, key: str) -> None:
+        self.pm, self.key, self.time, self.value = pm, key, op.time, op.value
+        per_s = _time_unit(schema, op.time)[1]
+        self.W = _duration_units(op.window, per_s, "window")
+        self.L = _duration_units(op.lateness, per_s, "lateness")
+        self.kdt = key_dtype(schema, key)
+        self.vk = _value_kind(schema, op.value, "value")
+        self.fields = [("count", "<i8"), ("sum", self.vk), ("min", self.vk), ("max", self.vk)]
+        self.spec: dict[str, Any] = {"count": "count", "sum": ("sum", "v"), "min": ("min", "v"),
+                                     "max": ("max", "v")}
+        self.out_schema = op.output_schema(schema, key)
+        self.meta = HashMap.create(pm, "meta", "<u1", _META)
+
+    def _meta(self) -> tuple[int, int, int]:
+        found, v = self.meta.get(np.zeros(1, np.uint8))
+        if not found[0]:
+            return _NO_TS, 0, 0
+        return int(v["max_ts"][0]), int(v["seen"][0]), int(v["late"][0])
+
+    def _window(self, start: int) -> HashMap:
+        return HashMap.create(self.pm, f"win.{start}", self.kdt, self.fields)
+
+    def _open_windows(self) -> list[int]:
+        return sorted(int(n[4:]) for n in self.pm.names() if n.startswith("win."))
+
+    def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
+        max_ts, seen, late = self._meta()
+        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        out: list[pa.Table] = []
+        if table.num_rows:
+            keys = column_numpy(table, self.key)
+            ts = column_numpy(table, self.time).astype(np.int64, copy=False)
+            vals = column_numpy(table, self.value).astype(self.vk, copy=False)
+            starts = np.floor_divide(ts, self.W) * self.W
+            ok = starts + self.W > wm if wm != _NO_TS else np.ones(len(ts), bool)
+            late += int(len(ts) - np.count_nonzero(ok))
+            seen += len(ts)
+            keys, ts, vals, starts = keys[ok], ts[ok], vals[ok], starts[ok]
+            if len(ts):
+                order = np.argsort(starts, kind="stable")
+                s_sorted = starts[order]
+                bounds = np.flatnonzero(np.diff(s_sorted)) + 1
+                for grp in np.split(order, bounds):
+                    self._window(int(starts[grp[0]])).upsert(keys[grp], {"v": vals[grp]},
+                                                             self.spec)
+                max_ts = max(max_ts, int(ts.max()))
+            self.meta.put(np.zeros(1, np.uint8),
+                          np.array([(max_ts, seen, late)], dtype=_META))
+        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        for start in self._open_windows():
+            if wm == _NO_TS or start + self.W > wm:
+                break
+            m = self._window(start)
+            out.append(self._table(start, *m.items()))
+            self.pm.destroy(self.pm.recover(m.name))
+        if not out:
+            return self.out_schema.empty_table()
+        return pa.concat_tables(out)
+
+    def _table(self, start: int, k: npt.NDArray[Any], v: npt.NDArray[Any]) -> pa.Table:
+        order = np.argsort(k, kind="stable")
+        k, v = k[order], v[order]
+        n = len(k)
+        st = self.out_schema.field("window_start").type
+        s = pa.array(np.full(n, start, np.int64)).cast(st)
+        e = pa.array(np.full(n, start + self.W, np.int64)).cast(st)
+        return pa.Table.from_arrays([s, e, pa.array(k), pa.array(v["count"]), pa.array(v["sum"]),
+                                     pa.array(v["min"]), pa.array(v["max"])],
+                                    schema=self.out_schema)
+
+    def dump(self) -> pa.Table:
+        parts = [self._table(s, *self._window(s).items()) for s in self._open_windows()]
+        return pa.concat_tables(parts) if parts else self.out_schema.empty_table()
+
+    def n_keys(self) -> int:
+        return sum(len(self._window(s)) for s in self._open_windows())
+
+
+# ------------------------------------------------------------------------- windowed join
+@jit
+def _band_join(pk: Any, pt: Any, bk: Any, bt: Any, w: int, out_p: Any, out_b: Any,
+               count_only: bool) -> int:  # pragma: no cover - compiled
+    """Pairs (i, j) with pk[i] == bk[j] and |pt[i] - bt[j]| <= w; (bk, bt) sorted by (key, ts)."""
+    n = 0
+    m = len(bk)
+    for i in range(len(pk)):
+        k = pk[i]
+        lo, hi = 0, m
+        while lo < hi:  # first j with (bk, bt) >= (k, pt - w)
+            mid = (lo + hi) >> 1
+            if bk[mid] < k or (bk[mid] == k and bt[mid] < pt[i] - w):
+                lo = mid + 1
+            else:
+                hi = mid
+        j = lo
+        while j < m and bk[j] == k and bt[j] <= pt[i] + w:
+            if not count_only:
+                out_p[n] = i
+                out_b[n] = j
+            n += 1
+            j += 1
+    return n
+
+
+def band_join(pk: npt.NDArray[Any], pt: npt.NDArray[np.int64], bk: npt.NDArray[Any],
+              bt: npt.NDArray[np.int64], w: int) -> tuple[npt.NDArray[np.int64],
+                                                          npt.NDArray[np.int64]]:
+    """Indices ``(i, j)`` of all pairs with equal keys and ``|pt[i] - bt[j]| <= w``."""
+    order = np.lexsort((bt, bk))
+    sk, st = np.ascontiguousarray(bk[order]).astype(np.int64), np.ascontiguousarray(bt[order])
+    pk64 = np.ascontiguousarray(pk).astype(np.int64)
+    pt = np.ascontiguousarray(pt)
+    empty = np.zeros(0, np.int64)
+    n = _band_join(pk64, pt, sk, st, w, empty, empty, True)
+    oi, oj = np.empty(n, np.int64), np.empty(n, np.int64)
+    _band_join(pk64, pt, sk, st, w, oi, oj, False)
+    return oi, order[oj]
+
+
+class WindowJoin(Operator):
+    """The SGuard paper's windowed stream join of two keyed inputs.
+
+    A left row joins every right row with the same key whose event time is
+    within `window` of its own (``|t_left - t_right| <= window``). Each side's
+    rows wait in a paged deque buffer (arrival order, each batch sorted by
+    time) with a per-key count map; rows older than the watermark minus the
+    window can match nothing more and are evicted from the front. Rows older
+    than the watermark (the largest time seen minus `lateness`) are late and
+    dropped. Use `sguard.spark.stream_join` to build the input.
+
+    Parameters
+    ----------
+    time : str
+        The event-time column of both inputs.
+    window : number or timedelta
+        The join window (seconds for timestamps, column units for integers).
+    value : str
+        The numeric payload column of both inputs.
+    lateness : number or timedelta
+        Allowed lateness.
+    """
+
+    kind = "window_join"
+
+    def __init__(self, time: str, window: float | _dt.timedelta, value: str,
+                 lateness: float | _dt.timedelta = 0) -> None:
+        self.time, self.window, self.value, self.lateness = time, window, value, lateness
+
+    def params(self) -> dict[str, Any]:
+        def j(d: Any) -> Any:
+            return d.total_seconds() if isinstance(d, _dt.timedelta) else d
+        return {"time": self.time, "window": j(self.window), "value": self.value,
+                "lateness": j(self.lateness)}
+
+    def check_input(self, schema: pa.Schema, key: str) -> None:
+        check_key_type(schema, key)
+        _time_unit(schema, self.time)
+        _value_kind(schema, self.value, "value")
+        if SIDE_COLUMN not in schema.names:
+            raise SchemaChangedError(f"WindowJoin needs the side column {SIDE_COLUMN!r}; build its "
+                                     f"input with sguard.spark.stream_join(left, right, ...)")
+
+    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
+        tt = _time_unit(schema, self.time)[0]
+        vt = pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value")))
+        return pa.schema([pa.field(key, schema.field(key).type, nullable=False),
+                          pa.field(f"left_{self.time}", tt, nullable=False),
+                          pa.field(f"left_{self.value}", vt, nullable=False),
+                          pa.field(f"right_{self.time}", tt, nullable=False),
+                          pa.field(f"right_{self.value}", vt, nullable=False)])
+
+    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+        return _WindowJoinState(self, pm, schema, key)
+
+
+class _WindowJoinState(OperatorState):
+    def __init__(self, op: WindowJoin, pm: PageManager, schema: pa.Schema, key: str) -> None:
+        self.key, self.time, self.value = key, op.time, op.value
+        per_s = _time_unit(schema, op.time)[1]
+        self.W = _duration_units(op.window, per_s, "window")
+        self.L = _duration_units(op.lateness, per_s, "lateness")
+        kdt = key_dtype(schema, key)
+        self.vk = _value_kind(schema, op.value, "value")
+        self.rec = np.dtype([("k", kdt), ("t", "<i8"), ("v", self.vk)])
+        self.buf = [PagedDeque.create(pm, f"buf.{s}", self.rec) for s in "LR"]
+        self.cnt = [HashMap.create(pm, f"cnt.{s}", kdt, [("n", "<i8")]) for s in "LR"]
+        self.meta = HashMap.create(pm, "meta", "<u1", _META)
+        self.out_schema = op.output_schema(schema, key)
+
+    def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
+        found, mv = self.meta.get(np.zeros(1, np.uint8))
+        max_ts, seen, late = ((int(mv["max_ts"][0]), int(mv["seen"][0]), int(mv["late"][0]))
+                              if found[0] else (_NO_TS, 0, 0))
+        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        new: list[npt.NDArray[Any]] = []
+        if table.num_rows:
+            side = column_numpy(table, SIDE_COLUMN)
+            recs = np.empty(table.num_rows, self.rec)
+            recs["k"] = column_numpy(table, self.key)
+            recs["t"] = column_numpy(table, self.time)
+            recs["v"] = column_numpy(table, self.value)
+            ok = recs["t"] >= wm if wm != _NO_TS else np.ones(len(recs), bool)
+            late += int(len(recs) - np.count_nonzero(ok))
+            seen += len(recs)
+            recs, side = recs[ok], side[ok]
+            for s in (0, 1):
+                r = recs[side == s]
+                new.append(r[np.lexsort((r["v"], r["k"], r["t"]))])
+        else:
+            new = [np.empty(0, self.rec), np.empty(0, self.rec)]
+        old = [b.to_numpy() for b in self.buf]
+        outs = []
+        # left-new x (right-old + right-new), then left-old x right-new
+        for lrec, rrec in ((new[0], np.concatenate([old[1], new[1]])), (old[0], new[1])):
+            if len(lrec) and len(rrec):
+                i, j = band_join(lrec["k"], lrec["t"], rrec["k"], rrec["t"], self.W)
+                outs.append((lrec[i], rrec[j]))
+        for s in (0, 1):
+            if len(new[s]):
+                self.buf[s].extend(new[s])
+                self.cnt[s].upsert(new[s]["k"], None, {"n": "count"})
+        both = np.concatenate(new)
+        if len(both):
+            max_ts = max(max_ts, int(both["t"].max()))
+        self.meta.put(np.zeros(1, np.uint8), np.array([(max_ts, seen, late)], dtype=_META))
+        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        if wm != _NO_TS:
+            for s in (0, 1):
+                cur = np.concatenate([old[s], new[s]])
+                old_mask = cur["t"] < wm - self.W
+                n_drop = int(np.argmin(old_mask)) if not old_mask.all() else len(cur)
+                if n_drop:
+                    self.buf[s].popleft(n_drop)
+                    gone = cur["k"][:n_drop]
+                    uk, c = np.unique(gone, return_counts=True)
+                    _, have = self.cnt[s].get(uk)
+                    left = have["n"] - c
+                    self.cnt[s].delete(uk[left == 0])
+                    keep = left > 0
+                    if keep.any():
+                        self.cnt[s].put(uk[keep], np.array(left[keep], dtype=[("n", "<i8")]))
+        return self._table(outs)
+
+    def _table(self, outs: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]) -> pa.Table:
+        if not outs:
+            return self.out_schema.empty_table()
+        lv = np.concatenate([o[0] for o in outs])
+        rv = np.concatenate([o[1] for o in outs])
+        order = np.lexsort((rv["v"], rv["t"], lv["v"], lv["t"], lv["k"]))
+        lv, rv = lv[order], rv[order]
+        sch = self.out_schema
+        return pa.Table.from_arrays(
+            [pa.array(lv["k"]), pa.array(lv["t"]).cast(sch.field(1).type), pa.array(lv["v"]),
+             pa.array(rv["t"]).cast(sch.field(3).type), pa.array(rv["v"])], schema=sch)
+
+    def dump(self) -> pa.Table:
+        parts = []
+        for s, b in enumerate(self.buf):
+            r = b.to_numpy()
+            r = r[np.lexsort((r["v"], r["t"], r["k"]))]
+            parts.append(pa.table({"side": np.full(len(r), s, np.int8), "k": r["k"], "t": r["t"],
+                                   "v": r["v"]}))
+        return pa.concat_tables(parts)
+
+    def n_keys(self) -> int:
+        return len(self.buf[0]) + len(self.buf[1])
+
+
+_REGISTRY: dict[str, type[Operator]] = {c.kind: c for c in (RunningAggregate, WindowAggregate,
+                                                             WindowJoin)}
+
+
+def register_operator(cls: type[Operator]) -> type[Operator]:
+    """Make a custom operator kind known to `operator_from_params` (a class decorator)."""
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def operator_from_params(kind: str, params: dict[str, Any]) -> Operator:
+    """Rebuild an operator from the kind and parameters stored in a layout document.
+
+    Raises
+    ------
+    ValueError
+        If the kind is unknown (register custom operators with `register_operator`).
+    """
+    cls = _REGISTRY.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown operator kind {kind!r}; known: {sorted(_REGISTRY)} "
+                         f"(custom operators: decorate with register_operator)")
+    return cls(**params)

@@ -1,0 +1,232 @@
+"""Local placement of a partition's state: a directory per (state, partition).
+
+Spark does not keep a partition in one Python worker (it moved in 9-15 of 24
+batch transitions here), so a partition's pages live in a *file-backed* mmm
+pool that whichever worker runs the partition re-attaches (about 1 ms). Each
+partition has its own directory under a local root (``/dev/shm`` by default,
+or Spark's local dir)::
+
+    <local-dir>/sguard-<uid>/<state-id>/p0003/
+        pool        the mmm PagePool file (sparse: only touched pages use memory)
+        lock        flock()ed by the process that owns the partition
+        marker.json the version marker (`Marker`), replaced atomically
+        base.npy    the rollback point: page ids and frames of "after b-1"
+
+``<state-id>`` is derived from the state URI, operator name and generation,
+so two queries (or two generations after a repartitioning) never share files.
+
+The lock is an ``flock`` on ``lock``: the kernel drops it when the process
+dies, so a killed worker never blocks its successor. A process keeps it while
+its asynchronous checkpoint of the partition is in flight (the checkpoint
+reads frames of the shared pool file), then lets it go.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sguard.spark.errors import PartitionLockTimeout
+
+__all__ = ["Marker", "PartitionSlot", "default_local_dir", "state_id", "root_key", "boot_id"]
+
+_SHM = "/dev/shm"
+
+
+def default_local_dir() -> str:
+    """``/dev/shm/sguard-<uid>`` when /dev/shm is writable, else under the temp dir."""
+    base = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, f"sguard-{os.getuid()}")
+
+
+def root_key(root: Any) -> str:
+    """A normalized name of a state root (``file:///a/``, ``/a`` and ``/a/`` are one root)."""
+    return f"{root.backend}:{root.base_path}"
+
+
+def state_id(state_key: str, name: str, generation: int) -> str:
+    """A short stable id of (state root, operator name, generation) for directory names."""
+    h = hashlib.sha1(f"{state_key}\0{name}\0{generation}".encode()).hexdigest()[:16]
+    return f"{name}-g{generation}-{h}"
+
+
+_BOOT_ID: str | None = None
+
+
+def boot_id() -> str:
+    """This host's boot id: local state from before a reboot is never trusted."""
+    global _BOOT_ID
+    if _BOOT_ID is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _BOOT_ID = f.read().strip()
+        except OSError:
+            _BOOT_ID = "unknown"
+    return _BOOT_ID
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The version of a partition's local state.
+
+    Attributes
+    ----------
+    token
+        Unique per write: a process whose cached state carries another token
+        knows that some other process wrote the partition since.
+    status
+        ``"applying"`` while batch `batch` is being applied (a crash leaves the
+        pool partly updated), ``"applied"`` once it is complete.
+    batch
+        The batch being applied or last applied.
+    base_batch
+        The batch the rollback point ``base.npy`` holds the state after
+        (``batch - 1``), or None when there is no rollback point.
+    durable_batch
+        The last batch covered by a durable DFS checkpoint (-1: none).
+    boot_id
+        The host's boot id when written.
+    """
+
+    token: str
+    status: str
+    batch: int
+    base_batch: int | None
+    durable_batch: int
+    boot_id: str
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Marker:
+        d = json.loads(data)
+        return cls(token=str(d["token"]), status=str(d["status"]), batch=int(d["batch"]),
+                   base_batch=None if d["base_batch"] is None else int(d["base_batch"]),
+                   durable_batch=int(d["durable_batch"]), boot_id=str(d["boot_id"]))
+
+
+def new_token() -> str:
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+class PartitionSlot:
+    """The local directory of one partition: pool file, lock, marker, rollback point."""
+
+    def __init__(self, local_dir: str, sid: str, partition: int) -> None:
+        self.partition = partition
+        self.dir = os.path.join(local_dir, sid, f"p{partition:04d}")
+        self.pool_path = os.path.join(self.dir, "pool")
+        self.marker_path = os.path.join(self.dir, "marker.json")
+        self.base_path = os.path.join(self.dir, "base.npy")
+        self.lock_path = os.path.join(self.dir, "lock")
+        self._fd: int | None = None
+
+    # -- the lock ---------------------------------------------------------------------
+    @property
+    def locked(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, timeout_s: float) -> float:
+        """Take the partition's lock (blocking up to `timeout_s`); return seconds waited.
+
+        Raises
+        ------
+        PartitionLockTimeout
+            If another process held it for longer than `timeout_s`.
+        """
+        if self._fd is not None:
+            return 0.0
+        os.makedirs(self.dir, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        t0 = time.monotonic()
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+            if time.monotonic() - t0 > timeout_s:
+                os.close(fd)
+                raise PartitionLockTimeout(
+                    f"partition {self.partition}: lock {self.lock_path} held by another "
+                    f"process for more than {timeout_s:.0f} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        self._fd = fd
+        return time.monotonic() - t0
+
+    def release(self) -> None:
+        """Let the lock go (closing the descriptor drops the flock)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    # -- marker and rollback point --------------------------------------------------------
+    def read_marker(self) -> Marker | None:
+        """The marker, or None when missing or unreadable (then the local state is not trusted)."""
+        try:
+            with open(self.marker_path, "rb") as f:
+                return Marker.from_json(f.read())
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def write_marker(self, marker: Marker) -> None:
+        """Replace the marker atomically (rename)."""
+        _write_atomic(self.marker_path, marker.to_json())
+
+    def write_base(self, page_ids: npt.NDArray[np.uint64], frames: npt.NDArray[np.int64]) -> None:
+        """Record the rollback point (page ids and the frames holding them), atomically."""
+        arr = np.empty((2, len(frames)), dtype=np.int64)
+        arr[0] = page_ids.view(np.int64)
+        arr[1] = frames
+        tmp = f"{self.base_path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, arr, allow_pickle=False)
+        os.replace(tmp, self.base_path)
+
+    def read_base(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None:
+        """The rollback point, or None when missing or damaged."""
+        try:
+            arr = np.load(self.base_path, allow_pickle=False)
+        except (OSError, ValueError):
+            return None
+        if arr.ndim != 2 or arr.shape[0] != 2 or arr.dtype != np.int64:
+            return None
+        return arr[0].view(np.uint64).copy(), arr[1].copy()
+
+    def has_pool(self) -> bool:
+        return os.path.exists(self.pool_path)
+
+    def wipe(self) -> None:
+        """Delete the local state files (not the lock): the state is rebuilt from the DFS."""
+        for p in (self.marker_path, self.base_path, self.pool_path):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+    def describe(self) -> dict[str, Any]:
+        m = self.read_marker()
+        return {"dir": self.dir, "marker": None if m is None else asdict(m),
+                "pool_bytes": os.path.getsize(self.pool_path) if self.has_pool() else None}
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)

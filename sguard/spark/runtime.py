@@ -1,0 +1,466 @@
+"""What runs inside a Spark task: one partition's micro-batch, exactly once.
+
+`task_function` returns the function `sguard.spark.stateful` hands to
+``mapInArrow``. For batch ``b`` of partition ``p`` it:
+
+1. takes the partition's lock (`sguard.spark.placement`);
+2. brings the state to "after b-1" (`sguard.spark.versions.decide`): keep the
+   pages this process holds, re-attach the pool file another worker left,
+   roll back a wholly or partly applied ``b`` (in memory or in the file), or
+   restore from the DFS checkpoint and replay the input log;
+3. starts a checkpoint of that state when the policy says so (the prepare
+   pause only; `sguard.spark.checkpointing`);
+4. takes the rollback point (a snapshot, recorded in ``base.npy``) and marks
+   the partition "applying b";
+5. writes the input to the input log (an I/O thread) while the operator
+   applies the batch; marks "applied b" once both are done;
+6. writes a metrics record (`sguard.spark.metrics`, asynchronously) and
+   returns the output. The lock is released when the task ends, or when the
+   checkpoint in flight is durable if that is later.
+
+The runtime keeps, per Python worker process, the partitions it last ran (their
+page managers and checkpoint managers), so a partition that stays in the same
+worker needs no re-attach.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ioservice import IOService, Manifest, StorageRoot, open_root
+from mmm import PageManager, PoolFileError, Snapshot
+from sguard.spark import inputlog, metrics
+from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
+from sguard.spark.errors import NotStreamingError, StateAheadError
+from sguard.spark.operators import Operator, OperatorState
+from sguard.spark.placement import Marker, PartitionSlot, boot_id, new_token, state_id
+from sguard.spark.versions import Action, LocalStateDamaged, attach_at, decide
+from sguard.statelayout import OperatorLayout
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RuntimeConfig", "Fault", "FaultPlan", "InjectedFault", "task_function",
+           "run_partition_batch"]
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a `Fault` of kind ``"raise"`` (tests and the demo only)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected failure (tests and the demo): fires once, in the first attempt that gets there.
+
+    kind: ``"kill"`` (SIGKILL the Python worker), ``"raise"`` (an exception),
+    ``"delete_local"`` (the partition's local state vanishes, as on a lost
+    host), ``"kill_in_checkpoint"`` (force a checkpoint and SIGKILL the worker
+    while its pages are being written), ``"pause"`` (announce itself as
+    ``paused-b<b>-p<p>`` in ``fault_dir`` and sleep until ``resume-b<b>-p<p>``
+    appears there, so a test can kill the driver or a server mid-batch).
+    point: ``"start"`` (before the batch is applied), ``"mid"`` (after half of
+    its rows), ``"end"`` (after all of it, before the output is returned).
+    """
+
+    kind: str
+    batch: int
+    partition: int
+    point: str = "mid"
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    faults: tuple[Fault, ...]
+    fault_dir: str
+
+    def fire(self, batch: int, partition: int, point: str) -> Fault | None:
+        for i, f in enumerate(self.faults):
+            if (f.batch, f.partition, f.point) == (batch, partition, point):
+                try:
+                    fd = os.open(os.path.join(self.fault_dir, f"fired-{i}"),
+                                 os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    continue
+                os.write(fd, f"{f.kind} b{batch} p{partition} {point} pid {os.getpid()}\n".encode())
+                os.close(fd)
+                return f
+        return None
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything a task needs (shipped to executors inside the mapInArrow closure)."""
+
+    state_uri: str
+    state_key: str
+    layout: OperatorLayout
+    operator: Operator
+    key: str
+    input_schema: pa.Schema
+    output_schema: pa.Schema
+    local_dir: str
+    page_bytes: int = 1 << 16
+    capacity_bytes: int = 1 << 30
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    lock_timeout_s: float = 600.0
+    metrics: bool = True
+    faults: FaultPlan | None = None
+
+    @property
+    def sid(self) -> str:
+        return state_id(self.state_key, self.layout.name, self.layout.generation)
+
+
+# ------------------------------------------------------------------------- process state
+_LOCK = threading.Lock()
+_RUNTIMES: dict[str, "_StateRuntime"] = {}
+_IO: IOService | None = None
+_BG: cf.ThreadPoolExecutor | None = None
+
+
+def _io(n: int) -> IOService:
+    global _IO
+    if _IO is None:
+        _IO = IOService(n)
+    return _IO
+
+
+def _bg() -> cf.ThreadPoolExecutor:
+    global _BG
+    if _BG is None:
+        _BG = cf.ThreadPoolExecutor(2, thread_name_prefix="sguard-bg")
+    return _BG
+
+
+@atexit.register
+def _shutdown() -> None:  # pragma: no cover - process exit
+    for rt in list(_RUNTIMES.values()):
+        for part in list(rt.parts.values()):
+            try:
+                if part.ckpt is not None:
+                    part.ckpt.wait(30)
+            except Exception:  # noqa: BLE001
+                pass
+    if _BG is not None:
+        _BG.shutdown(wait=True)
+
+
+class _StateRuntime:
+    def __init__(self, cfg: RuntimeConfig) -> None:
+        self.cfg = cfg
+        self.root: StorageRoot = open_root(cfg.state_uri, **cfg.storage_options)
+        self.parts: dict[int, _Partition] = {}
+
+    def partition(self, p: int) -> "_Partition":
+        part = self.parts.get(p)
+        if part is None:
+            part = self.parts[p] = _Partition(self, p)
+        return part
+
+
+def _runtime(cfg: RuntimeConfig) -> _StateRuntime:
+    with _LOCK:
+        rt = _RUNTIMES.get(cfg.sid)
+        if rt is None or rt.cfg != cfg:
+            rt = _RUNTIMES[cfg.sid] = _StateRuntime(cfg)
+        return rt
+
+
+class _Partition:
+    """One partition as seen by this process."""
+
+    def __init__(self, rt: _StateRuntime, p: int) -> None:
+        self.rt, self.cfg, self.p = rt, rt.cfg, p
+        self.slot = PartitionSlot(self.cfg.local_dir, self.cfg.sid, p)
+        self.pm: PageManager | None = None
+        self.state: OperatorState | None = None
+        self.ckpt: PartitionCheckpointer | None = None
+        self.snap: Snapshot | None = None
+        self.token: str | None = None
+        self.durable = -1
+        self._mu = threading.Lock()
+        self._task = False
+        self._pending_metrics: list[cf.Future[None]] = []
+
+    # -- lock bookkeeping ------------------------------------------------------------------
+    def _maybe_release(self) -> None:
+        with self._mu:
+            if self._task or (self.ckpt is not None and self.ckpt.in_flight is not None):
+                return
+            self.slot.release()
+
+    # -- state handles -----------------------------------------------------------------------
+    def _drop(self) -> None:
+        """Forget this process's handles (never writing to the pool file: it may be stale)."""
+        if self.ckpt is not None:
+            self.ckpt.close()
+        self.pm = self.state = self.ckpt = self.snap = None
+        self.token = None
+
+    def _bind(self, pm: PageManager, durable: int, last: int) -> None:
+        cfg = self.cfg
+        self.pm = pm
+        self.state = cfg.operator.open(pm, cfg.input_schema, cfg.key)
+        meta = {"operator": cfg.layout.operator, "name": cfg.layout.name,
+                "generation": cfg.layout.generation, "partition": self.p,
+                "num_partitions": cfg.layout.num_partitions}
+        self.ckpt = PartitionCheckpointer(pm, self.rt.root, cfg.layout.haunit(self.p),
+                                          cfg.checkpoint, _io(cfg.checkpoint.io_workers), meta,
+                                          self._durable)
+        self.ckpt.seed(durable, last)
+        self.durable = durable
+
+    def _durable(self, batch: int, prev: int, man: Manifest) -> None:
+        """On an I/O thread: a checkpoint of the state after `batch` is durable."""
+        self.durable = max(self.durable, batch)
+        try:
+            inputlog.trim(self.rt.root, prev, self.cfg.layout.generation, self.p)
+        except Exception as exc:  # noqa: BLE001 - trimming is best effort
+            logger.warning("partition %d: input log trim failed: %s", self.p, exc)
+        if self.cfg.metrics:
+            try:
+                metrics.write_checkpoint_record(self.rt.root, self.p, {
+                    "checkpoint_seq": man.seq, "batch": batch, "written_bytes": man.written_bytes,
+                    "pages": man.n_pages, "full": man.full})
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("partition %d: checkpoint metrics failed: %s", self.p, exc)
+
+    def _write_marker(self, status: str, batch: int, base: int | None) -> None:
+        self.token = new_token()
+        self.slot.write_marker(Marker(self.token, status, batch, base, self.durable, boot_id()))
+
+    def _restore(self, b: int) -> int:
+        """Rebuild "after b-1" from the DFS: latest checkpoint plus the input log. Returns
+        the number of batches replayed."""
+        cfg = self.cfg
+        self._drop()
+        self.slot.wipe()
+        pm = PageManager(cfg.page_bytes, cfg.capacity_bytes, path=self.slot.pool_path)
+        self._bind(pm, -1, -1)
+        assert self.ckpt is not None and self.state is not None
+        man = self.ckpt.restore()
+        c = -1 if man is None else int(man.user_meta.get("batch_id", -1))
+        if c > b - 1:
+            self._drop()
+            self.slot.wipe()
+            raise StateAheadError(
+                f"partition {self.p}: the durable state at {cfg.state_uri} includes batch {c}, "
+                f"but Spark is about to run batch {b}: this state URI belongs to another query "
+                f"(another checkpointLocation); use a fresh state URI or the query's own "
+                f"checkpointLocation")
+        if man is not None:
+            self.state = cfg.operator.open(pm, cfg.input_schema, cfg.key)
+        self.durable = c
+        for x in range(c + 1, b):
+            t = inputlog.read_input(self.rt.root, x, cfg.layout.generation, self.p,
+                                    cfg.layout.num_partitions, cfg.key)
+            self.state.apply(t, x)
+        self._flush()
+        self._write_marker("applied", b - 1, None)
+        return max(0, b - 1 - c)
+
+    def _flush(self) -> None:
+        assert self.pm is not None
+        self.pm._flush_structures()  # per-record buffers into pages (no msync: not needed)
+
+    # -- one batch ------------------------------------------------------------------------------
+    def run(self, b: int, table: pa.Table) -> pa.Table:
+        cfg, slot = self.cfg, self.slot
+        t0 = time.perf_counter()
+        with self._mu:
+            self._task = True
+        try:
+            waited = slot.acquire(cfg.lock_timeout_s)
+            self._fault(b, "start", table)
+            marker = slot.read_marker()
+            d = decide(marker, b, self.token if self.pm is not None else None, slot.has_pool(),
+                       self.snap is not None)
+            action, reason, replayed = d.action, d.reason, 0
+            t_rec = time.perf_counter()
+            if action is Action.ROLLBACK_CACHED:
+                assert self.pm is not None and self.snap is not None
+                self.pm.rollback(self.snap)
+                self.snap = None
+                self.state = cfg.operator.open(self.pm, cfg.input_schema, cfg.key)
+            elif action in (Action.ATTACH, Action.ROLLBACK_FILE):
+                assert marker is not None
+                self._drop()
+                base = slot.read_base() if action is Action.ROLLBACK_FILE else None
+                try:
+                    if action is Action.ROLLBACK_FILE and base is None:
+                        raise LocalStateDamaged("rollback point missing")
+                    pm = attach_at(slot.pool_path, cfg.page_bytes, base)
+                    self._bind(pm, marker.durable_batch, marker.durable_batch)
+                except (LocalStateDamaged, PoolFileError) as exc:
+                    action, reason = Action.RESTORE, f"{reason}; local state unusable ({exc})"
+                    self._drop()
+            if action is Action.RESTORE:
+                replayed = self._restore(b)
+                if self.durable < 0 and b == 0:
+                    action, reason = Action.FRESH, "first batch"
+            recovery_ms = (time.perf_counter() - t_rec) * 1e3
+            assert self.pm is not None and self.state is not None and self.ckpt is not None
+            # 3. checkpoint "after b-1" (committed, since b arrived) when due
+            prepare_ms = 0.0
+            forced = self._fault(b, "checkpoint", table)
+            if forced:  # die once the pages are written, as the manifest is about to be
+                self.ckpt.mgr.root = _KillBeforeManifest(self.ckpt.mgr.root)  # type: ignore[assignment]
+            if forced or self.ckpt.due(b - 1):
+                pending = self.ckpt.checkpoint(b - 1, force=forced)
+                if pending is not None:
+                    prepare_ms = pending.prepare_s * 1e3
+                    pending.add_done_callback(lambda _p: self._maybe_release())
+                    if forced:
+                        pending.exception(60)
+                        raise AssertionError("the checkpoint fault did not fire")
+            # 4. rollback point "after b-1"
+            t_snap = time.perf_counter()
+            if self.snap is not None:
+                self.snap.release()
+            self.snap = self.pm.chkpt()
+            slot.write_base(self.snap.page_ids, self.snap._frames)
+            self._write_marker("applying", b, b - 1)
+            snapshot_ms = (time.perf_counter() - t_snap) * 1e3
+            # 5. log the input (I/O thread) while applying it
+            log_fut = _bg().submit(inputlog.write_input, self.rt.root, table, b,
+                                   cfg.layout.generation, self.p, cfg.layout.num_partitions,
+                                   cfg.key)
+            t_apply = time.perf_counter()
+            if cfg.faults is not None and self._has_fault(b, "mid"):
+                self.state.apply(table.slice(0, table.num_rows // 2), b)
+                self._flush()
+                self._fault(b, "mid", table)  # kill / raise: the next attempt rolls back
+                self.pm.rollback(self.snap)     # the fault let us live: undo the half batch
+                self.snap = self.pm.chkpt()
+                slot.write_base(self.snap.page_ids, self.snap._frames)
+                self.state = cfg.operator.open(self.pm, cfg.input_schema, cfg.key)
+            out = self.state.apply(table, b)
+            self._flush()
+            apply_ms = (time.perf_counter() - t_apply) * 1e3
+            t_log = time.perf_counter()
+            log_bytes = log_fut.result()
+            log_wait_ms = (time.perf_counter() - t_log) * 1e3
+            self._write_marker("applied", b, b - 1)
+            self._fault(b, "end", table)
+            out = out.cast(cfg.output_schema) if out.schema != cfg.output_schema else out
+            if cfg.metrics:
+                self._metrics({
+                    "batch": b, "partition": self.p, "rows_in": table.num_rows,
+                    "rows_out": out.num_rows, "state_keys": self.state.n_keys(),
+                    "state_pages": self.pm.stats()["used_frames"], "apply_ms": apply_ms,
+                    "prepare_ms": prepare_ms, "snapshot_ms": snapshot_ms,
+                    "log_wait_ms": log_wait_ms, "log_bytes": log_bytes,
+                    "total_ms": (time.perf_counter() - t0) * 1e3,
+                    "checkpoint_lag": (b - self.durable), "durable_batch": self.durable,
+                    "recovery": action.value, "reason": reason, "recovery_ms": recovery_ms,
+                    "replayed_batches": replayed, "lock_wait_ms": waited * 1e3,
+                    "pid": os.getpid()})
+            return out
+        finally:
+            with self._mu:
+                self._task = False
+            self._maybe_release()
+
+    def _metrics(self, rec: dict[str, Any]) -> None:
+        done = [f for f in self._pending_metrics if f.done()]
+        for f in done:
+            self._pending_metrics.remove(f)
+        self._pending_metrics.append(_bg().submit(_write_metrics, self.rt.root, rec))
+
+    # -- fault injection (tests and demo) ----------------------------------------------------------
+    def _has_fault(self, b: int, point: str) -> bool:
+        fp = self.cfg.faults
+        return fp is not None and any(
+            (f.batch, f.partition, f.point) == (b, self.p, point)
+            and not os.path.exists(os.path.join(fp.fault_dir, f"fired-{i}"))
+            for i, f in enumerate(fp.faults))
+
+    def _fault(self, b: int, point: str, table: pa.Table) -> bool:
+        fp = self.cfg.faults
+        if fp is None:
+            return False
+        f = fp.fire(b, self.p, point)
+        if f is None:
+            return False
+        logger.warning("injected fault %s at batch %d partition %d (%s)", f.kind, b, self.p, point)
+        if f.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if f.kind == "raise":
+            raise InjectedFault(f"injected failure at batch {b}, partition {self.p} ({point})")
+        if f.kind == "delete_local":
+            self._drop()
+            self.slot.wipe()
+            return False
+        if f.kind == "pause":
+            with open(os.path.join(fp.fault_dir, f"paused-b{b}-p{self.p}"), "w") as fh:
+                fh.write(str(os.getpid()))
+            parent = os.getppid()
+            resume = os.path.join(fp.fault_dir, f"resume-b{b}-p{self.p}")
+            for _ in range(2400):  # until resumed (or 2 minutes); die with the parent
+                time.sleep(0.05)
+                if os.getppid() != parent:
+                    os._exit(1)
+                if os.path.exists(resume):
+                    break
+            return False
+        return f.kind == "kill_in_checkpoint"
+
+
+class _KillBeforeManifest:
+    """A StorageRoot proxy that SIGKILLs the process instead of writing a manifest."""
+
+    def __init__(self, root: StorageRoot) -> None:
+        self._root = root
+
+    def write_atomic(self, relpath: str, data: Any) -> None:
+        if relpath.endswith("manifest.json"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        self._root.write_atomic(relpath, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._root, name)
+
+
+def _write_metrics(root: StorageRoot, rec: dict[str, Any]) -> None:
+    try:
+        metrics.write_batch_record(root, rec)
+    except Exception as exc:  # noqa: BLE001 - metrics never fail a batch
+        logger.warning("metrics record failed: %s", exc)
+
+
+def run_partition_batch(cfg: RuntimeConfig, partition: int, batch: int, table: pa.Table
+                        ) -> pa.Table:
+    """Apply one batch to one partition (what a task does; also usable without Spark)."""
+    return _runtime(cfg).partition(partition).run(batch, table)
+
+
+def task_function(cfg: RuntimeConfig
+                  ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function for ``mapInArrow``: reads the batch id and partition from the TaskContext."""
+
+    def sguard_stateful(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        bid = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+        if ctx is None or bid is None:
+            raise NotStreamingError(
+                "sguard.spark.stateful ran outside a streaming micro-batch (no "
+                "'streaming.sql.batchId'); use it on a streaming DataFrame (readStream)")
+        rbs = list(batches)
+        table = (pa.Table.from_batches(rbs) if rbs else cfg.input_schema.empty_table())
+        if table.schema != cfg.input_schema:
+            table = table.cast(cfg.input_schema)
+        out = run_partition_batch(cfg, ctx.partitionId(), int(bid), table)
+        yield from out.to_batches(max_chunksize=65536)
+
+    return sguard_stateful

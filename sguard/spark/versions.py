@@ -1,0 +1,166 @@
+"""Versions of a partition's state by (batch id, partition), and rollback.
+
+A partition about to apply batch ``b`` must hold exactly the state after
+``b - 1``. Spark replays at most the last uncommitted batch, with the same id
+and rows, and a retried task sees whatever the failed attempt wrote, so the
+runtime keeps one rollback point: before applying ``b`` it takes an mmm
+copy-on-write snapshot ("after b-1", O(pages), no bytes copied) and records
+its page table in the partition's ``base.npy``; the batch's writes go to
+clones of the pages it touches. Then:
+
+* the same process rolls back in memory (`mmm.PageManager.rollback`): the page
+  table points at the frozen frames again, the clones are freed, O(pages
+  touched) work plus an O(pages) table copy;
+* another process (the failed one died, or Spark gave the retry to another
+  worker) rolls back in the pool *file* before attaching it (`attach_at`):
+  the recorded frames become the live ones and every other frame is freed.
+  The frozen frames are intact because a snapshot's frames are never written
+  in place and are only freed when the snapshot is released, which happens
+  only once the next batch arrives (that is, once ``b`` is committed).
+
+`decide` turns the marker left by the previous writer and the batch to apply
+into one of the actions of `Action`.
+"""
+from __future__ import annotations
+
+import enum
+import errno
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from mmm import PageManager, PagePool
+from mmm.page import PAGE_MAGIC
+from mmm.pool import FREE, LIVE, ORPHAN
+from sguard.spark.placement import Marker, boot_id
+
+__all__ = ["Action", "Decision", "decide", "attach_at", "LocalStateDamaged"]
+
+
+class Action(enum.Enum):
+    USE_CACHED = "cached"          # this process wrote last: its pages are the state after b-1
+    ATTACH = "attached"            # another process wrote last; its state is after b-1
+    ROLLBACK_CACHED = "rolled_back"   # b was (partly) applied here: roll back in memory
+    ROLLBACK_FILE = "rolled_back_file"  # b was (partly) applied by another process
+    RESTORE = "restored"           # no usable local state: DFS checkpoint plus input log
+    FRESH = "fresh"                # the first batch of a new state: nothing to restore
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+class LocalStateDamaged(Exception):
+    """The local pool or rollback point is not what the marker says (restore from the DFS)."""
+
+
+def decide(marker: Marker | None, batch: int, cached_token: str | None, has_pool: bool,
+           cached_can_rollback: bool) -> Decision:
+    """What to do before applying `batch`, given the partition's local marker.
+
+    ``cached_token`` is the token of the marker this process last wrote (None
+    when it holds no state for the partition); ``cached_can_rollback`` whether
+    it still holds its in-memory rollback snapshot.
+    """
+    if marker is None or not has_pool:
+        return Decision(Action.RESTORE, "no local state")
+    if marker.boot_id != boot_id():
+        return Decision(Action.RESTORE, "local state from before a reboot")
+    mine = cached_token is not None and cached_token == marker.token
+    if marker.status == "applied" and marker.batch == batch - 1:
+        return Decision(Action.USE_CACHED if mine else Action.ATTACH,
+                        f"local state is after batch {batch - 1}")
+    if marker.batch == batch and marker.status in ("applied", "applying"):
+        if marker.base_batch != batch - 1:
+            return Decision(Action.RESTORE, f"batch {batch} was {marker.status} but the rollback "
+                                            f"point is after {marker.base_batch}")
+        how = "wholly" if marker.status == "applied" else "partly"
+        if mine and cached_can_rollback:
+            return Decision(Action.ROLLBACK_CACHED, f"batch {batch} was {how} applied here")
+        return Decision(Action.ROLLBACK_FILE, f"batch {batch} was {how} applied by another attempt")
+    return Decision(Action.RESTORE, f"local state is at batch {marker.batch} ({marker.status}), "
+                                    f"stale for batch {batch}")
+
+
+class _RollbackPool(PagePool):
+    """A pool attach that first makes exactly the given frames the live ones.
+
+    Frames it drops (and, without a rollback point, the ORPHAN frames a dead
+    snapshot left) are zeroed entirely, not only their header's magic:
+    `PagePool.attach` treats frames above the highest live frame as never
+    used, hence already zero, and hands them out unzeroed (mmm/pool.py,
+    ``_rebuild_allocation``); stale bytes there would leak into new pages.
+    """
+
+    _keep: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None = None
+
+    def _rebuild_allocation(self) -> None:
+        h = self.headers
+        if self._keep is not None:
+            page_ids, frames = self._keep
+            if len(frames) and (frames.min() < 0 or frames.max() >= self.n_frames):
+                raise LocalStateDamaged("rollback point names frames outside the pool")
+            if not (np.all(h["magic"][frames] == PAGE_MAGIC)
+                    and np.array_equal(h["page_id"][frames], page_ids)):
+                raise LocalStateDamaged("rollback point's frames no longer hold its pages")
+            used = np.flatnonzero(self.state != FREE)
+            drop = used[~np.isin(used, frames)]
+            self.state[frames] = LIVE
+        else:
+            drop = np.flatnonzero(self.state == ORPHAN)
+        self.frames[drop] = 0
+        self.state[drop] = FREE
+        super()._rebuild_allocation()
+        # frames above the new watermark that held pages once (released ones keep
+        # their bytes) are zeroed: the pool hands them out as never used
+        assert self.path is not None
+        hi = min(self.n_frames, -(-max(0, _data_end(self.path) - self._frames_offset())
+                                  // self.page_bytes))
+        if hi > self._watermark:
+            cand = np.arange(self._watermark, hi)
+            dirty = cand[(h["version"][cand] != 0) | (h["page_id"][cand] != 0)
+                         | (h["magic"][cand] != 0)]
+            if len(dirty):
+                self.frames[dirty] = 0
+
+    def _frames_offset(self) -> int:
+        return self.page_bytes * (1 + self._state_pages(self.n_frames))
+
+
+def _data_end(path: str) -> int:
+    """The end of the last data extent of a (sparse) file: bytes past it were never written."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        end, off = 0, 0
+        while True:
+            try:
+                d = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    return end
+                return os.fstat(fd).st_size  # no SEEK_DATA support: assume all of it
+            end = off = os.lseek(fd, d, os.SEEK_HOLE)
+    finally:
+        os.close(fd)
+
+
+def attach_at(path: str, page_bytes: int,
+              base: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None) -> PageManager:
+    """Attach the pool file at `path`; with `base`, roll it back to that page table first.
+
+    Raises
+    ------
+    LocalStateDamaged
+        If the rollback point does not match the file.
+    mmm.PoolFileError
+        If the file is not a pool of `page_bytes` pages.
+    """
+    pool: Any = _RollbackPool.__new__(_RollbackPool)
+    pool._keep = base
+    PagePool.__init__(pool, page_bytes, 0, path, _attach=True)
+    return PageManager(_pool=pool)
