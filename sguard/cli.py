@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Sequence
 
 #: modules that expose ``register(subparsers) -> None``; each subcommand sets ``func``.
-_SUBCOMMAND_MODULES = ("sguard.demo", "ioservice.cli", "peace.cli")
+_SUBCOMMAND_MODULES = ("sguard.demo", "ioservice.cli", "peace.cli", "sguard.state_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
