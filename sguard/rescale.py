@@ -79,7 +79,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -221,8 +221,11 @@ def replay_mask(user_meta: Mapping[str, Any], keys: Any, batch_id: int) -> npt.N
     ``partition_of(key, num_partitions) == partition`` and the key's state is
     older than the batch (`ReplayPositions.needs`).
     """
-    mine = partition_of(keys, int(user_meta["num_partitions"])) == int(user_meta["partition"])
-    return mine & ReplayPositions.from_user_meta(user_meta).needs(keys, batch_id)
+    mine: npt.NDArray[np.bool_] = partition_of(keys, int(user_meta["num_partitions"])) \
+        == int(user_meta["partition"])
+    out: npt.NDArray[np.bool_] = mine & ReplayPositions.from_user_meta(user_meta).needs(keys,
+                                                                                       batch_id)
+    return out
 
 
 # -- plans and results -----------------------------------------------------------------------------
@@ -558,10 +561,15 @@ def _carried_meta(metas: list[Mapping[str, Any]]) -> tuple[dict[str, Any], list[
 
 def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
                structs: Sequence[_Structure], page_bytes: int, to_parts: int,
-               io_workers: int) -> tuple[int, int, int]:
-    """Split a group's sources into its targets and checkpoint them: (read, written, rows)."""
+               io_workers: int) -> tuple[int, int, int, dict[str, float]]:
+    """Split a group's sources into its targets and checkpoint them.
+
+    Returns ``(bytes read, bytes written, rows, seconds per phase)``.
+    """
     io = IOService(io_workers)
+    clock = {"restore_route_s": 0.0, "insert_s": 0.0, "checkpoint_s": 0.0}
     try:
+        tick = time.perf_counter()
         targets = list(group.targets)
         index = np.full(to_parts, -1, np.int64)
         index[targets] = np.arange(len(targets))
@@ -579,7 +587,9 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
                 read += man.state_bytes
         kept, dropped = _carried_meta(metas)
         written = 0
+        clock["restore_route_s"] += time.perf_counter() - tick
         for i, t in enumerate(targets):
+            tick = time.perf_counter()
             pm = PageManager(page_bytes, capacity_bytes=max(
                 64 * _MiB, 4 * sum(s.state_bytes for s in group.sources) // max(len(targets), 1)))
             for st in structs:
@@ -597,14 +607,17 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
             if dropped:
                 meta["dropped_meta"] = dropped
             hu = haunit_name(layout.name, layout.generation + 1, t)
+            clock["insert_s"] += time.perf_counter() - tick
+            tick = time.perf_counter()
             with CheckpointManager(pm, root, hu, io=io, check_root=False,
                                    policy=CheckpointPolicy(keep=None, full_every=1)) as mgr:
                 pending = mgr.checkpoint(meta, full=True)
                 assert pending is not None
                 written += pending.result().written_bytes
+            clock["checkpoint_s"] += time.perf_counter() - tick
             del pm
             _kill_point("target_written")
-        return read, written, rows
+        return read, written, rows, clock
     finally:
         io.shutdown()
 
@@ -640,7 +653,7 @@ def _delete_generation(root: StorageRoot, name: str, generation: int) -> int:
 
 # -- public API ----------------------------------------------------------------------------------
 def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | None = None,
-                io_workers: int = 4, force: bool = False,
+                io_workers: int = 4, force: bool = False, executor: str = "process",
                 on_progress: Callable[[str], None] | None = None) -> RescaleResult:
     """Repartition the operator state under `root` into `num_partitions` partitions.
 
@@ -658,6 +671,9 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | 
         count); 1 runs everything in this process.
     io_workers : int
         I/O threads per worker for restores and checkpoints.
+    executor : {"process", "thread"}
+        Run the groups in worker processes (default; true parallelism) or
+        threads of this process (numpy and I/O release the GIL only in part).
     force : bool
         Rewrite the state as a new generation even when P' equals P.
     on_progress : callable, optional
@@ -683,6 +699,8 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | 
             or num_partitions < 1:
         raise RescaleError(f"--partitions must be an integer >= 1, got {num_partitions!r}")
     num_partitions = int(num_partitions)
+    if executor not in ("process", "thread"):
+        raise RescaleError(f"executor must be 'process' or 'thread', got {executor!r}")
     sroot = _open(root)
     if isinstance(root, str) and not sroot.exists(""):
         raise RescaleError(f"state URI {root}: does not exist")
@@ -723,12 +741,18 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | 
             for grp in groups]
     if n_workers == 1:
         results = [_run_group(*a) for a in args]
+    elif executor == "thread":
+        with ThreadPoolExecutor(n_workers) as tex:
+            results = list(tex.map(_run_group_star, args))
     else:
         ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods()
                              else "spawn")
         with ProcessPoolExecutor(n_workers, mp_context=ctx) as ex:
             results = list(ex.map(_run_group_star, args))
     phases["split_s"] = time.perf_counter() - t1
+    for r in results:  # worker seconds, summed over groups
+        for k, v in r[3].items():
+            phases[k] = phases.get(k, 0.0) + v
     say(f"wrote {num_partitions} partition(s) of generation {g + 1}")
     _kill_point("before_commit")
     write_layout(sroot, replace(layout, generation=g + 1, num_partitions=num_partitions))
@@ -742,7 +766,7 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | 
                          sum(r[2] for r in results), time.perf_counter() - t0, phases)
 
 
-def _run_group_star(a: tuple[Any, ...]) -> tuple[int, int, int]:
+def _run_group_star(a: tuple[Any, ...]) -> tuple[int, int, int, dict[str, float]]:
     return _run_group(*a)
 
 
