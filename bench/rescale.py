@@ -80,9 +80,11 @@ def build(uri: str, state_bytes: int, partitions: int) -> dict[str, Any]:
             c = k[i:i + (1 << 20)]
             m.upsert(c, {"ts": c}, AGG)
         with CheckpointManager(pm, root, layout.haunit(p)) as mgr:
-            man = mgr.checkpoint({"operator": layout.operator, "name": layout.name,
+            pending = mgr.checkpoint({"operator": layout.operator, "name": layout.name,
                                   "generation": 0, "partition": p,
-                                  "num_partitions": partitions, "batch_id": 9}).result()
+                                  "num_partitions": partitions, "batch_id": 9})
+            assert pending is not None
+            man = pending.result()
         total += man.state_bytes
         del pm, m
     return {"keys": n, "state_bytes": total}

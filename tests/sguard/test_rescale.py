@@ -459,3 +459,15 @@ def test_restore_piece_splits_a_partition_into_k_disjoint_pieces(tmp_path: Path)
         restore_piece(uri, 1, 4, 4, PageManager(PAGE, 1 << 20))
     with pytest.raises(RescaleError, match="partition 3 out of range"):
         restore_piece(uri, 3, 2, 0, PageManager(PAGE, 1 << 20))
+
+
+@pytest.mark.parametrize("executor", ["process", "thread"])
+def test_groups_run_in_parallel_workers(tmp_path: Path, executor: str) -> None:
+    """2 -> 4 and back with one worker (process or thread) per independent group."""
+    uri = str(tmp_path / "s")
+    make_state(uri, 2, 11, n_keys=400)
+    original = read_state(uri)
+    for P2 in (4, 2):
+        res = repartition(uri, P2, workers=2, executor=executor)
+        assert res.phases_s["insert_s"] > 0
+        assert_same_state(read_state(uri), original)
