@@ -156,8 +156,13 @@ def test_same_partition_count_is_a_no_op_unless_forced(tmp_path: Path) -> None:
     make_state(uri, 3, 5, n_keys=300)
     before = tree_digest(uri)
     assert not repartition(uri, 3).changed
+    out = _run_cli(uri, "--partitions", "3")
+    assert out.returncode == 0 and "nothing to do" in out.stdout
     assert tree_digest(uri) == before
     assert repartition(uri, 3, force=True).generation == 1
+    out = _run_cli(uri, "--partitions", "2")
+    assert out.returncode == 0 and "3 -> 2 partitions, generation 2" in out.stdout, out.stderr
+    assert len(out.stdout.strip().splitlines()) == 1
 
 
 def test_groups_follow_the_gcd() -> None:
