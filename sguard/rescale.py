@@ -72,6 +72,7 @@ a ``1/k`` share of a failed partition.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import math
@@ -240,8 +241,10 @@ class _Structure:
     route: str | None
     """Field of the key (maps), value or record holding the routing key; None: the map key itself."""
     route_in: str
-    """"key", "value" or "record"."""
+    """"key", "value" or "record"; "replicate": every target gets every row (combined)."""
     order: str | None
+    combine: dict[str, str] | None = None
+    """For a replicated map: how rows of one key from several sources combine, per field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +346,20 @@ def _super_pages(root: StorageRoot, man: Manifest) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _rules_for(layout: OperatorLayout, name: str) -> dict[str, Any]:
+    """The routing rules of `name` from ``layout.extra["routing"]``: exact name, else the
+    first matching glob pattern (``"buf.*"``)."""
+    table = layout.extra.get("routing")
+    if not isinstance(table, dict):
+        return {}
+    if name in table:
+        return dict(table[name])
+    for pattern, rules in table.items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return dict(rules)
+    return {}
+
+
 def _resolve(layout: OperatorLayout, name: str, meta: Mapping[str, Any], where: str) -> _Structure:
     """How structure `name` (its super-page metadata) is read, routed and rebuilt."""
     kind = meta.get("kind")
@@ -351,13 +368,26 @@ def _resolve(layout: OperatorLayout, name: str, meta: Mapping[str, Any], where: 
                            f"{', '.join(_KINDS)}")
     schema = dict(meta.get("schema", {}))
     slots = int(meta.get("params", {}).get("page_slots", 0))
-    rules = layout.extra.get("routing", {}).get(name, {}) if isinstance(
-        layout.extra.get("routing"), dict) else {}
+    rules = _rules_for(layout, name)
     want = rules.get("key", layout.key)
     order = rules.get("order")
     parts = {p: dtype_from_text(schema[p]) for p in ("key", "value", "record") if p in schema}
     route: str | None = None
     route_in = ""
+    if "replicate" in rules:
+        vdt = parts.get("value")
+        if kind not in ("hash_map", "ordered_map") or vdt is None or vdt.names is None:
+            raise RescaleError(f"{where}: structure {name!r}: only maps with structured values "
+                               f"can be replicated")
+        op = rules["replicate"]
+        ops = {f: op for f in vdt.names} if isinstance(op, str) else dict(op)
+        bad = {f: o for f, o in ops.items() if f not in vdt.names
+               or o not in ("min", "max", "sum", "first", "last")}
+        if bad or set(ops) != set(vdt.names):
+            raise RescaleError(f"{where}: structure {name!r}: replicate needs an op "
+                               f"(min/max/sum/first/last) for each of the fields {vdt.names}, "
+                               f"got {rules['replicate']!r}")
+        return _Structure(name, str(kind), schema, slots, None, "replicate", None, ops)
     if "key" in parts and parts["key"].fields is None and "key" not in rules:
         route_in = "key"
     else:
@@ -420,13 +450,6 @@ def _validate(root: StorageRoot, layout: OperatorLayout
                                    f"partition {found[name][0]} (mixed schema versions)")
             found.setdefault(name, (sig, meta))
         sources.append(_Source(s, hu, man.name, man.state_bytes, um))
-    for src in sources:  # every checkpointed source must hold every structure
-        if src.checkpoint is not None:
-            man = read_manifest(root, src.checkpoint)
-            missing = sorted(set(found) - set(man.structures))
-            if missing:
-                raise RescaleError(f"checkpoint {src.checkpoint}: lacks structure(s) {missing} "
-                                   f"that other partitions hold (mixed schema versions)")
     structs = [_resolve(layout, n, found[n][1], f"operator {layout.name!r}")
                for n in sorted(found)]
     return sources, structs, page_bytes or 65536
@@ -479,7 +502,10 @@ def _write_structure(pm: PageManager, st: _Structure, keys: npt.NDArray[Any] | N
         cls = HashMap if st.kind == "hash_map" else OrderedMap
         m = cls.create(pm, st.name, key=dtype_from_text(sch["key"]),
                        value=dtype_from_text(sch["value"]), page_slots=st.page_slots or None)
-        if len(values):
+        if len(values) and st.combine is not None:  # replicated: combine the sources' rows
+            assert keys is not None
+            m.upsert(keys, values, dict(st.combine))
+        elif len(values):
             _bulk_insert(m, keys, values)
         return
     seq_cls = PagedList if st.kind == "list" else PagedDeque
@@ -531,7 +557,13 @@ def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure]
     man = restore(pm, root, src.haunit, io=io)
     _kill_point("source_restored")
     for st in structs:
+        if not pm.exists(st.name):  # e.g. a window another partition has open
+            continue
         keys, vals = _read_structure(pm, st)
+        if st.route_in == "replicate":
+            for i in range(n_out):
+                out[i][st.name] = (keys, vals)
+            continue
         dest = keep(_route_column(st, keys, vals))
         order = np.argsort(dest, kind="stable")
         bounds = np.searchsorted(dest[order], np.arange(-1, n_out + 1))
@@ -596,7 +628,9 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
                 64 * _MiB, 4 * sum(s.state_bytes for s in group.sources) // max(len(targets), 1)))
             for st in structs:
                 parts = [p[i][st.name] for p in pieces if st.name in p[i]]
-                keys, vals = _concat(parts) if parts else (None, np.zeros(0))
+                if not parts:
+                    continue  # no source of this group holds it
+                keys, vals = _concat(parts)
                 rows += len(vals)
                 _write_structure(pm, st, keys, vals)
             classes = [c for pos in positions for c in pos.restrict(to_parts, t).classes]
@@ -820,6 +854,7 @@ def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: i
             io.shutdown()
     pm.begin_load().finish()  # drop whatever the worker held
     for st in structs:
-        keys, vals = out[0].get(st.name, (None, np.zeros(0)))
-        _write_structure(pm, st, keys, vals)
+        if st.name in out[0]:
+            keys, vals = out[0][st.name]
+            _write_structure(pm, st, keys, vals)
     return _positions(src, man, P).restrict(M, want).simplified(M, want)

@@ -476,3 +476,64 @@ def test_groups_run_in_parallel_workers(tmp_path: Path, executor: str) -> None:
         res = repartition(uri, P2, workers=2, executor=executor)
         assert res.phases_s["insert_s"] > 0
         assert_same_state(read_state(uri), original)
+
+
+META = np.dtype([("max_ts", "<i8"), ("seen", "<i8"), ("late", "<i8")])
+JREC = np.dtype([("k", "<i8"), ("t", "<i8"), ("v", "<f8")])
+
+
+def test_join_and_window_layouts_route_by_rules_and_replicate_metadata(tmp_path: Path) -> None:
+    """Shapes of sguard.spark's states: deques keyed by a field named by a glob rule, a
+    per-partition metadata map replicated (max / sum), windows open in some partitions only."""
+    uri = str(tmp_path / "j")
+    root = open_root(uri)
+    layout = OperatorLayout(
+        operator="window_join", name="j", schema={}, num_partitions=2, key="user",
+        extra={"routing": {"buf.*": {"key": "k", "order": "t"},
+                           "meta": {"replicate": {"max_ts": "max", "seen": "sum",
+                                                  "late": "sum"}}}})
+    write_layout(root, layout)
+    rng = np.random.default_rng(4)
+    keys = np.arange(300, dtype=np.int64)
+    all_recs, wins = [], {}
+    for p in range(2):
+        pm = PageManager(PAGE, 1 << 24)
+        k = keys[partition_of(keys, 2) == p]
+        recs = np.zeros(2 * len(k), JREC)
+        recs["k"], recs["t"] = rng.permutation(np.repeat(k, 2)), np.sort(rng.integers(0, 99, 2 * len(k)))
+        PagedDeque.create(pm, "buf.L", JREC, page_slots=6).extend(recs)
+        all_recs.append(recs)
+        HashMap.create(pm, "cnt.L", key="<i8", value=[("n", "<i8")]).put(
+            k, np.ones(len(k), [("n", "<i8")]))
+        HashMap.create(pm, "meta", key="<u1", value=META).put(
+            np.zeros(1, np.uint8), np.array([(10 * (p + 1), 100 + p, p)], META))
+        start = 60 * p  # window 0 is open in partition 0 only, window 60 in partition 1 only
+        HashMap.create(pm, f"win.{start}", key="<i8", value=[("n", "<i8")]).put(
+            k, np.full(len(k), start, [("n", "<i8")]))
+        wins[start] = set(k.tolist())
+        with CheckpointManager(pm, root, layout.haunit(p)) as mgr:
+            mgr.checkpoint(_meta(layout, p, 3)).result()
+    with pytest.raises(RescaleError, match="replicate needs an op"):
+        bad = OperatorLayout(**{**layout.__dict__, "extra": {"routing": {
+            "buf.*": {"key": "k"}, "meta": {"replicate": {"max_ts": "max"}}}}})
+        write_layout(root, bad)
+        repartition(uri, 3)
+    write_layout(root, layout)
+    repartition(uri, 3)
+    got_recs, got_wins = [], {0: set(), 60: set()}
+    for t in range(3):
+        pm = PageManager(PAGE, 1 << 24)
+        restore(pm, root, f"j.g1.p{t:04d}")
+        buf = PagedDeque.create(pm, "buf.L", JREC).to_numpy()
+        assert (partition_of(buf["k"], 3) == t).all() and (np.diff(buf["t"]) >= 0).all()
+        got_recs.append(buf)
+        _, mv = HashMap.create(pm, "meta", key="<u1", value=META).items()
+        assert mv.tolist() == [(20, 201, 1)]  # max of max_ts, sum of the counters
+        for start in (0, 60):
+            if pm.exists(f"win.{start}"):
+                wk, _ = HashMap.create(pm, f"win.{start}", key="<i8", value=[("n", "<i8")]).items()
+                assert (partition_of(wk, 3) == t).all()
+                got_wins[start] |= set(wk.tolist())
+    assert got_wins == wins
+    want = np.sort(np.concatenate(all_recs), order=["t", "k"])
+    np.testing.assert_array_equal(np.sort(np.concatenate(got_recs), order=["t", "k"]), want)
