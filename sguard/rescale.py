@@ -36,14 +36,22 @@ parallel worker processes; no rows cross between processes.
 
 Which column routes a structure's rows
 --------------------------------------
-The layout names the key column (``layout.key``). For each structure, in order:
-an explicit ``layout.extra["routing"][name]["key"]``; a map whose key is a
+The layout names the key column (``layout.key``). ``layout.extra["routing"]``
+may hold rules per structure, by exact name or glob pattern (``"buf.*"``):
+``{"key": <field>, "order": <field>}`` or ``{"replicate": {<field>: <op>}}``.
+For each structure, in order: a ``replicate`` rule copies a (per-partition)
+map to every target, combining the rows of one key from several sources with
+the per-field op (min, max, sum, first, last; e.g. a watermark's ``max_ts``
+with max); a ``key`` rule names the field to route by; a map whose key is a
 scalar routes by its key; a structured key, value or record with a field named
 ``layout.key`` routes by that field. Anything else is refused (naming the
-structure). ``layout.extra["routing"][name]["order"]`` names a field by which a
-list or deque is kept sorted when several sources merge into one target (a
-join's time-ordered window buffer); without it, records keep their source
-order, sources one after another.
+structure). Beware: a per-partition map with a scalar key (say ``meta`` keyed by
+``uint8 0``) routes by that key unless a ``replicate`` rule says otherwise.
+``order`` names a field by which a list or deque is kept sorted when several
+sources merge into one target (a join's time-ordered window buffer); without
+it, records keep their source order, sources one after another. A structure
+that only some partitions hold (an open window) is carried to the targets
+those partitions feed.
 
 Replay positions move with the keys (the contract with the runtime)
 --------------------------------------------------------------------
