@@ -111,7 +111,7 @@ from sguard.statelayout import (LAYOUT_FILE, LayoutError, OperatorLayout, haunit
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MARKER_FILE", "KILL_ENV", "RescaleError", "RescaleResult", "KeyClass",
+__all__ = ["MARKER_FILE", "KILL_ENV", "DEFAULT_ROUTING", "RescaleError", "RescaleResult", "KeyClass",
            "ReplayPositions", "repartition", "restore_piece", "replay_mask", "source_groups"]
 
 MARKER_FILE: Final = "rescale-pending.json"
@@ -354,12 +354,25 @@ def _super_pages(root: StorageRoot, man: Manifest) -> dict[str, dict[str, Any]]:
     return out
 
 
+_WATERMARK: Final = {"replicate": {"max_ts": "max", "seen": "sum", "late": "sum"}}
+DEFAULT_ROUTING: Final[dict[str, dict[str, dict[str, Any]]]] = {
+    "window_aggregate": {"meta": _WATERMARK},
+    "window_join": {"buf.*": {"key": "k", "order": "t"}, "meta": _WATERMARK},
+}
+"""Routing rules of the `sguard.spark` operators, used when the layout gives none.
+
+Their ``meta`` map (one row: the watermark's ``max_ts`` and the ``seen`` /
+``late`` row counters) is replicated: ``max_ts`` takes the max over the merged
+sources; the counters are summed, so after a scale-out every new partition
+starts from its sources' totals (they are statistics, not results)."""
+
+
 def _rules_for(layout: OperatorLayout, name: str) -> dict[str, Any]:
-    """The routing rules of `name` from ``layout.extra["routing"]``: exact name, else the
-    first matching glob pattern (``"buf.*"``)."""
+    """The routing rules of `name`: ``layout.extra["routing"]`` (exact name, else the first
+    matching glob pattern such as ``"buf.*"``), else `DEFAULT_ROUTING` of the operator kind."""
     table = layout.extra.get("routing")
     if not isinstance(table, dict):
-        return {}
+        table = DEFAULT_ROUTING.get(layout.operator, {})
     if name in table:
         return dict(table[name])
     for pattern, rules in table.items():

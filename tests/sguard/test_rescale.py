@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -483,8 +484,9 @@ JREC = np.dtype([("k", "<i8"), ("t", "<i8"), ("v", "<f8")])
 
 
 def test_join_and_window_layouts_route_by_rules_and_replicate_metadata(tmp_path: Path) -> None:
-    """Shapes of sguard.spark's states: deques keyed by a field named by a glob rule, a
-    per-partition metadata map replicated (max / sum), windows open in some partitions only."""
+    """Shapes of sguard.spark's states: deques keyed by a field a glob rule names, a
+    per-partition metadata map replicated (max / sum), windows open in some partitions only;
+    the window join's default rules apply when the layout has none."""
     uri = str(tmp_path / "j")
     root = open_root(uri)
     layout = OperatorLayout(
@@ -514,11 +516,10 @@ def test_join_and_window_layouts_route_by_rules_and_replicate_metadata(tmp_path:
         with CheckpointManager(pm, root, layout.haunit(p)) as mgr:
             mgr.checkpoint(_meta(layout, p, 3)).result()
     with pytest.raises(RescaleError, match="replicate needs an op"):
-        bad = OperatorLayout(**{**layout.__dict__, "extra": {"routing": {
-            "buf.*": {"key": "k"}, "meta": {"replicate": {"max_ts": "max"}}}}})
-        write_layout(root, bad)
+        write_layout(root, replace(layout, extra={"routing": {
+            "buf.*": {"key": "k"}, "meta": {"replicate": {"max_ts": "max"}}}}))
         repartition(uri, 3)
-    write_layout(root, layout)
+    write_layout(root, replace(layout, extra={}))  # sguard.spark's own rules by default
     repartition(uri, 3)
     got_recs, got_wins = [], {0: set(), 60: set()}
     for t in range(3):
