@@ -563,6 +563,34 @@ def _bulk_insert(m: HashMap | OrderedMap, keys: Any, values: npt.NDArray[Any]) -
             m.put(keys[i:i + _PUT_CHUNK], values[i:i + _PUT_CHUNK])
 
 
+def _merge_into(pm: PageManager, st: _Structure, parts: list[tuple[Any, Any]]) -> int:
+    """Add other sources' rows to a structure restored from the base source; its rows after."""
+    sch = st.schema
+    if st.kind in ("hash_map", "ordered_map"):
+        cls = HashMap if st.kind == "hash_map" else OrderedMap
+        m = cls.create(pm, st.name, key=dtype_from_text(sch["key"]),
+                       value=dtype_from_text(sch["value"]))
+        if parts:
+            keys, vals = _concat(parts)
+            if len(vals) and st.combine is not None:
+                m.upsert(keys, vals, dict(st.combine))
+            elif len(vals):
+                _bulk_insert(m, keys, vals)
+        return len(m)
+    seq_cls = PagedList if st.kind == "list" else PagedDeque
+    seq = seq_cls.create(pm, st.name, dtype_from_text(sch["record"]))
+    if parts:
+        _, recs = _concat(parts)
+        if st.order is not None and len(recs):  # one time order over all sources
+            merged = np.concatenate([seq.to_numpy(), recs])
+            merged = merged[np.argsort(merged[st.order], kind="stable")]
+            seq.clear()
+            seq.extend(merged)
+        elif len(recs):
+            seq.extend(recs)
+    return len(seq)
+
+
 def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure],
                   page_bytes: int, io: IOService,
                   keep: Callable[[npt.NDArray[Any]], npt.NDArray[np.int64]],
@@ -632,7 +660,13 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
         positions: list[ReplayPositions] = []
         metas: list[Mapping[str, Any]] = []
         read = rows = 0
+        base: _Source | None = None
+        if len(targets) == 1:  # P' divides P: whole sources merge; load the biggest as is
+            base = max((x for x in group.sources if x.checkpoint is not None),
+                       key=lambda x: x.state_bytes, default=None)
         for src in group.sources:
+            if src is base:
+                continue
             out, man = _split_source(root, src, structs, page_bytes, io,
                                      lambda col: index[partition_of(col, to_parts)], len(targets))
             pieces.append(out)
@@ -640,15 +674,28 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
             if man is not None:
                 metas.append(man.user_meta)
                 read += man.state_bytes
+        capacity = max(64 * _MiB, 4 * sum(s.state_bytes for s in group.sources)
+                       // max(len(targets), 1))
+        pm_base: PageManager | None = None
+        if base is not None:
+            pm_base = PageManager(page_bytes, capacity_bytes=capacity)
+            man_b = restore(pm_base, root, base.haunit, io=io)
+            _kill_point("source_restored")
+            positions.append(_positions(base, man_b, layout.num_partitions))
+            metas.append(man_b.user_meta)
+            read += man_b.state_bytes
         kept, dropped = _carried_meta(metas)
         written = 0
         clock["restore_route_s"] += time.perf_counter() - tick
         for i, t in enumerate(targets):
             tick = time.perf_counter()
-            pm = PageManager(page_bytes, capacity_bytes=max(
-                64 * _MiB, 4 * sum(s.state_bytes for s in group.sources) // max(len(targets), 1)))
+            pm = pm_base if pm_base is not None else PageManager(page_bytes,
+                                                                 capacity_bytes=capacity)
             for st in structs:
                 parts = [p[i][st.name] for p in pieces if st.name in p[i]]
+                if pm_base is not None and pm.exists(st.name):
+                    rows += _merge_into(pm, st, parts)
+                    continue
                 if not parts:
                     continue  # no source of this group holds it
                 keys, vals = _concat(parts)
