@@ -12,7 +12,8 @@ runtime would (`sguard.statelayout`), then, in the same run:
   processes, one per independent group): GB/s of source state, and the ratio
   to the copy's GB/s measured right before it (``repartition_ratio_vs_copy``,
   the median over repeats and directions). 2 -> 4 is also run in one process
-  and with threads, to show what the processes buy;
+  and with threads, to show what the processes buy (two workers forced, whatever
+  the state size);
 * **restart downtime**: what a query restarting with 4 partitions instead of 2
   waits for before its first batch: the 2 -> 4 repartition plus the slowest of
   the 4 partitions' restores (they run on separate executors; measured one
@@ -224,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for P2, mode in steps:
                 copy_s, nbytes = copy_files(uri, gen, os.path.join(scratch, "copy"))
                 res = repartition(uri, P2, executor="thread" if mode == "thread" else "process",
-                                  workers=1 if mode == "inline" else None)
+                                  workers=1 if mode == "inline" else 2)
                 gen = res.generation
                 row: dict[str, Any] = {"round": r, "from": res.from_partitions, "to": P2, "mode": mode,
                        "copy_s": copy_s, "copy_gb_s": nbytes / copy_s / 1e9,
