@@ -1,0 +1,931 @@
+"""Repartition an operator's checkpointed state to a new number of partitions (SEEP §3.2, §4).
+
+The state of a stateful operator lives under a state URI (`sguard.statelayout`):
+one HA unit per partition of the current generation ``g``, each checkpointed by
+`ioservice.CheckpointManager`. `repartition` turns the P partitions of
+generation ``g`` into P' partitions of generation ``g + 1``, so that every key
+sits in the partition Spark's ``repartition(P', key)`` sends its rows to
+(`sguard.partitioning.partition_of`):
+
+1. *validate* (nothing written): the layout document exists, ``P' >= 1``, every
+   source checkpoint belongs to this operator, name, generation and partition,
+   and all sources hold the same structures (kind and schema, read from their
+   super pages only) and page size;
+2. *mark*: ``rescale-pending.json`` records the generation being built. A rerun
+   that finds it deletes the HA units of that generation (its own leftovers)
+   and starts over; HA units of generation ``g + 1`` without the marker were not
+   made by a repartition and are refused, never deleted;
+3. *split*: each source checkpoint is restored (`ioservice.restore`) into a
+   private `mmm.PageManager`; every structure's rows are read in bulk
+   (``items()`` / ``to_numpy()``), routed by their key column with one
+   vectorized hash, and bulk-inserted into the same-named structure of the
+   target partition (``put`` / ``extend``); each target is checkpointed in
+   full under its generation-``g + 1`` HA unit name;
+4. *commit*: `sguard.statelayout.write_layout` with ``generation + 1`` and P'.
+   Before it the old generation is the state, after it the new one is; the
+   sources are only ever read.
+
+Independent groups
+------------------
+A key with hash ``h`` is in old partition ``h mod P`` and new partition
+``h mod P'`` (floor modulo), so old partition ``s`` feeds new partition ``t``
+only if ``s = t (mod gcd(P, P'))``. The work therefore splits into
+``gcd(P, P')`` independent groups (2 -> 4: two groups of one source and two
+targets; 4 -> 2: two groups of two sources and one target), which run in
+parallel worker processes; no rows cross between processes.
+
+Which column routes a structure's rows
+--------------------------------------
+The layout names the key column (``layout.key``). ``layout.extra["routing"]``
+may hold rules per structure, by exact name or glob pattern (``"buf.*"``):
+``{"key": <field>, "order": <field>}`` or ``{"replicate": {<field>: <op>}}``.
+For each structure, in order: a ``replicate`` rule copies a (per-partition)
+map to every target, combining the rows of one key from several sources with
+the per-field op (min, max, sum, first, last; e.g. a watermark's ``max_ts``
+with max); a ``key`` rule names the field to route by; a map whose key is a
+scalar routes by its key; a structured key, value or record with a field named
+``layout.key`` routes by that field. Anything else is refused (naming the
+structure). Beware: a per-partition map with a scalar key (say ``meta`` keyed by
+``uint8 0``) routes by that key unless a ``replicate`` rule says otherwise.
+``order`` names a field by which a list or deque is kept sorted when several
+sources merge into one target (a join's time-ordered window buffer); without
+it, records keep their source order, sources one after another. A structure
+that only some partitions hold (an open window) is carried to the targets
+those partitions feed.
+
+Replay positions move with the keys (the contract with the runtime)
+--------------------------------------------------------------------
+Source partitions may have been checkpointed after different batches. Each
+target checkpoint's ``user_meta`` therefore records, besides the usual
+``operator, name, generation, partition, num_partitions`` and ``batch_id``
+(the *smallest* batch any of its keys is at), the list::
+
+    "sources": [{"num_partitions": M, "partition": r, "batch_id": b}, ...]
+
+meaning "the keys with ``pmod(murmur3(key), M) == r`` include every batch up
+to ``b``". Every key of the target matches exactly one entry. After restoring
+such a checkpoint the runtime replays, for each logged batch ``b' >
+batch_id``, exactly the rows with ``partition_of(key, P') == partition`` and
+``batch_of(key) < b'`` (`ReplayPositions.needs`; `replay_mask` does both), then
+checkpoints as usual, which drops ``sources``. The input log must therefore be
+kept back to the smallest ``batch_id`` over all partitions. When every source
+was at the same batch, ``sources`` has one entry and the checkpoint is an
+ordinary one. A repartition of a not-yet-replayed target composes the entries
+(moduli become least common multiples).
+
+Parallel recovery (SEEP §4.2): `restore_piece` restores piece ``j`` of ``k`` of
+one partition -- the keys of old partition ``s`` with ``pmod(h, P * k) == s +
+P * j`` -- into a worker's page manager, so ``k`` workers each rebuild and replay
+a ``1/k`` share of a failed partition.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+import multiprocessing as mp
+import numpy as np
+import numpy.typing as npt
+
+from ioservice import (CheckpointManager, CheckpointPolicy, IOService, Manifest, StorageRoot,
+                       list_checkpoints, list_haunits, open_root, read_manifest, restore)
+from ioservice.errors import IOServiceError, StorageNotFoundError
+from mmm import PageManager
+from mmm.page import HEADER_BYTES, decode_meta
+from mmm.schema import dtype_from_text
+from mmm.structures.hashmap import HashMap
+from mmm.structures.ordered_map import OrderedMap
+from mmm.structures.sequence import PagedDeque, PagedList
+from sguard.partitioning import PartitioningError, partition_of, pmod, murmur3_hash
+from sguard.statelayout import (LAYOUT_FILE, LayoutError, OperatorLayout, haunit_name,
+                                parse_haunit_name, read_layout, write_layout)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MARKER_FILE", "KILL_ENV", "DEFAULT_ROUTING", "RescaleError", "RescaleResult", "KeyClass",
+           "ReplayPositions", "repartition", "restore_piece", "replay_mask", "source_groups"]
+
+MARKER_FILE: Final = "rescale-pending.json"
+KILL_ENV: Final = "SGUARD_RESCALE_KILL_AT"
+"""Test hook: ``<point>[:<n>]`` SIGKILLs the process the n-th time it passes `point`."""
+
+_STANDARD_META: Final = ("operator", "name", "generation", "partition", "num_partitions",
+                         "batch_id", "sources", "rescaled_from", "dropped_meta")
+_KINDS: Final = ("hash_map", "ordered_map", "list", "deque")
+_MiB: Final = 1 << 20
+
+
+class RescaleError(ValueError):
+    """A repartitioning refused: bad argument or inconsistent state (nothing was written)."""
+
+
+# -- replay positions ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class KeyClass:
+    """The keys with ``pmod(murmur3(key), num_partitions) == partition`` are at `batch_id`."""
+
+    num_partitions: int
+    partition: int
+    batch_id: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"num_partitions": self.num_partitions, "partition": self.partition,
+                "batch_id": self.batch_id}
+
+    def intersect(self, num_partitions: int, partition: int) -> KeyClass | None:
+        """This class restricted to the keys of `partition` of `num_partitions`, or None."""
+        m, r, p, t = self.num_partitions, self.partition, num_partitions, partition
+        g = math.gcd(m, p)
+        if (r - t) % g:
+            return None
+        lcm = m // g * p
+        x = next(x for x in range(r, lcm, m) if x % p == t)
+        return KeyClass(lcm, x, self.batch_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPositions:
+    """Per key class, the last batch a partition's state includes (see the module docstring).
+
+    Build one from a checkpoint's ``user_meta`` with `from_user_meta`.
+    """
+
+    classes: tuple[KeyClass, ...]
+
+    @classmethod
+    def from_user_meta(cls, meta: Mapping[str, Any]) -> ReplayPositions:
+        """Read ``sources`` (or, for an ordinary checkpoint, its partition and batch_id).
+
+        Raises
+        ------
+        RescaleError
+            If fields are missing or malformed.
+        """
+        try:
+            if meta.get("sources"):
+                return cls(tuple(KeyClass(int(e["num_partitions"]), int(e["partition"]),
+                                          int(e["batch_id"])) for e in meta["sources"]))
+            return cls((KeyClass(int(meta["num_partitions"]), int(meta["partition"]),
+                                 int(meta.get("batch_id", -1))),))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RescaleError(f"checkpoint user_meta has no valid replay position: {exc!r}") \
+                from None
+
+    @property
+    def min_batch_id(self) -> int:
+        """The oldest batch any key is at: replay starts after it."""
+        return min(c.batch_id for c in self.classes)
+
+    @property
+    def max_batch_id(self) -> int:
+        return max(c.batch_id for c in self.classes)
+
+    def restrict(self, num_partitions: int, partition: int) -> ReplayPositions:
+        """The positions of the keys that also lie in `partition` of `num_partitions`.
+
+        When these positions cover every key of that partition and all share one
+        batch, the result is the single class ``(num_partitions, partition, b)``.
+        """
+        out = [k for c in self.classes if (k := c.intersect(num_partitions, partition))]
+        return ReplayPositions(tuple(out))
+
+    def simplified(self, num_partitions: int, partition: int) -> ReplayPositions:
+        """One class ``(num_partitions, partition, b)`` when every class is at batch ``b``.
+
+        Only valid for the complete positions of that partition.
+        """
+        if self.classes and len({c.batch_id for c in self.classes}) == 1:
+            return ReplayPositions((KeyClass(num_partitions, partition,
+                                             self.classes[0].batch_id),))
+        return self
+
+    def batch_of(self, keys: Any) -> npt.NDArray[np.int64]:
+        """The batch each key's state is at (-1 for keys of no class: they have no state)."""
+        h = murmur3_hash(keys)
+        out = np.full(len(h), -1, np.int64)
+        for c in self.classes:
+            out[pmod(h, c.num_partitions) == c.partition] = c.batch_id
+        return out
+
+    def needs(self, keys: Any, batch_id: int) -> npt.NDArray[np.bool_]:
+        """Which rows of batch `batch_id` the state has not seen yet."""
+        return self.batch_of(keys) < batch_id
+
+    def to_json(self) -> list[dict[str, int]]:
+        return [c.to_json() for c in self.classes]
+
+
+def replay_mask(user_meta: Mapping[str, Any], keys: Any, batch_id: int) -> npt.NDArray[np.bool_]:
+    """Rows of logged batch `batch_id` that the partition restored with `user_meta` must apply.
+
+    ``partition_of(key, num_partitions) == partition`` and the key's state is
+    older than the batch (`ReplayPositions.needs`).
+    """
+    mine: npt.NDArray[np.bool_] = partition_of(keys, int(user_meta["num_partitions"])) \
+        == int(user_meta["partition"])
+    out: npt.NDArray[np.bool_] = mine & ReplayPositions.from_user_meta(user_meta).needs(keys,
+                                                                                       batch_id)
+    return out
+
+
+# -- plans and results -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Structure:
+    """One structure to carry over: how to read, route and rebuild it."""
+
+    name: str
+    kind: str
+    schema: dict[str, str]
+    page_slots: int
+    route: str | None
+    """Field of the key (maps), value or record holding the routing key; None: the map key itself."""
+    route_in: str
+    """"key", "value" or "record"; "replicate": every target gets every row (combined)."""
+    order: str | None
+    combine: dict[str, str] | None = None
+    """For a replicated map: how rows of one key from several sources combine, per field."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    partition: int
+    haunit: str
+    checkpoint: str | None
+    state_bytes: int
+    user_meta: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Sources and targets that exchange keys only with each other."""
+
+    sources: tuple[_Source, ...]
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RescaleResult:
+    """What `repartition` did."""
+
+    from_generation: int
+    generation: int
+    from_partitions: int
+    num_partitions: int
+    haunits: tuple[str, ...]
+    bytes_read: int
+    bytes_written: int
+    rows: int
+    seconds: float
+    phases_s: dict[str, float] = field(default_factory=dict)
+    changed: bool = True
+
+
+# -- kill points (tests) --------------------------------------------------------------------------
+_passes: dict[str, int] = {}
+
+
+def _kill_point(point: str) -> None:
+    """SIGKILL this process when `KILL_ENV` names `point` (optionally its n-th pass)."""
+    spec = os.environ.get(KILL_ENV)
+    if not spec:
+        return
+    name, _, nth = spec.partition(":")
+    if name != point:
+        return
+    _passes[point] = _passes.get(point, 0) + 1
+    if _passes[point] >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- validation (reads only) --------------------------------------------------------------------------
+def _open(root: StorageRoot | str) -> StorageRoot:
+    if isinstance(root, StorageRoot):
+        return root
+    try:
+        return open_root(root, create=False)
+    except IOServiceError as exc:
+        raise RescaleError(f"state URI {root}: {exc}") from None
+
+
+def _layout(root: StorageRoot) -> OperatorLayout:
+    try:
+        layout = read_layout(root)
+    except LayoutError as exc:
+        raise RescaleError(str(exc)) from None
+    except IOServiceError as exc:
+        raise RescaleError(f"state URI {root.uri}: {exc}") from None
+    if layout is None:
+        raise RescaleError(f"state URI {root.uri}: no sguard operator state there "
+                           f"(no {LAYOUT_FILE})")
+    return layout
+
+
+def _newest_manifest(root: StorageRoot, haunit: str) -> Manifest | None:
+    """The newest checkpoint of `haunit` whose manifest parses, or None."""
+    for c in reversed([c for c in list_checkpoints(root, haunit) if c.has_manifest]):
+        try:
+            return read_manifest(root, c.name)
+        except (IOServiceError, ValueError) as exc:
+            logger.warning("skipping checkpoint %s: %s", c.name, exc)
+    return None
+
+
+def _super_pages(root: StorageRoot, man: Manifest) -> dict[str, dict[str, Any]]:
+    """``name -> metadata`` of every page set, read from the super pages alone."""
+    out: dict[str, dict[str, Any]] = {}
+    pid = man.pages.page_id
+    for name, psid in man.structures.items():
+        row = np.flatnonzero(pid == np.uint64(psid) << np.uint64(32))
+        if not len(row):
+            raise RescaleError(f"checkpoint {man.name}: structure {name!r} has no super page")
+        r = int(row[0])
+        data = root.read_bytes(man.files[int(man.pages.file[r])].path,
+                               offset=int(man.pages.offset[r]), length=man.page_bytes)
+        out[name] = decode_meta(np.frombuffer(data, np.uint8)[HEADER_BYTES:])
+    return out
+
+
+_WATERMARK: Final = {"replicate": {"max_ts": "max", "seen": "sum", "late": "sum"}}
+DEFAULT_ROUTING: Final[dict[str, dict[str, dict[str, Any]]]] = {
+    "window_aggregate": {"meta": _WATERMARK},
+    "window_join": {"buf.*": {"key": "k", "order": "t"}, "meta": _WATERMARK},
+}
+"""Routing rules of the `sguard.spark` operators, used when the layout gives none.
+
+Their ``meta`` map (one row: the watermark's ``max_ts`` and the ``seen`` /
+``late`` row counters) is replicated: ``max_ts`` takes the max over the merged
+sources; the counters are summed, so after a scale-out every new partition
+starts from its sources' totals (they are statistics, not results)."""
+
+
+def _rules_for(layout: OperatorLayout, name: str) -> dict[str, Any]:
+    """The routing rules of `name`: ``layout.extra["routing"]`` (exact name, else the first
+    matching glob pattern such as ``"buf.*"``), else `DEFAULT_ROUTING` of the operator kind."""
+    table = layout.extra.get("routing")
+    if not isinstance(table, dict):
+        table = DEFAULT_ROUTING.get(layout.operator, {})
+    if name in table:
+        return dict(table[name])
+    for pattern, rules in table.items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return dict(rules)
+    return {}
+
+
+def _resolve(layout: OperatorLayout, name: str, meta: Mapping[str, Any], where: str) -> _Structure:
+    """How structure `name` (its super-page metadata) is read, routed and rebuilt."""
+    kind = meta.get("kind")
+    if kind not in _KINDS:
+        raise RescaleError(f"{where}: structure {name!r} is a {kind!r}; repartitioning knows "
+                           f"{', '.join(_KINDS)}")
+    schema = dict(meta.get("schema", {}))
+    slots = int(meta.get("params", {}).get("page_slots", 0))
+    rules = _rules_for(layout, name)
+    want = rules.get("key", layout.key)
+    order = rules.get("order")
+    parts = {p: dtype_from_text(schema[p]) for p in ("key", "value", "record") if p in schema}
+    route: str | None = None
+    route_in = ""
+    if "replicate" in rules:
+        vdt = parts.get("value")
+        if kind not in ("hash_map", "ordered_map") or vdt is None or vdt.names is None:
+            raise RescaleError(f"{where}: structure {name!r}: only maps with structured values "
+                               f"can be replicated")
+        op = rules["replicate"]
+        ops = {f: op for f in vdt.names} if isinstance(op, str) else dict(op)
+        bad = {f: o for f, o in ops.items() if f not in vdt.names
+               or o not in ("min", "max", "sum", "first", "last")}
+        if bad or set(ops) != set(vdt.names):
+            raise RescaleError(f"{where}: structure {name!r}: replicate needs an op "
+                               f"(min/max/sum/first/last) for each of the fields {vdt.names}, "
+                               f"got {rules['replicate']!r}")
+        return _Structure(name, str(kind), schema, slots, None, "replicate", None, ops)
+    if "key" in parts and parts["key"].fields is None and "key" not in rules:
+        route_in = "key"
+    else:
+        for part in ("key", "value", "record"):
+            dt = parts.get(part)
+            if dt is not None and dt.fields is not None and want in dt.fields:
+                route, route_in = want, part
+                break
+    if not route_in:
+        raise RescaleError(f"{where}: structure {name!r} ({kind}) has no column {want!r} to "
+                           f"route its rows by (schema {schema}); name one in the layout's "
+                           f"extra.routing")
+    if order is not None and (kind not in ("list", "deque") or parts["record"].fields is None
+                              or order not in parts["record"].fields):
+        raise RescaleError(f"{where}: routing order field {order!r} of structure {name!r} is "
+                           f"not a field of its records")
+    dt_route = parts[route_in] if route is None else parts[route_in].fields[route][0]  # type: ignore[index]
+    try:
+        from sguard.partitioning import spark_type_of
+        spark_type_of(dt_route)
+    except PartitioningError as exc:
+        raise RescaleError(f"{where}: structure {name!r}: routing column: {exc}") from None
+    return _Structure(name, str(kind), schema, slots, route, route_in, order)
+
+
+def _validate(root: StorageRoot, layout: OperatorLayout
+              ) -> tuple[list[_Source], list[_Structure], int]:
+    """Sources of the current generation, the structures to carry, the page size."""
+    sources: list[_Source] = []
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    page_bytes = 0
+    for s in range(layout.num_partitions):
+        hu = layout.haunit(s)
+        man = _newest_manifest(root, hu)
+        if man is None:
+            sources.append(_Source(s, hu, None, 0, {}))
+            continue
+        um = dict(man.user_meta)
+        expect = {"operator": layout.operator, "name": layout.name,
+                  "generation": layout.generation, "partition": s,
+                  "num_partitions": layout.num_partitions}
+        for k, v in expect.items():
+            if um.get(k) != v:
+                raise RescaleError(f"checkpoint {man.name}: user_meta {k}={um.get(k)!r}, but the "
+                                   f"layout says {v!r} (mixed operators or generations)")
+        if "schema_version" in um and um["schema_version"] != layout.schema_version:
+            raise RescaleError(f"checkpoint {man.name}: schema_version {um['schema_version']!r}, "
+                               f"the layout's is {layout.schema_version!r} (mixed schema "
+                               f"versions)")
+        if page_bytes and man.page_bytes != page_bytes:
+            raise RescaleError(f"checkpoint {man.name}: {man.page_bytes}-byte pages, other "
+                               f"partitions use {page_bytes}")
+        page_bytes = man.page_bytes
+        metas = _super_pages(root, man)
+        for name, meta in metas.items():
+            sig = json.dumps([meta.get("kind"), meta.get("schema")], sort_keys=True)
+            if name in found and found[name][0] != sig:
+                raise RescaleError(f"checkpoint {man.name}: structure {name!r} is "
+                                   f"{meta.get('kind')} {meta.get('schema')}, in another "
+                                   f"partition {found[name][0]} (mixed schema versions)")
+            found.setdefault(name, (sig, meta))
+        sources.append(_Source(s, hu, man.name, man.state_bytes, um))
+    structs = [_resolve(layout, n, found[n][1], f"operator {layout.name!r}")
+               for n in sorted(found)]
+    return sources, structs, page_bytes or 65536
+
+
+def source_groups(from_partitions: int, to_partitions: int) -> list[tuple[list[int], list[int]]]:
+    """``(sources, targets)`` groups that exchange keys only among themselves.
+
+    Examples
+    --------
+    >>> source_groups(2, 4)
+    [([0], [0, 2]), ([1], [1, 3])]
+    >>> source_groups(3, 2)
+    [([0, 1, 2], [0, 1])]
+    """
+    g = math.gcd(from_partitions, to_partitions)
+    return [([s for s in range(from_partitions) if s % g == c],
+             [t for t in range(to_partitions) if t % g == c]) for c in range(g)]
+
+
+# -- the work of one group (in a worker process or in-process) ---------------------------------------
+def _route_column(st: _Structure, keys: npt.NDArray[Any] | None,
+                  values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    if st.route_in == "key":
+        assert keys is not None
+        return keys if st.route is None else keys[st.route]
+    if st.route_in == "value":
+        return values[st.route]
+    return values if st.route is None else values[st.route]
+
+
+def _read_structure(pm: PageManager, st: _Structure
+                    ) -> tuple[npt.NDArray[Any] | None, npt.NDArray[Any]]:
+    """All rows of a structure: ``(keys, values)`` of a map, ``(None, records)`` of a sequence."""
+    sch = st.schema
+    if st.kind in ("hash_map", "ordered_map"):
+        cls = HashMap if st.kind == "hash_map" else OrderedMap
+        m = cls.create(pm, st.name, key=dtype_from_text(sch["key"]),
+                       value=dtype_from_text(sch["value"]))
+        return m.items()
+    seq_cls = PagedList if st.kind == "list" else PagedDeque
+    return None, seq_cls.create(pm, st.name, dtype_from_text(sch["record"])).to_numpy()
+
+
+def _write_structure(pm: PageManager, st: _Structure, keys: npt.NDArray[Any] | None,
+                     values: npt.NDArray[Any]) -> None:
+    """Create `st` in `pm` and insert the rows in one batch."""
+    sch = st.schema
+    if st.kind in ("hash_map", "ordered_map"):
+        cls = HashMap if st.kind == "hash_map" else OrderedMap
+        m = cls.create(pm, st.name, key=dtype_from_text(sch["key"]),
+                       value=dtype_from_text(sch["value"]), page_slots=st.page_slots or None)
+        if len(values) and st.combine is not None:  # replicated: combine the sources' rows
+            assert keys is not None
+            m.upsert(keys, values, dict(st.combine))
+        elif len(values):
+            _bulk_insert(m, keys, values)
+        return
+    seq_cls = PagedList if st.kind == "list" else PagedDeque
+    s = seq_cls.create(pm, st.name, dtype_from_text(sch["record"]),
+                       page_slots=st.page_slots or None)
+    if st.order is not None and len(values):
+        values = values[np.argsort(values[st.order], kind="stable")]
+    if len(values):
+        s.extend(values)
+
+
+_PUT_CHUNK: Final = 32768
+_PROCESS_MIN_BYTES: Final = 256 * _MiB
+"""Below this much state, worker processes cost more to start than they save. With fewer
+than 4 CPUs the default is in-process too: on 2 shared cores two workers lost to one
+(bench.rescale, 2 -> 4 of 136 MB: 4.6 s against 1.6 s; of 272 MB: 20 s against 13 s)."""
+
+
+def _bulk_insert(m: HashMap | OrderedMap, keys: Any, values: npt.NDArray[Any]) -> None:
+    """Insert distinct keys into a new map in bulk.
+
+    A hash map takes them through ``upsert`` with ``last`` for every field
+    (it grows the table once for the whole batch); ``HashMap.put`` does not
+    pre-grow, so one large ``put`` into an empty map splits buckets one at a
+    time (400k keys: ~30 s against ~1 s). Scalar values go through ``put`` in
+    chunks. An ordered map takes one ``put`` (sorted appends fill leaves).
+    """
+    vdt = values.dtype
+    if isinstance(m, OrderedMap):
+        m.put(keys, values)
+    elif vdt.names is not None and all(vdt.fields[f][0].subdtype is None  # type: ignore[index]
+                                       for f in vdt.names):
+        m.upsert(keys, values, {f: "last" for f in vdt.names})
+    else:
+        for i in range(0, len(values), _PUT_CHUNK):
+            m.put(keys[i:i + _PUT_CHUNK], values[i:i + _PUT_CHUNK])
+
+
+def _merge_into(pm: PageManager, st: _Structure, parts: list[tuple[Any, Any]]) -> int:
+    """Add other sources' rows to a structure restored from the base source; its rows after."""
+    sch = st.schema
+    if st.kind in ("hash_map", "ordered_map"):
+        cls = HashMap if st.kind == "hash_map" else OrderedMap
+        m = cls.create(pm, st.name, key=dtype_from_text(sch["key"]),
+                       value=dtype_from_text(sch["value"]))
+        if parts:
+            keys, vals = _concat(parts)
+            if len(vals) and st.combine is not None:
+                m.upsert(keys, vals, dict(st.combine))
+            elif len(vals):
+                _bulk_insert(m, keys, vals)
+        return len(m)
+    seq_cls = PagedList if st.kind == "list" else PagedDeque
+    seq = seq_cls.create(pm, st.name, dtype_from_text(sch["record"]))
+    if parts:
+        _, recs = _concat(parts)
+        if st.order is not None and len(recs):  # one time order over all sources
+            merged = np.concatenate([seq.to_numpy(), recs])
+            merged = merged[np.argsort(merged[st.order], kind="stable")]
+            seq.clear()
+            seq.extend(merged)
+        elif len(recs):
+            seq.extend(recs)
+    return len(seq)
+
+
+def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure],
+                  page_bytes: int, io: IOService,
+                  keep: Callable[[npt.NDArray[Any]], npt.NDArray[np.int64]],
+                  n_out: int) -> tuple[list[dict[str, tuple[Any, Any]]], Manifest | None]:
+    """Restore one source and split every structure's rows into `n_out` outputs.
+
+    `keep(route_column)` gives each row's output index (or -1 to drop it).
+    """
+    out: list[dict[str, tuple[Any, Any]]] = [{} for _ in range(n_out)]
+    if src.checkpoint is None:
+        return out, None
+    pm = PageManager(page_bytes, capacity_bytes=int(src.state_bytes * 1.1) + 64 * page_bytes)
+    man = restore(pm, root, src.haunit, io=io)
+    _kill_point("source_restored")
+    for st in structs:
+        if not pm.exists(st.name):  # e.g. a window another partition has open
+            continue
+        keys, vals = _read_structure(pm, st)
+        if st.route_in == "replicate":
+            for i in range(n_out):
+                out[i][st.name] = (keys, vals)
+            continue
+        dest = keep(_route_column(st, keys, vals))
+        order = np.argsort(dest, kind="stable")
+        bounds = np.searchsorted(dest[order], np.arange(-1, n_out + 1))
+        for i in range(n_out):
+            sel = order[bounds[i + 1]:bounds[i + 2]]
+            out[i][st.name] = (None if keys is None else keys[sel], vals[sel])
+    del pm
+    return out, man
+
+
+def _concat(parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    keys = None if parts[0][0] is None else np.concatenate([p[0] for p in parts])
+    return keys, np.concatenate([p[1] for p in parts])
+
+
+def _positions(src: _Source, man: Manifest | None, from_parts: int) -> ReplayPositions:
+    if man is None:
+        return ReplayPositions((KeyClass(from_parts, src.partition, -1),))
+    return ReplayPositions.from_user_meta(man.user_meta)
+
+
+def _carried_meta(metas: list[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """Non-standard user_meta fields equal in every source (kept) and the others (dropped)."""
+    keys = {k for m in metas for k in m if k not in _STANDARD_META}
+    kept = {k: metas[0][k] for k in keys
+            if all(k in m and m[k] == metas[0][k] for m in metas)}
+    return kept, sorted(keys - set(kept))
+
+
+def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
+               structs: Sequence[_Structure], page_bytes: int, to_parts: int,
+               io_workers: int) -> tuple[int, int, int, dict[str, float]]:
+    """Split a group's sources into its targets and checkpoint them.
+
+    Returns ``(bytes read, bytes written, rows, seconds per phase)``.
+    """
+    io = IOService(io_workers)
+    clock = {"restore_route_s": 0.0, "insert_s": 0.0, "checkpoint_s": 0.0}
+    try:
+        tick = time.perf_counter()
+        targets = list(group.targets)
+        index = np.full(to_parts, -1, np.int64)
+        index[targets] = np.arange(len(targets))
+        pieces: list[list[dict[str, tuple[Any, Any]]]] = []
+        positions: list[ReplayPositions] = []
+        metas: list[Mapping[str, Any]] = []
+        read = rows = 0
+        base: _Source | None = None
+        if len(targets) == 1:  # P' divides P: whole sources merge; load the biggest as is
+            base = max((x for x in group.sources if x.checkpoint is not None),
+                       key=lambda x: x.state_bytes, default=None)
+        for src in group.sources:
+            if src is base:
+                continue
+            out, man = _split_source(root, src, structs, page_bytes, io,
+                                     lambda col: index[partition_of(col, to_parts)], len(targets))
+            pieces.append(out)
+            positions.append(_positions(src, man, layout.num_partitions))
+            if man is not None:
+                metas.append(man.user_meta)
+                read += man.state_bytes
+        capacity = max(64 * _MiB, 4 * sum(s.state_bytes for s in group.sources)
+                       // max(len(targets), 1))
+        pm_base: PageManager | None = None
+        if base is not None:
+            pm_base = PageManager(page_bytes, capacity_bytes=capacity)
+            man_b = restore(pm_base, root, base.haunit, io=io)
+            _kill_point("source_restored")
+            positions.append(_positions(base, man_b, layout.num_partitions))
+            metas.append(man_b.user_meta)
+            read += man_b.state_bytes
+        kept, dropped = _carried_meta(metas)
+        written = 0
+        clock["restore_route_s"] += time.perf_counter() - tick
+        for i, t in enumerate(targets):
+            tick = time.perf_counter()
+            pm = pm_base if pm_base is not None else PageManager(page_bytes,
+                                                                 capacity_bytes=capacity)
+            for st in structs:
+                parts = [p[i][st.name] for p in pieces if st.name in p[i]]
+                if pm_base is not None and pm.exists(st.name):
+                    rows += _merge_into(pm, st, parts)
+                    continue
+                if not parts:
+                    continue  # no source of this group holds it
+                keys, vals = _concat(parts)
+                rows += len(vals)
+                _write_structure(pm, st, keys, vals)
+            classes = [c for pos in positions for c in pos.restrict(to_parts, t).classes]
+            pos_t = ReplayPositions(tuple(classes)).simplified(to_parts, t)
+            meta = dict(kept, operator=layout.operator, name=layout.name,
+                        generation=layout.generation + 1, partition=t, num_partitions=to_parts,
+                        batch_id=pos_t.min_batch_id, sources=pos_t.to_json(),
+                        rescaled_from={"generation": layout.generation,
+                                       "num_partitions": layout.num_partitions})
+            if dropped:
+                meta["dropped_meta"] = dropped
+            hu = haunit_name(layout.name, layout.generation + 1, t)
+            clock["insert_s"] += time.perf_counter() - tick
+            tick = time.perf_counter()
+            with CheckpointManager(pm, root, hu, io=io, check_root=False,
+                                   policy=CheckpointPolicy(keep=None, full_every=1)) as mgr:
+                pending = mgr.checkpoint(meta, full=True)
+                assert pending is not None
+                written += pending.result().written_bytes
+            clock["checkpoint_s"] += time.perf_counter() - tick
+            del pm
+            _kill_point("target_written")
+        return read, written, rows, clock
+    finally:
+        io.shutdown()
+
+
+# -- marker and cleanup ---------------------------------------------------------------------------
+def _generation_haunits(root: StorageRoot, name: str, generation: int) -> list[str]:
+    out = []
+    for hu in list_haunits(root):
+        parsed = parse_haunit_name(hu)
+        if parsed is not None and parsed[0] == name and parsed[1] == generation:
+            out.append(hu)
+    return out
+
+
+def _read_marker(root: StorageRoot) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(root.read_bytes(MARKER_FILE))
+    except StorageNotFoundError:
+        return None
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _delete_generation(root: StorageRoot, name: str, generation: int) -> int:
+    n = 0
+    for hu in _generation_haunits(root, name, generation):
+        for c in list_checkpoints(root, hu):
+            root.delete_dir(c.directory, missing_ok=True)
+            n += 1
+    return n
+
+
+# -- public API ----------------------------------------------------------------------------------
+def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | None = None,
+                io_workers: int = 4, force: bool = False, executor: str = "process",
+                on_progress: Callable[[str], None] | None = None) -> RescaleResult:
+    """Repartition the operator state under `root` into `num_partitions` partitions.
+
+    See the module docstring for the steps, the crash guarantees and the
+    replay contract.
+
+    Parameters
+    ----------
+    root : StorageRoot or str
+        The state URI (see `sguard.statelayout`).
+    num_partitions : int
+        P' >= 1.
+    workers : int, optional
+        Worker processes (default: one per independent group, at most the CPU
+        count, when the state is at least 256 MiB and there are 4 CPUs or
+        more; else 1); 1 runs everything in this process. A script calling this with workers > 1 needs the
+        ``if __name__ == "__main__":`` guard (processes start by forkserver).
+    io_workers : int
+        I/O threads per worker for restores and checkpoints.
+    executor : {"process", "thread"}
+        Run the groups in worker processes (default; true parallelism) or
+        threads of this process (numpy and I/O release the GIL only in part).
+    force : bool
+        Rewrite the state as a new generation even when P' equals P.
+    on_progress : callable, optional
+        Called with a short message per phase.
+
+    Returns
+    -------
+    RescaleResult
+
+    Raises
+    ------
+    RescaleError
+        Unknown state URI or no layout there, P' < 1, sources of another
+        operator, generation or schema, structures that cannot be routed,
+        leftovers of generation ``g + 1`` not made by a repartition. Nothing
+        was written.
+    ioservice.IOServiceError
+        Storage failures during the work; the old generation is still the
+        state and a rerun completes.
+    """
+    t0 = time.perf_counter()
+    if not isinstance(num_partitions, (int, np.integer)) or isinstance(num_partitions, bool) \
+            or num_partitions < 1:
+        raise RescaleError(f"--partitions must be an integer >= 1, got {num_partitions!r}")
+    num_partitions = int(num_partitions)
+    if executor not in ("process", "thread"):
+        raise RescaleError(f"executor must be 'process' or 'thread', got {executor!r}")
+    sroot = _open(root)
+    if isinstance(root, str) and not sroot.exists(""):
+        raise RescaleError(f"state URI {root}: does not exist")
+    layout = _layout(sroot)
+    say = on_progress or (lambda msg: None)
+    g, P = layout.generation, layout.num_partitions
+    marker = _read_marker(sroot)
+    if marker is not None and marker.get("to_generation", -1) <= g:
+        sroot.delete_file(MARKER_FILE, missing_ok=True)  # a committed run's leftover
+        marker = None
+    if num_partitions == P and not force:
+        return RescaleResult(g, g, P, P, tuple(layout.haunit(p) for p in range(P)), 0, 0, 0,
+                             time.perf_counter() - t0, changed=False)
+    leftovers = _generation_haunits(sroot, layout.name, g + 1)
+    if leftovers and marker is None:
+        raise RescaleError(f"state URI {sroot.uri}: HA units of generation {g + 1} exist "
+                           f"({', '.join(leftovers[:3])}{'...' if len(leftovers) > 3 else ''}) "
+                           f"but no repartition made them ({MARKER_FILE} missing); "
+                           f"refusing to touch them")
+    sources, structs, page_bytes = _validate(sroot, layout)
+    phases = {"validate_s": time.perf_counter() - t0}
+    _kill_point("validated")
+    say(f"validated {P} source partition(s), {len(structs)} structure(s)")
+    doc = {"from_generation": g, "to_generation": g + 1, "num_partitions": num_partitions,
+           "created_unix_s": time.time()}
+    sroot.write_atomic(MARKER_FILE, json.dumps(doc).encode())
+    _kill_point("marked")
+    if leftovers:
+        n = _delete_generation(sroot, layout.name, g + 1)
+        say(f"removed {n} checkpoint(s) of an interrupted repartition")
+    _kill_point("cleaned")
+    t1 = time.perf_counter()
+    groups = [_Group(tuple(sources[s] for s in srcs), tuple(tgts))
+              for srcs, tgts in source_groups(P, num_partitions)]
+    total = sum(src.state_bytes for src in sources)
+    cpus = os.cpu_count() or 1
+    n_workers = workers if workers is not None else (
+        1 if total < _PROCESS_MIN_BYTES or cpus < 4 else min(len(groups), cpus))
+    n_workers = max(1, min(n_workers, len(groups)))
+    args = [(sroot, layout, grp, structs, page_bytes, num_partitions, io_workers)
+            for grp in groups]
+    if n_workers == 1:
+        results = [_run_group(*a) for a in args]
+    elif executor == "thread":
+        with ThreadPoolExecutor(n_workers) as tex:
+            results = list(tex.map(_run_group_star, args))
+    else:
+        ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods()
+                             else "spawn")
+        with ProcessPoolExecutor(n_workers, mp_context=ctx) as ex:
+            results = list(ex.map(_run_group_star, args))
+    phases["split_s"] = time.perf_counter() - t1
+    for r in results:  # worker seconds, summed over groups
+        for k, v in r[3].items():
+            phases[k] = phases.get(k, 0.0) + v
+    say(f"wrote {num_partitions} partition(s) of generation {g + 1}")
+    _kill_point("before_commit")
+    write_layout(sroot, replace(layout, generation=g + 1, num_partitions=num_partitions))
+    _kill_point("committed")
+    sroot.delete_file(MARKER_FILE, missing_ok=True)
+    logger.info("repartitioned %s: %d -> %d partitions (generation %d)", sroot.uri, P,
+                num_partitions, g + 1)
+    return RescaleResult(g, g + 1, P, num_partitions,
+                         tuple(haunit_name(layout.name, g + 1, t) for t in range(num_partitions)),
+                         sum(r[0] for r in results), sum(r[1] for r in results),
+                         sum(r[2] for r in results), time.perf_counter() - t0, phases)
+
+
+def _run_group_star(a: tuple[Any, ...]) -> tuple[int, int, int, dict[str, float]]:
+    return _run_group(*a)
+
+
+def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: int,
+                  pm: PageManager, *, io: IOService | None = None) -> ReplayPositions:
+    """Restore piece `piece` of `pieces` of one partition into `pm` (parallel recovery).
+
+    The piece holds the keys of `partition` (of the current generation's P)
+    with ``pmod(h, P * pieces) == partition + P * piece``: the partition's share
+    of a ``P * pieces``-partition layout. ``pieces`` workers, each calling this
+    with its own `piece`, together restore the whole partition; each then
+    replays the logged rows for which `ReplayPositions.needs` is true among
+    the keys of its piece (``partition_of(key, P * pieces) == partition + P *
+    piece``).
+
+    Returns
+    -------
+    ReplayPositions
+        Where each key class of the piece is (from the source checkpoint).
+
+    Raises
+    ------
+    RescaleError
+        As `repartition` for bad state or arguments.
+    """
+    sroot = _open(root)
+    layout = _layout(sroot)
+    P = layout.num_partitions
+    if not 0 <= partition < P:
+        raise RescaleError(f"partition {partition} out of range for {P} partitions")
+    if not (isinstance(pieces, int) and pieces >= 1 and 0 <= piece < pieces):
+        raise RescaleError(f"piece {piece!r} of {pieces!r}: need pieces >= 1 and "
+                           f"0 <= piece < pieces")
+    sources, structs, page_bytes = _validate(sroot, layout)
+    src = sources[partition]
+    M, want = P * pieces, partition + P * piece
+    own = io is None
+    io = io or IOService(4)
+    try:
+        out, man = _split_source(sroot, src, structs, page_bytes, io,
+                                 lambda col: np.where(partition_of(col, M) == want, 0, -1),
+                                 1)
+    finally:
+        if own:
+            io.shutdown()
+    pm.begin_load().finish()  # drop whatever the worker held
+    for st in structs:
+        if st.name in out[0]:
+            keys, vals = out[0][st.name]
+            _write_structure(pm, st, keys, vals)
+    return _positions(src, man, P).restrict(M, want).simplified(M, want)
