@@ -30,9 +30,8 @@ import pytest
 
 #: appended to a command (matched by its leading words) to run it small
 REDUCED: dict[tuple[str, ...], list[str]] = {
-    # the main job; the demo's options while scripts/demo.sh runs `sguard demo`
-    ("bash", "scripts/demo.sh"): ["--batches", "6", "--batch", "2000", "--groups", "1500",
-                                  "--checkpoint-every", "1", "--page-bytes", "4096"],
+    # the main job: scripts/demo.sh runs `sguard spark demo` (8 batches is its minimum)
+    ("bash", "scripts/demo.sh"): ["--batches", "8", "--rows", "2000", "--keys", "500"],
     (".venv/bin/sguard", "demo"): ["--batches", "6", "--batch", "2000", "--groups", "1500",
                                    "--checkpoint-every", "1", "--page-bytes", "4096"],
     (".venv/bin/sguard", "peace", "simulate"): ["--writers", "4", "--sizes-mb", "128",

@@ -30,7 +30,7 @@ from typing import Any, Callable, TypeVar
 
 import numba
 import numpy as np
-from llvmlite import ir  # type: ignore[import-untyped]
+from llvmlite import ir  # type: ignore[import-untyped,unused-ignore]
 from numba.core import cgutils, types
 from numba.cpython.unsafe.numbers import trailing_zeros as _tz
 from numba.extending import intrinsic

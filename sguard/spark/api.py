@@ -77,7 +77,7 @@ def _check_layout(old: OperatorLayout, new: OperatorLayout, uri: str) -> None:
         raise PartitionCountError(
             f"state at {uri} has {old.num_partitions} partitions, not {new.num_partitions}; "
             f"pass num_partitions={old.num_partitions} or repartition the state with "
-            f"`sguard rescale` first")
+            f"`sguard state repartition {uri} --partitions {new.num_partitions}` first")
 
 
 def stateful(df: Any, key: str, operator: Operator, state_uri: str,

@@ -95,7 +95,7 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
         raise InputLogGapError(
             f"input log of batch {batch} is missing at {root.full_path(batch_dir(batch))}: "
             f"partition {partition} cannot be rebuilt past its last durable checkpoint")
-    from sguard import partitioning  # type: ignore[attr-defined]  # built by the rescale work
+    from sguard import partitioning
     tables = [_read(root, e.relpath) for e in other]
     table = pa.concat_tables(tables)
     keys = table.column(key).to_numpy()

@@ -153,7 +153,7 @@ def upsert_returning(m: HashMap, keys: npt.NDArray[Any], values: Any,
     value of a key's last row is its final value either way); otherwise looks
     the distinct keys up once more.
     """
-    res = m.upsert(keys, values, combine)  # type: ignore[func-returns-value]
+    res = m.upsert(keys, values, combine, returning=True)
     rev_u, rev_first = np.unique(keys[::-1], return_index=True)
     if res is not None and len(res) == len(keys):
         return rev_u, np.asarray(res)[len(keys) - 1 - rev_first]

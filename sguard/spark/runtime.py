@@ -261,9 +261,17 @@ class _Partition:
         if man is not None:
             self.state = cfg.operator.open(pm, cfg.input_schema, cfg.key)
         self.durable = c
+        positions = None
+        if man is not None and "sources" in man.user_meta:
+            # a repartitioned checkpoint: its keys came from source partitions that were at
+            # different batches, so each logged row is applied only if its key missed it
+            from sguard.rescale import ReplayPositions
+            positions = ReplayPositions.from_user_meta(man.user_meta)
         for x in range(c + 1, b):
             t = inputlog.read_input(self.rt.root, x, cfg.layout.generation, self.p,
                                     cfg.layout.num_partitions, cfg.key)
+            if positions is not None:
+                t = t.filter(pa.array(positions.needs(t.column(cfg.key).to_numpy(), x)))
             self.state.apply(t, x)
         self._flush()
         self._write_marker("applied", b - 1, None)
