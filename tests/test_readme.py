@@ -47,6 +47,9 @@ REDUCED: dict[tuple[str, ...], list[str]] = {
     # no size knob: --help by default (the module and its options exist), full under -m slow
     (".venv/bin/python", "-m", "bench.chkpt_prepare"): ["--help"],
     (".venv/bin/python", "-m", "bench.peace_fig10"): ["--help"],
+    (".venv/bin/python", "-m", "bench.spark_stateful"): ["--help"],
+    (".venv/bin/python", "-m", "bench.rescale"): ["--help"],
+    (".venv/bin/python", "-m", "bench.peace_live"): ["--help"],
 }
 #: the README's test command is the suite running this very test; CI runs it (checked below)
 SELF = ("bash", "scripts/test.sh")
