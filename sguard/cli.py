@@ -53,6 +53,15 @@ _EXAMPLES: dict[str, str] = {
                                  "--checkpoint aggregate-3",
     "sguard checkpoints show": "example:\n  sguard checkpoints show sguard-data/run-1 "
                                "aggregate-3 --pages 5",
+    "sguard spark": "examples:\n  sguard spark demo\n  sguard spark status file:///tmp/agg-state",
+    "sguard spark demo": "examples:\n  sguard spark demo                      # the main job\n"
+                         "  sguard spark demo --batches 8 --rows 2000 --keys 500 --keep",
+    "sguard spark status": "examples:\n  sguard spark status file:///tmp/agg-state\n"
+                           "  sguard spark status s3://bucket/agg --s3-endpoint 127.0.0.1:8333 --json",
+    "sguard state": "example:\n  sguard state repartition file:///tmp/agg-state --partitions 4",
+    "sguard state repartition": "examples:\n  sguard state repartition file:///tmp/agg-state "
+                                "--partitions 4   # scale out\n"
+                                "  sguard state repartition file:///tmp/agg-state --partitions 1",
 }
 
 

@@ -65,6 +65,9 @@ def _process(op: Aggregate, mgr: CheckpointManager, args: argparse.Namespace, st
     done = 0
     for i, keys, ts in _stream(args, start, args.batches):
         if kill_at is not None and i == kill_at:
+            if prepare and mgr.base is None:
+                mgr.wait()  # a checkpoint is in flight and none is durable yet: let one land,
+                #             so the recovery below always has a checkpoint to show
             print(f"[worker] batch {i}: killing myself with SIGKILL "
                   f"({len(prepare)} checkpoints started)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

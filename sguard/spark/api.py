@@ -233,6 +233,10 @@ def local_session(master: str = "local[2]", app_name: str = "sguard", *,
     for k, v in (conf or {}).items():
         b = b.config(k, v)
     spark = b.getOrCreate()
+    got = spark.sparkContext.master
+    if got != master:
+        raise ValueError(f"an active SparkSession already runs master {got!r}, not {master!r}: "
+                         f"stop it first (spark.stop()) or use it directly")
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

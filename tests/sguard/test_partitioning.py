@@ -26,6 +26,7 @@ def spark() -> Iterator[SparkSession]:
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     yield session
+    session.stop()  # the Spark tests start their own session with another master
 
 
 def _random_columns(seed: int, n: int) -> list[tuple[str, Any, list[Any], Any]]:
