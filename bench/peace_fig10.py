@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -108,18 +107,6 @@ def time_decisions(writers: int, repeats: int, variant: str = "improved") -> dic
     return {"variant": variant, "decisions_per_timestep": decisions, "seconds_per_decision": st,
             "seconds_per_timestep": _harness.stats(per_timestep),
             "ms_per_decision_median": st["median"] * 1000}
-
-
-def _write(out: Path, summary: dict[str, Any], data: dict[str, Any], params: dict[str, Any]
-           ) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{NAME}.json"
-    doc = {"summary": summary, "params": params, "data": data,
-           "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                       "platform": platform.platform()},
-           "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    path.write_text(json.dumps(doc, indent=2, default=float))
-    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -275,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fluid_bounds_16x512": {str(r): b for r, b in bounds.items()},
             "large": large, "decision_timing": timing,
             "wall_s": time.perf_counter() - t_start}
-    path = _write(args.out, summary, data, params)
+    path = _harness.write_result(NAME, summary, data, params)
 
     import matplotlib
     matplotlib.use("Agg")

@@ -119,9 +119,9 @@ class PartitionCheckpointer:
         self._last_t = time.monotonic()
         kwargs: dict[str, Any] = {}
         if config.scheduler is not None:
-            import inspect
-            if "scheduler" in inspect.signature(CheckpointManager.__init__).parameters:
-                kwargs["scheduler"] = config.scheduler
+            if isinstance(config.scheduler, str):
+                import sguard.scheduling  # noqa: F401  (registers peace:// in this worker)
+            kwargs["scheduler"] = config.scheduler
         self.mgr = CheckpointManager(
             pm, root, haunit, io=io, check_root=False, on_done=self._done,
             policy=CheckpointPolicy(keep=config.keep, full_every=config.full_every), **kwargs)

@@ -135,3 +135,36 @@ def test_random_schedule_equals_failure_free(tmp_path: Path, seed: int) -> None:
             assert out[b][p].equals(ref_out[b][p]), (name, b, p, faults, actions)
     assert state[0].equals(ref_state[0]), (name, faults, actions)
     assert state[0].num_rows > 0
+
+
+def test_checkpoints_through_the_peace_coordinator(tmp_path: Path) -> None:
+    """One option (`CheckpointConfig(scheduler="peace://...")`) sends every partition's
+    checkpoints through a real coordinator process; the state equals an unscheduled run."""
+    import dataclasses
+
+    from sguard.scheduling import start_coordinator
+    make, join = OPS["running"]
+    tables = _tables(7, join)
+    schema = tables[0][0].schema
+    _, ref_state = _run(_config(tmp_path / "ref", make(), schema, None, 2), tables, {})
+    with start_coordinator("paper") as coord:
+        cfg = _config(tmp_path / "sched", make(), schema, None, 2)
+        cfg = dataclasses.replace(cfg, checkpoint=CheckpointConfig(every_n_batches=2,
+                                                                   scheduler=coord.uri))
+        rt = _runtime(cfg)
+        counters: list[dict[str, int]] = []
+        for b, parts in enumerate(tables):
+            for p, t in enumerate(parts):
+                run_partition_batch(cfg, p, b, t)
+        for p in range(P):
+            part = rt.partition(p)
+            assert part.ckpt is not None
+            part.ckpt.wait()
+            counters.append(dict(part.ckpt.mgr.schedule_counters))
+        for part in rt.parts.values():
+            part.slot.release()
+        rt.parts.clear()
+    assert sum(c["scheduled"] for c in counters) > 0, counters
+    assert all(c["unscheduled_fallbacks"] == 0 for c in counters), counters
+    st, _ = read_local_state(cfg.state_uri, local_dir=cfg.local_dir)
+    assert st.equals(ref_state[0])
