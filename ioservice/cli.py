@@ -112,11 +112,6 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     for c in infos:
         by_unit.setdefault(c.haunit, []).append(c)
     for unit, cs in by_unit.items():
-        restorable = [c for c in cs if c.has_manifest]
-        print(f"HA unit {unit}: {len(restorable)} checkpoint(s), "
-              f"{_size(sum(c.size_bytes for c in cs))} stored")
-        print(f"  {'checkpoint':<28} {'kind':<12} {'pages':>8} {'state':>10} {'stored':>10} "
-              f"{'age':>7}")
         rows: list[tuple[CheckpointInfo, str, str, str]] = []
         referenced: set[str] = set()
         for c in cs:
@@ -130,6 +125,13 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                 except Exception as exc:  # noqa: BLE001 - a listing reports, never crashes
                     kind, state = "DAMAGED", type(exc).__name__
             rows.append((c, kind, pages, state))
+        damaged = sum(1 for _, kind, _, _ in rows if kind == "DAMAGED")
+        readable = sum(1 for c, kind, _, _ in rows if c.has_manifest and kind != "DAMAGED")
+        print(f"HA unit {unit}: {readable} checkpoint(s)"
+              + (f", {damaged} damaged" if damaged else "")
+              + f", {_size(sum(c.size_bytes for c in cs))} stored")
+        print(f"  {'checkpoint':<28} {'kind':<12} {'pages':>8} {'state':>10} {'stored':>10} "
+              f"{'age':>7}")
         for c, kind, pages, state in rows:
             if not c.has_manifest:
                 if not args.all:

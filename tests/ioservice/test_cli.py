@@ -43,6 +43,18 @@ def test_ls_lists_units_checkpoints_sizes_and_ages(two_units: Path,
     assert "a-1" not in capsys.readouterr().out
 
 
+def test_ls_counts_a_damaged_manifest_apart(two_units: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint whose manifest does not parse is listed DAMAGED, not counted as one."""
+    manifest = two_units / "checkpoint" / "a-3" / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:-20])
+    assert main(["checkpoints", "ls", str(two_units)]) == 0
+    out = capsys.readouterr().out
+    assert "HA unit a: 2 checkpoint(s), 1 damaged" in out
+    assert "HA unit b: 1 checkpoint(s)," in out and "b: 1 checkpoint(s), 1 damaged" not in out
+    assert any(line.split()[:2] == ["a-3", "DAMAGED"] for line in out.splitlines())
+
+
 def test_verify_ok_then_detects_flipped_byte(two_units: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """verify exits 0 on a healthy root and 1 naming the damaged checkpoint and page."""
