@@ -9,6 +9,8 @@ splits and merges it. Everything an operator keeps durable lives under one
         sguard-operator.json              the layout document (this module), written
                                           atomically; its `generation` is the commit
                                           point of a repartitioning
+        layout/g<generation>.json         a copy of each generation's document, written
+                                          before it (see `write_layout`)
         checkpoint/<haunit>-<seq>/...     ordinary ioservice checkpoints, one HA unit
                                           per partition of the current generation
         inputlog/...                      the runtime's input log (see sguard.spark)
@@ -35,11 +37,13 @@ from typing import Any, Final
 from ioservice import StorageRoot, validate_name
 from ioservice.errors import StorageNotFoundError
 
-__all__ = ["LAYOUT_FILE", "LAYOUT_VERSION", "LayoutError", "OperatorLayout", "haunit_name",
+__all__ = ["LAYOUT_FILE", "LAYOUT_HISTORY_DIR", "LAYOUT_VERSION", "LayoutError", "OperatorLayout", "haunit_name",
            "parse_haunit_name", "read_layout", "write_layout"]
 
 LAYOUT_FILE: Final = "sguard-operator.json"
+LAYOUT_HISTORY_DIR: Final = "layout"
 LAYOUT_VERSION: Final = 1
+_HISTORY_RE: Final = re.compile(r"^g(?P<gen>\d{8,})\.json$")
 _HAUNIT_RE: Final = re.compile(r"^(?P<name>.+)\.g(?P<gen>\d+)\.p(?P<part>\d{4,})$")
 
 
@@ -143,15 +147,41 @@ def parse_haunit_name(haunit: str) -> tuple[str, int, int] | None:
     return m["name"], int(m["gen"]), int(m["part"])
 
 
+def _history_path(generation: int) -> str:
+    return f"{LAYOUT_HISTORY_DIR}/g{generation:08d}.json"
+
+
 def read_layout(root: StorageRoot) -> OperatorLayout | None:
-    """The layout document under `root`, or None when there is none yet."""
+    """The layout document under `root`, or None when there is none yet.
+
+    When `LAYOUT_FILE` is absent but generation copies exist (an S3 PUT that
+    failed while replacing it leaves it absent, see `write_layout`), the copy of
+    the highest generation is the layout.
+    """
     try:
         data = root.read_bytes(LAYOUT_FILE)
     except StorageNotFoundError:
+        pass
+    else:
+        return OperatorLayout.from_json(data, where=f"{root.full_path(LAYOUT_FILE)}")
+    gens = [int(m["gen"]) for e in root.list_dir(LAYOUT_HISTORY_DIR, allow_not_found=True)
+            if (m := _HISTORY_RE.match(e.relpath.rpartition("/")[2])) is not None]
+    if not gens:
         return None
-    return OperatorLayout.from_json(data, where=f"{root.full_path(LAYOUT_FILE)}")
+    path = _history_path(max(gens))
+    return OperatorLayout.from_json(root.read_bytes(path), where=root.full_path(path))
 
 
 def write_layout(root: StorageRoot, layout: OperatorLayout) -> None:
-    """Write the layout document atomically (the commit point of a repartitioning)."""
-    root.write_atomic(LAYOUT_FILE, layout.to_json())
+    """Write the layout document atomically (the commit point of a repartitioning).
+
+    The generation's copy ``layout/g<generation>.json`` is written first, then
+    `LAYOUT_FILE` is replaced. On filesystems with an atomic rename a failure
+    leaves `LAYOUT_FILE` as it was. On S3 a failed replacement leaves it absent
+    (`StorageRoot.write_atomic`), and `read_layout` then reads the copy, which
+    was complete before the replacement began; the state is never mistaken for
+    a new, empty one.
+    """
+    data = layout.to_json()
+    root.write_atomic(_history_path(layout.generation), data)
+    root.write_atomic(LAYOUT_FILE, data)
