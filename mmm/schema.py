@@ -96,6 +96,9 @@ def coerce_records(values: Any, dt: np.dtype[Any], what: str, n: int | None = No
         except (TypeError, ValueError, OverflowError) as exc:
             raise RecordTypeError(f"{what}: cannot convert to {dt}: {exc}") from None
         if arr.dtype != dt:
+            if (dt.kind == "S") != (arr.dtype.kind == "S"):
+                # numpy's same_kind casts numbers to text (1.5 -> b"1.5"): never silently
+                raise RecordTypeError(f"{what}: dtype {arr.dtype} cannot be stored as {dt}")
             if arr.dtype.kind in "OUV" or not np.can_cast(arr.dtype, dt, casting="same_kind"):
                 if not (arr.dtype.kind in "iu" and dt.kind in "iuf"):
                     raise RecordTypeError(f"{what}: dtype {arr.dtype} cannot be stored as {dt}")

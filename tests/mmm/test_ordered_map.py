@@ -380,8 +380,12 @@ def test_nan_nat_and_truncated_keys_are_refused(pm: mmm.PageManager) -> None:
     b = OrderedMap.create(pm, "b", key="S3", value="<i8")
     with pytest.raises(RecordTypeError, match="truncation"):
         b.put(np.array([b"abcd"]), np.array([1]))
+    for numbers in (np.array([1.5]), np.array([7]), [2.0]):  # never cast to b"1.5", b"7"
+        with pytest.raises(RecordTypeError, match="cannot be stored as \\|S3"):
+            b.put(numbers, np.array([1]))
     b.put(np.array([b"ab"]), np.array([1]))
     assert b[b"ab"] == 1 and "ab" not in b  # str is not a bytes key: False, not an error
+    assert b.keys().tolist() == [b"ab"]
     for m in (f, t, b):
         m._check()
 
