@@ -20,10 +20,22 @@ import numba
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["jit"]
+__all__ = ["jit", "cacheable"]
+
+
+def cacheable(fn: Callable[..., Any]) -> bool:
+    """Whether `fn`'s compiled code may be cached on disk.
+
+    Only for functions of a module imported under its package name. A module run
+    as a file (``python -m doctest sguard/partitioning.py``) has a top-level name
+    (``partitioning``); numba keys its cache by source file and stores that name
+    in it, so a later ``import sguard.partitioning`` would load the entry and fail
+    with ``ModuleNotFoundError``.
+    """
+    return "." in getattr(fn, "__module__", "")
 
 
 def jit(fn: F) -> F:
-    """Compile `fn` in nopython mode, cached on disk, releasing the GIL."""
-    out: F = numba.njit(cache=True, nogil=True)(fn)  # type: ignore[assignment,unused-ignore]
+    """Compile `fn` in nopython mode, cached on disk (see `cacheable`), releasing the GIL."""
+    out: F = numba.njit(cache=cacheable(fn), nogil=True)(fn)  # type: ignore[assignment,unused-ignore]
     return out
