@@ -538,8 +538,8 @@ def _write_structure(pm: PageManager, st: _Structure, keys: npt.NDArray[Any] | N
         cls = HashMap if st.kind == "hash_map" else OrderedMap
         m = cls.create(pm, st.name, key=dtype_from_text(sch["key"]),
                        value=dtype_from_text(sch["value"]), page_slots=st.page_slots or None)
+        assert keys is not None
         if len(values) and st.combine is not None:  # replicated: combine the sources' rows
-            assert keys is not None
             m.upsert(keys, values, dict(st.combine))
         elif len(values) and isinstance(m, HashMap):
             try:
