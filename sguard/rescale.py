@@ -103,6 +103,7 @@ from ioservice import (CheckpointManager, CheckpointPolicy, IOService, Manifest,
                        list_checkpoints, list_haunits, open_root, read_manifest, restore)
 from ioservice.errors import IOServiceError, StorageNotFoundError
 from mmm import PageManager
+from mmm._kernels import jit
 from mmm.page import HEADER_BYTES, decode_meta
 from mmm.schema import dtype_from_text
 from mmm.structures.hashmap import HashMap
@@ -564,30 +565,47 @@ than 4 CPUs the default is threads: the kernels release the GIL, and on 2 shared
 processes lost to one (bench.rescale, 2 -> 4 of 136 MB: 4.6 s against 1.6 s)."""
 
 
-def _split_order(dest: npt.NDArray[np.int64], n_out: int
-                 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """Rows grouped by output (a counting sort: numpy's radix sort of small integers, O(n)),
-    and each output's bounds: output ``i`` is ``order[bounds[i + 1]:bounds[i + 2]]``
-    (``-1``, dropped rows, sort first)."""
-    small = (dest + 1).astype(np.uint8 if n_out < 255 else np.uint16)
-    order = np.argsort(small, kind="stable")
-    counts = np.bincount(small, minlength=n_out + 1)
-    bounds = np.zeros(n_out + 2, np.intp)
-    np.cumsum(counts, out=bounds[1:])
+@jit
+def _route(h: Any, modulus: Any, index: Any, n_out: Any) -> Any:  # pragma: no cover (compiled)
+    """Counting sort of rows by output: ``index[pmod(h, modulus)]`` (-1: dropped).
+
+    Returns ``(order, bounds)``: output ``i`` is ``order[bounds[i]:bounds[i + 1]]``,
+    rows in input order (dropped rows are left out).
+    """
+    n = h.shape[0]
+    dest = np.empty(n, np.int64)
+    bounds = np.zeros(n_out + 1, np.int64)
+    for i in range(n):
+        r = np.int64(h[i]) % modulus
+        if r < 0:
+            r += modulus
+        d = index[r]
+        dest[i] = d
+        if d >= 0:
+            bounds[d + 1] += 1
+    for j in range(n_out):
+        bounds[j + 1] += bounds[j]
+    fill = bounds[:n_out].copy()
+    order = np.empty(bounds[n_out], np.int64)
+    for i in range(n):
+        d = dest[i]
+        if d >= 0:
+            order[fill[d]] = i
+            fill[d] += 1
     return order, bounds
 
 
 def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure],
-                  page_bytes: int, io: IOService,
-                  keep: Callable[[npt.NDArray[Any]], npt.NDArray[np.int64]],
+                  page_bytes: int, io: IOService, modulus: int, index: npt.NDArray[np.int64],
                   n_out: int, clock: dict[str, float]
                   ) -> tuple[list[dict[str, tuple[Any, Any]]], Manifest | None]:
     """Restore one source and split every structure's rows into `n_out` outputs.
 
-    `keep(route_column)` gives each row's output index (or -1 to drop it).
-    Adds the seconds spent to `clock` (``read_s``: reading and checksumming
-    the pages into a private pool; ``extract_s``: rows out of the pages;
-    ``route_s``: partition ids, counting sort and gathers).
+    A row whose routing key has Spark partition ``r`` of `modulus`
+    (`sguard.partitioning.murmur3_hash`, then ``pmod``) goes to output
+    ``index[r]`` (-1: dropped). Adds the seconds spent to `clock` (``read_s``:
+    reading and checksumming the pages into a private pool; ``extract_s``: rows
+    out of the pages; ``route_s``: hashes, counting sort, gathers).
     """
     out: list[dict[str, tuple[Any, Any]]] = [{} for _ in range(n_out)]
     if src.checkpoint is None:
@@ -609,16 +627,13 @@ def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure]
             for i in range(n_out):
                 out[i][st.name] = (keys, vals)
             continue
-        dest = keep(_route_column(st, keys, vals))
-        if n_out == 1:  # one output: keep the rows in place unless some are dropped
-            sel = np.flatnonzero(dest == 0)
-            whole = len(sel) == len(vals)
-            out[0][st.name] = (keys if whole or keys is None else keys[sel],
-                               vals if whole else vals[sel])
-        else:
-            order, bounds = _split_order(dest, n_out)
-            for i in range(n_out):
-                sel = order[bounds[i + 1]:bounds[i + 2]]
+        order, bounds = _route(murmur3_hash(_route_column(st, keys, vals)), modulus, index,
+                               n_out)
+        for i in range(n_out):
+            sel = order[bounds[i]:bounds[i + 1]]
+            if len(sel) == len(vals):  # every row goes to this output
+                out[i][st.name] = (keys, vals)
+            else:
                 out[i][st.name] = (None if keys is None else keys[sel], vals[sel])
         clock["route_s"] += time.perf_counter() - tick
     del pm
@@ -670,8 +685,7 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
         metas: list[Mapping[str, Any]] = []
         read = rows = 0
         for src in group.sources:
-            out, man = _split_source(root, src, structs, page_bytes, io,
-                                     lambda col: index[partition_of(col, to_parts)],
+            out, man = _split_source(root, src, structs, page_bytes, io, to_parts, index,
                                      len(targets), clock)
             pieces.append(out)
             positions.append(_positions(src, man, layout.num_partitions))
@@ -914,9 +928,10 @@ def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: i
     own = io is None
     io = io or IOService(4)
     try:
-        out, man = _split_source(sroot, src, structs, page_bytes, io,
-                                 lambda col: np.where(partition_of(col, M) == want, 0, -1),
-                                 1, dict.fromkeys(_PHASES, 0.0))
+        index = np.full(M, -1, np.int64)
+        index[want] = 0
+        out, man = _split_source(sroot, src, structs, page_bytes, io, M, index, 1,
+                                 dict.fromkeys(_PHASES, 0.0))
     finally:
         if own:
             io.shutdown()

@@ -23,6 +23,9 @@ The hash, bucket, probe and tag helpers and the header offsets are those of
 `mmm._kernels.hashmap`, so a built map is read, updated and checked by the
 ordinary kernels. The kernels only write pages the caller has just allocated
 (fresh frames no snapshot can pin).
+
+`gather_full` is the way back: every FULL slot's key and value copied out of
+the pages in one pass (`HashMap.items`).
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from mmm._kernels import jit
 from mmm._kernels.hashmap import (HDR, NIL, OFF_AUX0, OFF_COUNT, OFF_FLAGS, OFF_NEXT,
                                   OFF_START, _bucket, _home, _mix, _step, _tag)
 
-__all__ = ["plan", "place", "DONE", "DUPLICATE"]
+__all__ = ["plan", "place", "gather_full", "DONE", "DUPLICATE"]
 
 DONE, DUPLICATE = 0, 1
 
@@ -177,3 +180,42 @@ def place(pool: Any, frames: Any, first_page: Any, starts: Any, order: Any, h: A
             a = (base + OFF_START) >> 2
             u32[a] = np.uint32(in_cur)
     return DONE
+
+
+@jit
+def gather_full(pool: Any, frames: Any, starts: Any, geo: Any, kout: Any, vout: Any,
+                kw: Any, vw: Any) -> None:
+    """Copy the key and value of every FULL slot of ``frames`` into ``kout``/``vout``.
+
+    Frame ``frames[p]``'s rows go to ``kout[starts[p]:starts[p + 1]]`` (its
+    header count's share), in slot order: the storage order `HashMap.items`
+    returns. ``geo`` = (S, key_off, val_off, key_size, val_size, page_bytes);
+    ``kout``/``vout`` are ``(n, key_size)`` / ``(n, value_size)`` uint8, and
+    ``kw``/``vw`` the same buffers flat as uint64 when the key size is 8 / the
+    value size a multiple of 8 (else empty).
+    """
+    S, ko, vo, ks, vs, pb = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    u8 = pool
+    u64 = pool.view(np.uint64)
+    k8 = ks == 8
+    vwords = vs % 8 == 0
+    nvw = vs // 8
+    for p in range(frames.shape[0]):
+        base = frames[p] * pb
+        r = starts[p]
+        for s in range(S):
+            if u8[base + HDR + s] >= 0x80:
+                ka = base + ko + s * ks
+                va = base + vo + s * vs
+                if k8:
+                    kw[r] = u64[ka >> 3]
+                else:
+                    for t in range(ks):
+                        kout[r, t] = u8[ka + t]
+                if vwords:
+                    for t in range(nvw):
+                        vw[r * nvw + t] = u64[(va >> 3) + t]
+                else:
+                    for t in range(vs):
+                        vout[r, t] = u8[va + t]
+                r += 1

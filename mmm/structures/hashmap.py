@@ -863,11 +863,20 @@ class HashMap(Structure):
         """All ``(keys, values)`` as two arrays, in storage order. Runtime complexity: O(pages * S)."""
         self._flush()
         self._sync()
+        from mmm._kernels.hashbuild import gather_full  # one compiled pass over the pages
         seqs = self._ps.seqs()
         fr = self._ps.frames[seqs[seqs != 0]]
-        full = self._ctrl[fr] >= FULL_BIT
-        return (self._keys[fr][full].view(self.key_dtype).copy(),
-                self._vals[fr][full].copy())
+        starts = np.zeros(len(fr) + 1, np.int64)
+        np.cumsum(self._hdr["count"][fr], out=starts[1:])
+        n, ks, vs = int(starts[-1]), self._ks, self._vs
+        kout = np.empty((n, ks), np.uint8)
+        vout = np.empty((n, vs), np.uint8)
+        none = np.empty(0, np.uint64)
+        gather_full(self._flat, fr, starts,
+                    np.array([self.S, self._ko, self._vo, ks, vs, self._pb], np.int64),
+                    kout, vout, kout.reshape(-1).view(np.uint64) if ks == 8 else none,
+                    vout.reshape(-1).view(np.uint64) if vs % 8 == 0 else none)
+        return kout.view(self.key_dtype).reshape(n), vout.view(self.value_dtype).reshape(n)
 
     def keys(self) -> npt.NDArray[Any]:
         """All keys as an array (storage order)."""
