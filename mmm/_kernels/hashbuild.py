@@ -43,15 +43,22 @@ DONE, DUPLICATE = 0, 1
 
 
 @jit
-def plan(kw: Any, nbk: Any, lvl: Any) -> Any:
+def plan(kw: Any, vb: Any, vw: Any, nbk: Any, lvl: Any) -> Any:
     """Hash the key words ``kw`` (``(n, W)`` uint64) and sort the rows by bucket.
 
-    Returns ``(h, order, starts)``: each row's hash, the rows ordered by bucket
-    (stable: input order within a bucket) and, for bucket ``b``, its rows
-    ``order[starts[b]:starts[b + 1]]``.
+    Returns ``(h, order, starts, kws, vbs)``: the hashes, keys and values
+    (``vb``: ``(n, value_size)`` uint8 rows; ``vw``: the same as uint64 words
+    when the value size is a multiple of 8, else empty) in bucket order
+    (stable: input order within a bucket), ``order[r]`` the input row of
+    sorted row ``r``, and bucket ``b``'s rows at ``starts[b]:starts[b + 1]``.
+    Rows are scattered to their sorted place as they are read (sequential
+    reads; the later pass over the pages then reads its input in order).
     """
     n = kw.shape[0]
     W = kw.shape[1]
+    vs = vb.shape[1]
+    words = vw.shape[0] == n and n > 0
+    nvw = vw.shape[1]
     h = np.empty(n, np.uint64)
     bk = np.empty(n, np.int64)
     starts = np.zeros(nbk + 1, np.int64)
@@ -67,18 +74,32 @@ def plan(kw: Any, nbk: Any, lvl: Any) -> Any:
         starts[b + 1] += starts[b]
     fill = starts[:nbk].copy()
     order = np.empty(n, np.int64)
+    hs = np.empty(n, np.uint64)
+    kws = np.empty((n, W), np.uint64)
+    vbs = np.empty((n, vs), np.uint8)
+    vws = vbs.reshape(-1).view(np.uint64) if words else np.empty(0, np.uint64)
     for i in range(n):
         b = bk[i]
-        order[fill[b]] = i
-        fill[b] += 1
-    return h, order, starts
+        r = fill[b]
+        fill[b] = r + 1
+        order[r] = i
+        hs[r] = h[i]
+        for j in range(W):
+            kws[r, j] = kw[i, j]
+        if words:
+            for j in range(nvw):
+                vws[r * nvw + j] = vw[i, j]
+        else:
+            for j in range(vs):
+                vbs[r, j] = vb[i, j]
+    return hs, order, starts, kws, vbs
 
 
 @jit
 def place(pool: Any, frames: Any, first_page: Any, starts: Any, order: Any, h: Any,
           kw: Any, kb: Any, vb: Any, vw: Any, geo: Any, psid: Any, seqs: Any,
           state: Any) -> Any:
-    """Write the rows into the pages of their buckets.
+    """Write the rows (sorted by bucket, as `plan` returns them) into their buckets' pages.
 
     ``pool`` is the flat uint8 view of every frame, ``frames``/``seqs`` the
     frame and page sequence number of each allocated page, bucket ``b`` owning
@@ -90,7 +111,8 @@ def place(pool: Any, frames: Any, first_page: Any, starts: Any, order: Any, h: A
     (else empty); ``geo``
     = (n_buckets, S, G, n_groups, key_off, val_off, key_size, val_size,
     page_bytes, max_fill). Returns `DONE`, or `DUPLICATE` with ``state[0]``
-    the input row whose key an earlier row already had.
+    the input row (``order`` maps sorted rows to input rows) whose key an
+    earlier row already had.
     """
     nbk, S, G, nb, ko, vo, ks, vs, pb, max_fill = (geo[0], geo[1], geo[2], geo[3], geo[4],
                                                     geo[5], geo[6], geo[7], geo[8], geo[9])
@@ -116,8 +138,7 @@ def place(pool: Any, frames: Any, first_page: Any, starts: Any, order: Any, h: A
                 u64[(base + OFF_NEXT) >> 3] = NIL
         cur = p0
         in_cur = 0
-        for r in range(starts[b], starts[b + 1]):
-            i = order[r]
+        for i in range(starts[b], starts[b + 1]):
             x = h[i]
             tag = _tag(x)
             home = _home(x, nb)
@@ -147,7 +168,7 @@ def place(pool: Any, frames: Any, first_page: Any, starts: Any, order: Any, h: A
                                         eq = False
                                         break
                             if eq:
-                                state[0] = i
+                                state[0] = order[i]
                                 return DUPLICATE
                         elif c == 0 and empty < 0:
                             empty = j

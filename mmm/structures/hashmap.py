@@ -1262,20 +1262,21 @@ class HashMap(Structure):
         nbk = max(1, math.ceil(n / per))
         while int(per * nbk) < n:
             nbk += 1
-        kw, kb = self._words(kc)
-        h, order, starts = KB.plan(kw, nbk, nbk.bit_length() - 1)
+        vb = np.ascontiguousarray(vals).view(np.uint8).reshape(n, self._vs)
+        vw = vb.view(np.uint64) if self._vs % 8 == 0 else np.zeros((0, 1), np.uint64)
+        h, order, starts, kw, vb = KB.plan(self._words(kc)[0], vb, vw, nbk,
+                                           nbk.bit_length() - 1)  # sorted by bucket
+        vw = vb.view(np.uint64) if self._vs % 8 == 0 else np.zeros((0, 1), np.uint64)
         chain = np.maximum(1, -(-np.diff(starts) // self.max_fill))
         first = np.zeros(nbk + 1, np.int64)
         np.cumsum(chain, out=first[1:])
         pm = self._pm
         seqs = pm.allocate(self.psid, int(first[-1]), Layout.HASH)  # may raise: nothing changed
-        vb = np.ascontiguousarray(vals).view(np.uint8).reshape(n, self._vs)
-        vw = vb.view(np.uint64) if self._vs % 8 == 0 else np.zeros((0, 1), np.uint64)
         geo = np.array([nbk, self.S, self.G, self.n_blocks, self._ko, self._vo, self._ks,
                         self._vs, self._pb, self.max_fill], np.int64)
         state = np.zeros(1, np.int64)
-        if KB.place(self._flat, self._ps.frames[seqs], first, starts, order, h, kw, kb, vb, vw,
-                    geo, self.psid, seqs, state) != KB.DONE:
+        if KB.place(self._flat, self._ps.frames[seqs], first, starts, order, h, kw,
+                    kw.view(np.uint8), vb, vw, geo, self.psid, seqs, state) != KB.DONE:
             pm.release(self.psid, seqs)
             raise ValueError(f"{where}: load_distinct: key at index {int(state[0])} occurs "
                              f"earlier in the batch (keys must be distinct)")
