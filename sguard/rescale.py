@@ -627,6 +627,9 @@ def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure]
             for i in range(n_out):
                 out[i][st.name] = (keys, vals)
             continue
+        if n_out == 1 and (index >= 0).all():  # a merge: every row goes to the one target
+            out[0][st.name] = (keys, vals)
+            continue
         order, bounds = _route(murmur3_hash(_route_column(st, keys, vals)), modulus, index,
                                n_out)
         for i in range(n_out):
@@ -680,6 +683,8 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
         targets = list(group.targets)
         index = np.full(to_parts, -1, np.int64)
         index[targets] = np.arange(len(targets))
+        if len(targets) == 1:  # P' divides P: the group's sources hold only its target's keys
+            index[:] = 0
         pieces: list[list[dict[str, tuple[Any, Any]]]] = []
         positions: list[ReplayPositions] = []
         metas: list[Mapping[str, Any]] = []
@@ -696,6 +701,7 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
                        // max(len(targets), 1))
         kept, dropped = _carried_meta(metas)
         written = 0
+        inflight: list[tuple[CheckpointManager, Any, float]] = []
         for i, t in enumerate(targets):
             tick = time.perf_counter()
             pm = PageManager(page_bytes, capacity_bytes=capacity)
@@ -719,15 +725,28 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
                 meta["dropped_meta"] = dropped
             hu = haunit_name(layout.name, layout.generation + 1, t)
             clock["build_s"] += time.perf_counter() - tick
+            # the checkpoint snapshots the pages (copy-on-write) and writes them on the I/O
+            # threads while the next target is built; waited for below, in target order
             tick = time.perf_counter()
-            with CheckpointManager(pm, root, hu, io=io, check_root=False,
-                                   policy=CheckpointPolicy(keep=None, full_every=1)) as mgr:
+            mgr = CheckpointManager(pm, root, hu, io=io, check_root=False,
+                                    policy=CheckpointPolicy(keep=None, full_every=1))
+            try:
                 pending = mgr.checkpoint(meta, full=True)
-                assert pending is not None
-                written += pending.result().written_bytes
-            clock["write_s"] += time.perf_counter() - tick
+            except BaseException:
+                mgr.close()
+                raise
+            assert pending is not None
+            inflight.append((mgr, pending, time.perf_counter() - tick))
             del pm
-            _kill_point("target_written")
+        try:
+            for mgr, pending, spent in inflight:
+                tick = time.perf_counter()
+                written += pending.result().written_bytes
+                clock["write_s"] += spent + time.perf_counter() - tick
+                _kill_point("target_written")
+        finally:
+            for mgr, _, _ in inflight:
+                mgr.close()
         return read, written, rows, clock
     finally:
         io.shutdown()
