@@ -6,14 +6,19 @@ MB in 2 partitions under a ``file://`` state URI, checkpointed as the Spark
 runtime would (`sguard.statelayout`), then, in the same run:
 
 * **copy** (the baseline): the source partitions' checkpoint files copied by
-  one thread per partition (``shutil.copyfile``), page cache warm as for the
-  repartition, which reads the same files just after;
-* **repartition 2 -> 4 and 4 -> 2** (`sguard.rescale.repartition`, worker
-  processes, one per independent group): GB/s of source state, and the ratio
-  to the copy's GB/s measured right before it (``repartition_ratio_vs_copy``,
-  the median over repeats and directions). 2 -> 4 is also run in one process
-  and with threads, to show what the processes buy (two workers forced, whatever
-  the state size);
+  one thread per partition, the way a repartition must at least handle the
+  bytes: read into a user-space buffer, written, fsynced (checkpoints are
+  durable); page cache warm as for the repartition, which reads the same files
+  just after. The kernel's own copy (``shutil.copyfile``: ``sendfile``, no
+  fsync) is measured too, for reference (``kernel_copy_gb_s``,
+  ``repartition_ratio_vs_kernel_copy``);
+* **repartition 2 -> 4 and 4 -> 2** (`sguard.rescale.repartition` with its
+  default executor: one thread per independent group, the compiled kernels
+  releasing the GIL): GB/s of source state, and the ratio to the copy's GB/s
+  measured right before it (``repartition_ratio_vs_copy``, the median over
+  repeats and directions), with the workers' seconds per pass (read +
+  checksum, extract, route, build, write: ``repartition_phase_share``). 2 -> 4
+  is also run with worker processes and in one thread, for comparison;
 * **restart downtime**: what a query restarting with 4 partitions instead of 2
   waits for before its first batch: the 2 -> 4 repartition plus the slowest of
   the 4 partitions' restores (they run on separate executors; measured one
@@ -22,10 +27,11 @@ runtime would (`sguard.statelayout`), then, in the same run:
 * **parallel recovery** of one partition holding the whole state (the 4 -> 2
   output merged to 1): restored *as 1* (`ioservice.restore`) by one process,
   or *as 4 pieces* by 4 processes (`sguard.rescale.restore_piece`, each
-  reading the whole checkpoint, keeping a quarter of the keys and rebuilding
-  its map), each followed by the replay of ``--replay-rows`` logged rows (as
-  4: each piece replays its own keys' rows). Processes are started and
-  their imports warmed before timing; all start at a barrier.
+  reading and checksumming the whole checkpoint, keeping a quarter of the
+  keys and bulk-building its map; their passes summed in ``pieces_*_s``),
+  each followed by the replay of ``--replay-rows`` logged rows (as 4: each
+  piece replays its own keys' rows). Processes are started and their imports
+  and kernels warmed before timing; all start at a barrier.
 
 Run: ``python -m bench.rescale [--quick] [--out DIR]``; writes
 ``DIR/rescale.json`` (``summary``: ``repartition_ratio_vs_copy``,
