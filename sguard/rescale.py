@@ -595,6 +595,18 @@ def _route(h: Any, modulus: Any, index: Any, n_out: Any) -> Any:  # pragma: no c
     return order, bounds
 
 
+def _take(rows: npt.NDArray[Any], sel: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+    """``rows[sel]``, gathering whole records as machine words (numpy's fancy indexing of a
+    structured dtype goes field by field: several times slower)."""
+    size = rows.dtype.itemsize
+    if rows.dtype.fields is None or not rows.flags.c_contiguous:
+        return rows[sel]
+    word = np.dtype(np.uint64) if size % 8 == 0 else np.dtype(np.uint8)
+    flat = rows.view(word).reshape(len(rows), size // word.itemsize)
+    out: npt.NDArray[Any] = np.take(flat, sel, axis=0).view(rows.dtype).reshape(len(sel))
+    return out
+
+
 def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure],
                   page_bytes: int, io: IOService, modulus: int, index: npt.NDArray[np.int64],
                   n_out: int, clock: dict[str, float]
@@ -637,7 +649,7 @@ def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure]
             if len(sel) == len(vals):  # every row goes to this output
                 out[i][st.name] = (keys, vals)
             else:
-                out[i][st.name] = (None if keys is None else keys[sel], vals[sel])
+                out[i][st.name] = (None if keys is None else _take(keys, sel), _take(vals, sel))
         clock["route_s"] += time.perf_counter() - tick
     del pm
     return out, man
