@@ -79,7 +79,11 @@ ordinary one. A repartition of a not-yet-replayed target composes the entries
 Parallel recovery (SEEP §4.2): `restore_piece` restores piece ``j`` of ``k`` of
 one partition -- the keys of old partition ``s`` with ``pmod(h, P * k) == s +
 P * j`` -- into a worker's page manager, so ``k`` workers each rebuild and replay
-a ``1/k`` share of a failed partition.
+a ``1/k`` share of a failed partition. Each piece reads and checksums the whole
+checkpoint (a page holds keys of every piece), so the pieces together read it
+``k`` times and route every row ``k`` times: as pieces, recovery wins only when
+the replay of the input log (which the pieces share out) outweighs that, and
+never by ``k`` on fewer than ``k`` cores (`bench.rescale` measures it).
 """
 from __future__ import annotations
 
@@ -566,7 +570,7 @@ processes lost to one (bench.rescale, 2 -> 4 of 136 MB: 4.6 s against 1.6 s)."""
 
 
 @jit
-def _route(h: Any, modulus: Any, index: Any, n_out: Any) -> Any:  # pragma: no cover (compiled)
+def _route(h: Any, modulus: Any, index: Any, n_out: Any) -> Any:
     """Counting sort of rows by output: ``index[pmod(h, modulus)]`` (-1: dropped).
 
     Returns ``(order, bounds)``: output ``i`` is ``order[bounds[i]:bounds[i + 1]]``,
