@@ -55,10 +55,11 @@ from typing import Any
 
 import numpy as np
 
+from bench import _harness
+
 MB = 1 << 20
 PAGE = 1 << 16
 AGG = {"count": "count", "first_ts": ("min", "ts"), "last_ts": ("max", "ts")}
-OUT = Path(__file__).resolve().parent / "out"
 PHASES = ("read_s", "extract_s", "route_s", "build_s", "write_s")
 """Worker seconds per pass of a repartition (`sguard.rescale.RescaleResult.phases_s`)."""
 
@@ -249,9 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3; quick 1)")
     ap.add_argument("--replay-rows", type=int, default=None,
                     help="rows replayed after a recovery (default 4M; quick 1M)")
-    ap.add_argument("--out", default=str(OUT), help="output directory (default bench/out)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
-    args = ap.parse_args(argv)
+    args = _harness.parse_args(ap, argv)  # adds --out (default bench/out)
     state_mb = args.state_mb or (128 if args.quick else 1024)
     repeats = args.repeats or (1 if args.quick else 3)
     replay_rows = args.replay_rows if args.replay_rows is not None else \
@@ -348,7 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "copy_gb_s": float(np.median([x["copy_gb_s"] for x in default_runs])),
             "kernel_copy_gb_s": float(np.median([x["kernel_copy_gb_s"]
                                                  for x in default_runs])),
-            "repartition_phase_share": _shares(default_runs),
+            "repartition_phase_share": {
+                d: _shares([x for x in default_runs if f"{x['from']}->{x['to']}" == d])
+                for d in sorted({f"{x['from']}->{x['to']}" for x in default_runs})},
             "restart_downtime_s": float(np.median(downtimes)),
             "recovery_speedup_4_over_1": speed,
             "recovery_speedup_4_over_1_restore_only": speed0,
@@ -361,14 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "partitions; Spark's own restart is not included (the runtime is not on "
                      "this branch).",
         }
-        doc = {"bench": "rescale", "summary": summary,
-               "params": {"state_mb": state_mb, "repeats": repeats, "page_bytes": PAGE,
-                          "replay_rows": replay_rows, "quick": args.quick},
-               "env": _env(), "data": data}
-        out_dir = Path(args.out)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "rescale.json").write_text(json.dumps(doc, indent=1, default=float))
-        _plot(data, summary, out_dir / "rescale.png")
+        data["env"] = _env()
+        _harness.write_result("rescale", summary, data,
+                              {"state_mb": state_mb, "repeats": repeats, "page_bytes": PAGE,
+                               "replay_rows": replay_rows, "quick": args.quick})
+        _plot(data, summary)
         print(json.dumps(summary, indent=1))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -397,10 +396,8 @@ def _env() -> dict[str, Any]:
             "loadavg": os.getloadavg(), "page_cache": "warm"}
 
 
-def _plot(data: dict[str, Any], summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _plot(data: dict[str, Any], summary: dict[str, Any]) -> None:
+    plt, path = _harness.figure("rescale")
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     labels, vals = ["copy"], [float(np.median([r["copy_gb_s"] for r in data["runs"]]))]
     for (f, t, m) in sorted({(r["from"], r["to"], r["mode"]) for r in data["runs"]}):
