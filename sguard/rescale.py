@@ -18,9 +18,11 @@ sits in the partition Spark's ``repartition(P', key)`` sends its rows to
 3. *split*: each source checkpoint is restored (`ioservice.restore`) into a
    private `mmm.PageManager`; every structure's rows are read in bulk
    (``items()`` / ``to_numpy()``), routed by their key column with one
-   vectorized hash, and bulk-inserted into the same-named structure of the
-   target partition (``put`` / ``extend``); each target is checkpointed in
-   full under its generation-``g + 1`` HA unit name;
+   compiled hash (`sguard.partitioning.partition_of`) and a counting sort,
+   and bulk-built into the same-named structure of the target partition (a
+   hash map in one compiled pass, `mmm.HashMap.load_distinct`; an ordered map
+   by one sorted ``put``; sequences by ``extend``); each target is
+   checkpointed in full under its generation-``g + 1`` HA unit name;
 4. *commit*: `sguard.statelayout.write_layout` with ``generation + 1`` and P'.
    Before it the old generation is the state, after it the new one is; the
    sources are only ever read.
@@ -32,7 +34,8 @@ A key with hash ``h`` is in old partition ``h mod P`` and new partition
 only if ``s = t (mod gcd(P, P'))``. The work therefore splits into
 ``gcd(P, P')`` independent groups (2 -> 4: two groups of one source and two
 targets; 4 -> 2: two groups of two sources and one target), which run in
-parallel worker processes; no rows cross between processes.
+parallel worker threads (the compiled kernels release the GIL) or processes;
+no rows cross between groups.
 
 Which column routes a structure's rows
 --------------------------------------
@@ -76,7 +79,11 @@ ordinary one. A repartition of a not-yet-replayed target composes the entries
 Parallel recovery (SEEP §4.2): `restore_piece` restores piece ``j`` of ``k`` of
 one partition -- the keys of old partition ``s`` with ``pmod(h, P * k) == s +
 P * j`` -- into a worker's page manager, so ``k`` workers each rebuild and replay
-a ``1/k`` share of a failed partition.
+a ``1/k`` share of a failed partition. Each piece reads and checksums the whole
+checkpoint (a page holds keys of every piece), so the pieces together read it
+``k`` times and route every row ``k`` times: as pieces, recovery wins only when
+the replay of the input log (which the pieces share out) outweighs that, and
+never by ``k`` on fewer than ``k`` cores (`bench.rescale` measures it).
 """
 from __future__ import annotations
 
@@ -100,6 +107,7 @@ from ioservice import (CheckpointManager, CheckpointPolicy, IOService, Manifest,
                        list_checkpoints, list_haunits, open_root, read_manifest, restore)
 from ioservice.errors import IOServiceError, StorageNotFoundError
 from mmm import PageManager
+from mmm._kernels import jit
 from mmm.page import HEADER_BYTES, decode_meta
 from mmm.schema import dtype_from_text
 from mmm.structures.hashmap import HashMap
@@ -286,6 +294,11 @@ class RescaleResult:
     rows: int
     seconds: float
     phases_s: dict[str, float] = field(default_factory=dict)
+    """Seconds: ``validate_s``, ``split_s`` (wall clock of the parallel part) and, summed
+    over the workers, ``read_s`` (pages read and checksummed), ``extract_s`` (rows out of
+    the pages), ``route_s`` (partition ids, counting sort, gathers), ``build_s`` (target
+    structures built) and ``write_s`` (target checkpoints written); ``restore_route_s``,
+    ``insert_s`` and ``checkpoint_s`` group them as earlier versions did."""
     changed: bool = True
 
 
@@ -517,115 +530,138 @@ def _read_structure(pm: PageManager, st: _Structure
 
 def _write_structure(pm: PageManager, st: _Structure, keys: npt.NDArray[Any] | None,
                      values: npt.NDArray[Any]) -> None:
-    """Create `st` in `pm` and insert the rows in one batch."""
+    """Create `st` in `pm` and insert the rows in one batch.
+
+    A routed hash map's keys are distinct (each key lives in one source
+    partition), so it is built in one compiled pass (`HashMap.load_distinct`:
+    pages written bucket by bucket under the final geometry, no splits). An
+    ordered map takes one ``put`` (its sorted rows fill leaves in one pass); a
+    replicated map combines the sources' rows of a key with ``upsert``.
+    """
     sch = st.schema
     if st.kind in ("hash_map", "ordered_map"):
         cls = HashMap if st.kind == "hash_map" else OrderedMap
         m = cls.create(pm, st.name, key=dtype_from_text(sch["key"]),
                        value=dtype_from_text(sch["value"]), page_slots=st.page_slots or None)
+        assert keys is not None
         if len(values) and st.combine is not None:  # replicated: combine the sources' rows
-            assert keys is not None
             m.upsert(keys, values, dict(st.combine))
+        elif len(values) and isinstance(m, HashMap):
+            try:
+                m.load_distinct(keys, values)
+            except ValueError as exc:  # a key in two source partitions: damaged sources
+                raise RescaleError(f"structure {st.name!r}: {exc}") from None
         elif len(values):
-            _bulk_insert(m, keys, values)
+            m.put(keys, values)
         return
     seq_cls = PagedList if st.kind == "list" else PagedDeque
     s = seq_cls.create(pm, st.name, dtype_from_text(sch["record"]),
                        page_slots=st.page_slots or None)
-    if st.order is not None and len(values):
+    if st.order is not None and len(values):  # one time order over all sources
         values = values[np.argsort(values[st.order], kind="stable")]
     if len(values):
         s.extend(values)
 
 
-_PUT_CHUNK: Final = 32768
 _PROCESS_MIN_BYTES: Final = 256 * _MiB
 """Below this much state, worker processes cost more to start than they save. With fewer
-than 4 CPUs the default is in-process too: on 2 shared cores two workers lost to one
-(bench.rescale, 2 -> 4 of 136 MB: 4.6 s against 1.6 s; of 272 MB: 20 s against 13 s)."""
+than 4 CPUs the default is threads: the kernels release the GIL, and on 2 shared cores two
+processes lost to one (bench.rescale, 2 -> 4 of 136 MB: 4.6 s against 1.6 s)."""
 
 
-def _bulk_insert(m: HashMap | OrderedMap, keys: Any, values: npt.NDArray[Any]) -> None:
-    """Insert distinct keys into a new map in bulk.
+@jit
+def _route(h: Any, modulus: Any, index: Any, n_out: Any) -> Any:
+    """Counting sort of rows by output: ``index[pmod(h, modulus)]`` (-1: dropped).
 
-    A hash map takes them through ``upsert`` with ``last`` for every field
-    (it grows the table once for the whole batch); ``HashMap.put`` does not
-    pre-grow, so one large ``put`` into an empty map splits buckets one at a
-    time (400k keys: ~30 s against ~1 s). Scalar values go through ``put`` in
-    chunks. An ordered map takes one ``put`` (sorted appends fill leaves).
+    Returns ``(order, bounds)``: output ``i`` is ``order[bounds[i]:bounds[i + 1]]``,
+    rows in input order (dropped rows are left out).
     """
-    vdt = values.dtype
-    if isinstance(m, OrderedMap):
-        m.put(keys, values)
-    elif vdt.names is not None and all(vdt.fields[f][0].subdtype is None  # type: ignore[index]
-                                       for f in vdt.names):
-        m.upsert(keys, values, {f: "last" for f in vdt.names})
-    else:
-        for i in range(0, len(values), _PUT_CHUNK):
-            m.put(keys[i:i + _PUT_CHUNK], values[i:i + _PUT_CHUNK])
+    n = h.shape[0]
+    dest = np.empty(n, np.int64)
+    bounds = np.zeros(n_out + 1, np.int64)
+    for i in range(n):
+        r = np.int64(h[i]) % modulus
+        if r < 0:
+            r += modulus
+        d = index[r]
+        dest[i] = d
+        if d >= 0:
+            bounds[d + 1] += 1
+    for j in range(n_out):
+        bounds[j + 1] += bounds[j]
+    fill = bounds[:n_out].copy()
+    order = np.empty(bounds[n_out], np.int64)
+    for i in range(n):
+        d = dest[i]
+        if d >= 0:
+            order[fill[d]] = i
+            fill[d] += 1
+    return order, bounds
 
 
-def _merge_into(pm: PageManager, st: _Structure, parts: list[tuple[Any, Any]]) -> int:
-    """Add other sources' rows to a structure restored from the base source; its rows after."""
-    sch = st.schema
-    if st.kind in ("hash_map", "ordered_map"):
-        cls = HashMap if st.kind == "hash_map" else OrderedMap
-        m = cls.create(pm, st.name, key=dtype_from_text(sch["key"]),
-                       value=dtype_from_text(sch["value"]))
-        if parts:
-            keys, vals = _concat(parts)
-            if len(vals) and st.combine is not None:
-                m.upsert(keys, vals, dict(st.combine))
-            elif len(vals):
-                _bulk_insert(m, keys, vals)
-        return len(m)
-    seq_cls = PagedList if st.kind == "list" else PagedDeque
-    seq = seq_cls.create(pm, st.name, dtype_from_text(sch["record"]))
-    if parts:
-        _, recs = _concat(parts)
-        if st.order is not None and len(recs):  # one time order over all sources
-            merged = np.concatenate([seq.to_numpy(), recs])
-            merged = merged[np.argsort(merged[st.order], kind="stable")]
-            seq.clear()
-            seq.extend(merged)
-        elif len(recs):
-            seq.extend(recs)
-    return len(seq)
+def _take(rows: npt.NDArray[Any], sel: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+    """``rows[sel]``, gathering whole records as machine words (numpy's fancy indexing of a
+    structured dtype goes field by field: several times slower)."""
+    size = rows.dtype.itemsize
+    if rows.dtype.fields is None or not rows.flags.c_contiguous:
+        return rows[sel]
+    word = np.dtype(np.uint64) if size % 8 == 0 else np.dtype(np.uint8)
+    flat = rows.view(word).reshape(len(rows), size // word.itemsize)
+    out: npt.NDArray[Any] = np.take(flat, sel, axis=0).view(rows.dtype).reshape(len(sel))
+    return out
 
 
 def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure],
-                  page_bytes: int, io: IOService,
-                  keep: Callable[[npt.NDArray[Any]], npt.NDArray[np.int64]],
-                  n_out: int) -> tuple[list[dict[str, tuple[Any, Any]]], Manifest | None]:
+                  page_bytes: int, io: IOService, modulus: int, index: npt.NDArray[np.int64],
+                  n_out: int, clock: dict[str, float]
+                  ) -> tuple[list[dict[str, tuple[Any, Any]]], Manifest | None]:
     """Restore one source and split every structure's rows into `n_out` outputs.
 
-    `keep(route_column)` gives each row's output index (or -1 to drop it).
+    A row whose routing key has Spark partition ``r`` of `modulus`
+    (`sguard.partitioning.murmur3_hash`, then ``pmod``) goes to output
+    ``index[r]`` (-1: dropped). Adds the seconds spent to `clock` (``read_s``:
+    reading and checksumming the pages into a private pool; ``extract_s``: rows
+    out of the pages; ``route_s``: hashes, counting sort, gathers).
     """
     out: list[dict[str, tuple[Any, Any]]] = [{} for _ in range(n_out)]
     if src.checkpoint is None:
         return out, None
+    tick = time.perf_counter()
     pm = PageManager(page_bytes, capacity_bytes=int(src.state_bytes * 1.1) + 64 * page_bytes)
     man = restore(pm, root, src.haunit, io=io)
     _kill_point("source_restored")
+    clock["read_s"] += time.perf_counter() - tick
     for st in structs:
         if not pm.exists(st.name):  # e.g. a window another partition has open
             continue
+        tick = time.perf_counter()
         keys, vals = _read_structure(pm, st)
+        now = time.perf_counter()
+        clock["extract_s"] += now - tick
+        tick = now
         if st.route_in == "replicate":
             for i in range(n_out):
                 out[i][st.name] = (keys, vals)
             continue
-        dest = keep(_route_column(st, keys, vals))
-        order = np.argsort(dest, kind="stable")
-        bounds = np.searchsorted(dest[order], np.arange(-1, n_out + 1))
+        if n_out == 1 and (index >= 0).all():  # a merge: every row goes to the one target
+            out[0][st.name] = (keys, vals)
+            continue
+        order, bounds = _route(murmur3_hash(_route_column(st, keys, vals)), modulus, index,
+                               n_out)
         for i in range(n_out):
-            sel = order[bounds[i + 1]:bounds[i + 2]]
-            out[i][st.name] = (None if keys is None else keys[sel], vals[sel])
+            sel = order[bounds[i]:bounds[i + 1]]
+            if len(sel) == len(vals):  # every row goes to this output
+                out[i][st.name] = (keys, vals)
+            else:
+                out[i][st.name] = (None if keys is None else _take(keys, sel), _take(vals, sel))
+        clock["route_s"] += time.perf_counter() - tick
     del pm
     return out, man
 
 
 def _concat(parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    if len(parts) == 1:
+        return parts[0]
     keys = None if parts[0][0] is None else np.concatenate([p[0] for p in parts])
     return keys, np.concatenate([p[1] for p in parts])
 
@@ -644,33 +680,34 @@ def _carried_meta(metas: list[Mapping[str, Any]]) -> tuple[dict[str, Any], list[
     return kept, sorted(keys - set(kept))
 
 
+_PHASES: Final = ("read_s", "extract_s", "route_s", "build_s", "write_s")
+
+
 def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
                structs: Sequence[_Structure], page_bytes: int, to_parts: int,
                io_workers: int) -> tuple[int, int, int, dict[str, float]]:
     """Split a group's sources into its targets and checkpoint them.
 
+    Every source is read once; its rows are routed to the group's targets; each
+    target is built in a fresh page manager and checkpointed in full.
+
     Returns ``(bytes read, bytes written, rows, seconds per phase)``.
     """
     io = IOService(io_workers)
-    clock = {"restore_route_s": 0.0, "insert_s": 0.0, "checkpoint_s": 0.0}
+    clock = dict.fromkeys(_PHASES, 0.0)
     try:
-        tick = time.perf_counter()
         targets = list(group.targets)
         index = np.full(to_parts, -1, np.int64)
         index[targets] = np.arange(len(targets))
+        if len(targets) == 1:  # P' divides P: the group's sources hold only its target's keys
+            index[:] = 0
         pieces: list[list[dict[str, tuple[Any, Any]]]] = []
         positions: list[ReplayPositions] = []
         metas: list[Mapping[str, Any]] = []
         read = rows = 0
-        base: _Source | None = None
-        if len(targets) == 1:  # P' divides P: whole sources merge; load the biggest as is
-            base = max((x for x in group.sources if x.checkpoint is not None),
-                       key=lambda x: x.state_bytes, default=None)
         for src in group.sources:
-            if src is base:
-                continue
-            out, man = _split_source(root, src, structs, page_bytes, io,
-                                     lambda col: index[partition_of(col, to_parts)], len(targets))
+            out, man = _split_source(root, src, structs, page_bytes, io, to_parts, index,
+                                     len(targets), clock)
             pieces.append(out)
             positions.append(_positions(src, man, layout.num_partitions))
             if man is not None:
@@ -678,31 +715,21 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
                 read += man.state_bytes
         capacity = max(64 * _MiB, 4 * sum(s.state_bytes for s in group.sources)
                        // max(len(targets), 1))
-        pm_base: PageManager | None = None
-        if base is not None:
-            pm_base = PageManager(page_bytes, capacity_bytes=capacity)
-            man_b = restore(pm_base, root, base.haunit, io=io)
-            _kill_point("source_restored")
-            positions.append(_positions(base, man_b, layout.num_partitions))
-            metas.append(man_b.user_meta)
-            read += man_b.state_bytes
         kept, dropped = _carried_meta(metas)
         written = 0
-        clock["restore_route_s"] += time.perf_counter() - tick
+        inflight: list[tuple[CheckpointManager, Any, float]] = []
         for i, t in enumerate(targets):
             tick = time.perf_counter()
-            pm = pm_base if pm_base is not None else PageManager(page_bytes,
-                                                                 capacity_bytes=capacity)
+            pm = PageManager(page_bytes, capacity_bytes=capacity)
             for st in structs:
                 parts = [p[i][st.name] for p in pieces if st.name in p[i]]
-                if pm_base is not None and pm.exists(st.name):
-                    rows += _merge_into(pm, st, parts)
-                    continue
                 if not parts:
                     continue  # no source of this group holds it
                 keys, vals = _concat(parts)
                 rows += len(vals)
                 _write_structure(pm, st, keys, vals)
+            for p in pieces:  # the rows are in pages now
+                p[i] = {}
             classes = [c for pos in positions for c in pos.restrict(to_parts, t).classes]
             pos_t = ReplayPositions(tuple(classes)).simplified(to_parts, t)
             meta = dict(kept, operator=layout.operator, name=layout.name,
@@ -713,16 +740,29 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
             if dropped:
                 meta["dropped_meta"] = dropped
             hu = haunit_name(layout.name, layout.generation + 1, t)
-            clock["insert_s"] += time.perf_counter() - tick
+            clock["build_s"] += time.perf_counter() - tick
+            # the checkpoint snapshots the pages (copy-on-write) and writes them on the I/O
+            # threads while the next target is built; waited for below, in target order
             tick = time.perf_counter()
-            with CheckpointManager(pm, root, hu, io=io, check_root=False,
-                                   policy=CheckpointPolicy(keep=None, full_every=1)) as mgr:
+            mgr = CheckpointManager(pm, root, hu, io=io, check_root=False,
+                                    policy=CheckpointPolicy(keep=None, full_every=1))
+            try:
                 pending = mgr.checkpoint(meta, full=True)
-                assert pending is not None
-                written += pending.result().written_bytes
-            clock["checkpoint_s"] += time.perf_counter() - tick
+            except BaseException:
+                mgr.close()
+                raise
+            assert pending is not None
+            inflight.append((mgr, pending, time.perf_counter() - tick))
             del pm
-            _kill_point("target_written")
+        try:
+            for mgr, pending, spent in inflight:
+                tick = time.perf_counter()
+                written += pending.result().written_bytes
+                clock["write_s"] += spent + time.perf_counter() - tick
+                _kill_point("target_written")
+        finally:
+            for mgr, _, _ in inflight:
+                mgr.close()
         return read, written, rows, clock
     finally:
         io.shutdown()
@@ -759,7 +799,7 @@ def _delete_generation(root: StorageRoot, name: str, generation: int) -> int:
 
 # -- public API ----------------------------------------------------------------------------------
 def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | None = None,
-                io_workers: int = 4, force: bool = False, executor: str = "process",
+                io_workers: int = 4, force: bool = False, executor: str = "thread",
                 on_progress: Callable[[str], None] | None = None) -> RescaleResult:
     """Repartition the operator state under `root` into `num_partitions` partitions.
 
@@ -773,15 +813,16 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | 
     num_partitions : int
         P' >= 1.
     workers : int, optional
-        Worker processes (default: one per independent group, at most the CPU
-        count, when the state is at least 256 MiB and there are 4 CPUs or
-        more; else 1); 1 runs everything in this process. A script calling this with workers > 1 needs the
-        ``if __name__ == "__main__":`` guard (processes start by forkserver).
+        Parallel workers (default: one per independent group, at most the CPU
+        count); 1 runs everything in the calling thread.
     io_workers : int
         I/O threads per worker for restores and checkpoints.
-    executor : {"process", "thread"}
-        Run the groups in worker processes (default; true parallelism) or
-        threads of this process (numpy and I/O release the GIL only in part).
+    executor : {"thread", "process"}
+        Run the groups in threads of this process (default: the compiled
+        kernels, checksums and I/O release the GIL, and nothing is pickled or
+        re-imported) or in worker processes (a script calling this with
+        ``workers > 1`` then needs the ``if __name__ == "__main__":`` guard:
+        processes start by forkserver).
     force : bool
         Rewrite the state as a new generation even when P' equals P.
     on_progress : callable, optional
@@ -846,7 +887,7 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | 
     total = sum(src.state_bytes for src in sources)
     cpus = os.cpu_count() or 1
     n_workers = workers if workers is not None else (
-        1 if total < _PROCESS_MIN_BYTES or cpus < 4 else min(len(groups), cpus))
+        min(len(groups), cpus) if executor == "thread" or total >= _PROCESS_MIN_BYTES else 1)
     n_workers = max(1, min(n_workers, len(groups)))
     args = [(sroot, layout, grp, structs, page_bytes, num_partitions, io_workers)
             for grp in groups]
@@ -864,6 +905,11 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, workers: int | 
     for r in results:  # worker seconds, summed over groups
         for k, v in r[3].items():
             phases[k] = phases.get(k, 0.0) + v
+    # the coarser phases of earlier versions: read+route, build, write
+    phases["restore_route_s"] = sum(phases.get(k, 0.0) for k in ("read_s", "extract_s",
+                                                                  "route_s"))
+    phases["insert_s"] = phases.get("build_s", 0.0)
+    phases["checkpoint_s"] = phases.get("write_s", 0.0)
     say(f"wrote {num_partitions} partition(s) of generation {g + 1}")
     _kill_point("before_commit")
     write_layout(sroot, replace(layout, generation=g + 1, num_partitions=num_partitions))
@@ -882,7 +928,8 @@ def _run_group_star(a: tuple[Any, ...]) -> tuple[int, int, int, dict[str, float]
 
 
 def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: int,
-                  pm: PageManager, *, io: IOService | None = None) -> ReplayPositions:
+                  pm: PageManager, *, io: IOService | None = None,
+                  phases: dict[str, float] | None = None) -> ReplayPositions:
     """Restore piece `piece` of `pieces` of one partition into `pm` (parallel recovery).
 
     The piece holds the keys of `partition` (of the current generation's P)
@@ -892,6 +939,12 @@ def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: i
     replays the logged rows for which `ReplayPositions.needs` is true among
     the keys of its piece (``partition_of(key, P * pieces) == partition + P *
     piece``).
+
+    Every piece reads (and checksums) the whole partition's checkpoint once,
+    takes its rows out of the pages, routes them with one compiled pass and
+    bulk-builds its share (`HashMap.load_distinct`). `phases`, if given,
+    receives the seconds per pass (``read_s``, ``extract_s``, ``route_s``,
+    ``build_s``).
 
     Returns
     -------
@@ -917,15 +970,20 @@ def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: i
     own = io is None
     io = io or IOService(4)
     try:
-        out, man = _split_source(sroot, src, structs, page_bytes, io,
-                                 lambda col: np.where(partition_of(col, M) == want, 0, -1),
-                                 1)
+        index = np.full(M, -1, np.int64)
+        index[want] = 0
+        clock = dict.fromkeys(_PHASES, 0.0)
+        out, man = _split_source(sroot, src, structs, page_bytes, io, M, index, 1, clock)
     finally:
         if own:
             io.shutdown()
+    tick = time.perf_counter()
     pm.begin_load().finish()  # drop whatever the worker held
     for st in structs:
         if st.name in out[0]:
             keys, vals = out[0][st.name]
             _write_structure(pm, st, keys, vals)
+    clock["build_s"] += time.perf_counter() - tick
+    if phases is not None:
+        phases.update((k, v) for k, v in clock.items() if k != "write_s")
     return _positions(src, man, P).restrict(M, want).simplified(M, want)

@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
     rp.add_argument("--partitions", type=int, required=True, metavar="N",
                     help="the new number of partitions (>= 1)")
     rp.add_argument("--workers", type=int, default=None,
-                    help="worker processes (default: one per independent group, <= CPUs)")
+                    help="worker threads (default: one per independent group, <= CPUs)")
     rp.add_argument("--force", action="store_true",
                     help="write a new generation even if the state already has N partitions")
     rp.add_argument("--s3-endpoint", help="S3 endpoint (default $SGUARD_S3_ENDPOINT)")

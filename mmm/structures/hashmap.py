@@ -863,11 +863,20 @@ class HashMap(Structure):
         """All ``(keys, values)`` as two arrays, in storage order. Runtime complexity: O(pages * S)."""
         self._flush()
         self._sync()
+        from mmm._kernels.hashbuild import gather_full  # one compiled pass over the pages
         seqs = self._ps.seqs()
         fr = self._ps.frames[seqs[seqs != 0]]
-        full = self._ctrl[fr] >= FULL_BIT
-        return (self._keys[fr][full].view(self.key_dtype).copy(),
-                self._vals[fr][full].copy())
+        starts = np.zeros(len(fr) + 1, np.int64)
+        np.cumsum(self._hdr["count"][fr], out=starts[1:])
+        n, ks, vs = int(starts[-1]), self._ks, self._vs
+        kout = np.empty((n, ks), np.uint8)
+        vout = np.empty((n, vs), np.uint8)
+        none = np.empty(0, np.uint64)
+        gather_full(self._flat, fr, starts,
+                    np.array([self.S, self._ko, self._vo, ks, vs, self._pb], np.int64),
+                    kout, vout, kout.reshape(-1).view(np.uint64) if ks == 8 else none,
+                    vout.reshape(-1).view(np.uint64) if vs % 8 == 0 else none)
+        return kout.view(self.key_dtype).reshape(n), vout.view(self.value_dtype).reshape(n)
 
     def keys(self) -> npt.NDArray[Any]:
         """All keys as an array (storage order)."""
@@ -1208,3 +1217,69 @@ class HashMap(Structure):
         if allkeys:
             k = np.concatenate(allkeys)
             assert len(np.unique(k)) == len(k), "duplicate key"
+
+    # -- bulk load -------------------------------------------------------------------------------------
+    def load_distinct(self, keys: npt.ArrayLike, values: Any) -> None:
+        """Fill this empty map with ``keys[i] -> values[i]``, keys all distinct, in one build.
+
+        The result behaves exactly as ``put(keys, values)`` would (same keys,
+        values, lookups, later updates; `_check` holds), but the pages are
+        written bucket by bucket by a compiled kernel (`mmm._kernels.hashbuild`)
+        under the final number of buckets: no split, no random probing. It is
+        the way to rebuild a map from rows read elsewhere (repartitioning,
+        restoring part of a checkpoint).
+
+        Copy-on-write: the build writes only pages it allocates; the map's old
+        (empty) page is released, so a snapshot taken before the call still
+        sees the empty map.
+
+        Runtime complexity: O(n). Pages copied: 0.
+
+        Raises
+        ------
+        ValueError
+            The map is not empty, or a key occurs twice (its index named); the
+            map is unchanged.
+        RecordTypeError
+            Keys or values of the wrong dtype, shape or length (map unchanged).
+        PoolExhaustedError
+            The pool has too few free frames (map unchanged).
+        """
+        from mmm._kernels import hashbuild as KB
+        self._flush()
+        self._sync()
+        where = f"hash map {self.name!r}"
+        if self._len:
+            raise ValueError(f"{where}: load_distinct needs an empty map, this one holds "
+                             f"{self._len} key(s)")
+        kc = self._canon(keys, "keys")
+        _check_bytes_width(values, self.value_dtype, f"{where}: values")
+        vals = coerce_records(values, self.value_dtype, f"{where}: values", n=len(kc))
+        n = len(kc)
+        if n == 0:
+            return
+        per = self.MAX_LOAD * self.S
+        nbk = max(1, math.ceil(n / per))
+        while int(per * nbk) < n:
+            nbk += 1
+        vb = np.ascontiguousarray(vals).view(np.uint8).reshape(n, self._vs)
+        vw = vb.view(np.uint64) if self._vs % 8 == 0 else np.zeros((0, 1), np.uint64)
+        h, order, starts, kw, vb = KB.plan(self._words(kc)[0], vb, vw, nbk,
+                                           nbk.bit_length() - 1)  # sorted by bucket
+        vw = vb.view(np.uint64) if self._vs % 8 == 0 else np.zeros((0, 1), np.uint64)
+        chain = np.maximum(1, -(-np.diff(starts) // self.max_fill))
+        first = np.zeros(nbk + 1, np.int64)
+        np.cumsum(chain, out=first[1:])
+        pm = self._pm
+        seqs = pm.allocate(self.psid, int(first[-1]), Layout.HASH)  # may raise: nothing changed
+        geo = np.array([nbk, self.S, self.G, self.n_blocks, self._ko, self._vo, self._ks,
+                        self._vs, self._pb, self.max_fill], np.int64)
+        state = np.zeros(1, np.int64)
+        if KB.place(self._flat, self._ps.frames[seqs], first, starts, order, h, kw,
+                    kw.view(np.uint8), vb, vw, geo, self.psid, seqs, state) != KB.DONE:
+            pm.release(self.psid, seqs)
+            raise ValueError(f"{where}: load_distinct: key at index {int(state[0])} occurs "
+                             f"earlier in the batch (keys must be distinct)")
+        old = self._ps.seqs()
+        pm.release(self.psid, old[(old != 0) & ~np.isin(old, seqs)])
+        self._rebuild()

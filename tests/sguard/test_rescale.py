@@ -538,3 +538,60 @@ def test_join_and_window_layouts_route_by_rules_and_replicate_metadata(tmp_path:
     assert got_wins == wins
     want = np.sort(np.concatenate(all_recs), order=["t", "k"])
     np.testing.assert_array_equal(np.sort(np.concatenate(got_recs), order=["t", "k"]), want)
+
+
+def test_bulk_built_targets_pass_check_and_keep_updating_like_the_original(
+        tmp_path: Path) -> None:
+    """Targets' hash maps are bulk-built (`HashMap.load_distinct`): every invariant holds,
+    and the same later upserts give the same values as on the never-repartitioned state."""
+    uri = str(tmp_path / "s")
+    make_state(uri, 2, 21, n_keys=3000)
+    before = read_state(uri)
+    repartition(uri, 3)
+    root = open_root(uri)
+    rng = np.random.default_rng(5)
+    new_keys = rng.integers(-10**9, 10**9, 500)
+    upd = np.concatenate([before["agg"][0][::7], new_keys])
+    ref = PageManager(PAGE, 1 << 26)
+    m_ref = HashMap.create(ref, "agg", key="<i8", value=VAL, page_slots=32)
+    m_ref.put(*before["agg"])
+    m_ref.upsert(upd, {"x": np.ones(len(upd))}, {"n": "count", "s": ("sum", "x")})
+    want = dict(zip(*[a.tolist() for a in m_ref.items()]))
+    got: dict[int, Any] = {}
+    for p in range(3):
+        pm = PageManager(PAGE, 1 << 26)
+        restore(pm, root, haunit(p))
+        m = HashMap.create(pm, "agg", key="<i8", value=VAL)
+        m._check()
+        HashMap.create(pm, "bykw", key=KW, value="<f8")._check()
+        mine = upd[partition_of(upd, 3) == p]
+        m.upsert(mine, {"x": np.ones(len(mine))}, {"n": "count", "s": ("sum", "x")})
+        m._check()
+        got.update(zip(*[a.tolist() for a in m.items()]))
+    assert got == want
+
+
+def haunit(p: int) -> str:
+    return replace(_layout(3), generation=1).haunit(p)
+
+
+def test_a_key_in_two_source_partitions_is_refused_and_nothing_commits(
+        tmp_path: Path) -> None:
+    uri = str(tmp_path / "s")
+    make_state(uri, 2, 23, n_keys=200)
+    root = open_root(uri)
+    layout = read_layout(root)
+    assert layout is not None
+    pm0 = PageManager(PAGE, 1 << 26)
+    restore(pm0, root, layout.haunit(0))
+    dup = HashMap.create(pm0, "agg", key="<i8", value=VAL).keys()[:1]
+    pm = PageManager(PAGE, 1 << 26)
+    man = restore(pm, root, layout.haunit(1))
+    HashMap.create(pm, "agg", key="<i8", value=VAL).put(dup, np.zeros(1, VAL))
+    with CheckpointManager(pm, root, layout.haunit(1)) as mgr:  # a damaged source
+        mgr.checkpoint(dict(man.user_meta)).result()
+    with pytest.raises(RescaleError, match="agg.*earlier in the batch"):
+        repartition(uri, 1, workers=1)
+    assert read_layout(root) == layout  # not committed
+    with pytest.raises(RescaleError, match="agg"):
+        repartition(uri, 1)  # a rerun is refused the same way
