@@ -255,8 +255,12 @@ class PagePool:
             return
         self.headers["magic"][frames] = 0
         self.state[frames] = FREE
-        self._free.extend(frames.tolist())
         self._used -= len(frames)
+        if self._used == 0:  # the pool is empty: as `reset_if_empty` (no free list to build)
+            self._free = []
+            self._watermark = 0
+        else:
+            self._free.extend(frames.tolist())
 
     def orphan(self, frames: np.ndarray) -> None:
         """Mark pinned frames as no longer live (replaced by a clone)."""
