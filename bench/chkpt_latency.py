@@ -506,7 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
               "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
               "partitions": args.partitions, "rounds": n_rounds,
-              "ratios": "median over rounds of the ratio within each round", "storage": "file:// (temporary dir, fsync)",
+              "ratios": "median over rounds of the ratio within each round",
+              "storage": "file:// (temporary dir, fsync)",
               "partition_checkpoints": "in turn (next partition once the previous is done)"}
     path = write_result("chkpt_latency", summary, {"results": results}, params)
     plt, png = figure("chkpt_latency")
