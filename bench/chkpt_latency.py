@@ -30,6 +30,20 @@ once the previous one is done (mmm: committed; fork: child exited; async
 pickle: written), and a synchronous one between two batches. The same amount
 of state is written per tick as with one partition; each interruption is 1/P.
 
+Rounds: every variant runs ``--rounds`` times, interleaved (each round runs
+all variants once, in an order rotated round by round), and every ratio in the
+summary is the median over rounds of the ratio *within* a round (runs moments
+apart share the machine's load). Each run also records where its latency came
+from: ``wake_delay`` (how late the operator thread woke after sleeping until a
+batch's arrival: the machine's scheduling, not the variant), ``service`` (the
+operator thread's own time per batch: processing, copy-on-write, the checkpoint
+start, any wait for the GIL), late batches (arrived while an earlier one was
+still being processed), GC time, CPU/wall, involuntary context switches and the
+load average. On a shared 2-core machine the wake-up delay drove the spread
+(means of 1-20 ms for batches served in 0.3 ms), so by default the timed runs
+are scheduled ``SCHED_FIFO`` when permitted (``--priority``; forked children
+run normally), which takes that wait out of every variant alike.
+
 Before its timed run every variant is warmed up (untimed): it processes
 batches back to back while taking two rounds of checkpoints (see `warm_up`).
 The first mmm checkpoint is full; later ones are incremental, with random
@@ -37,11 +51,14 @@ updates nearly as large.
 Objects built before the runs are moved out of the garbage collector's reach
 (``gc.freeze``) so no variant pays a full collection of millions of lists.
 
-Run: ``python -m bench.chkpt_latency [--quick] [--out DIR]``. Writes
-``DIR/chkpt_latency.json`` (default ``bench/out``; summary: ``mmm_mean_ratio_1p``,
-``mmm_p99_ratio_1p``, ``spike_ratio_sync_pickle_over_mmm``,
+Run: ``python -m bench.chkpt_latency [--quick] [--rounds N] [--priority rt|normal]
+[--out DIR]``. Writes ``DIR/chkpt_latency.json`` (default ``bench/out``; summary:
+``mmm_mean_ratio_1p``, ``mmm_p99_ratio_1p``, ``spike_ratio_sync_pickle_over_mmm``,
 ``spike_ratio_fork_over_mmm``, ``mmm_mean_over_dict_none_1p`` — mmm with
-checkpoints over the dict without) and ``DIR/chkpt_latency.png``.
+checkpoints over the dict without —, ``mmm_service_mean_ratio_1p`` — the
+operator thread's own time per batch with checkpoints over without —, the
+per-variant means and wake-up delays, the rounds, priority and load) and
+``DIR/chkpt_latency.png`` (the last round's curves).
 """
 from __future__ import annotations
 

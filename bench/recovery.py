@@ -33,9 +33,11 @@ reported, with the load average before and after). The summary's
 ``recovery_over_read_512mb`` is the warm ratio at the worse page size,
 ``recovery_over_read_512mb_cold`` the cold one.
 
-Run: ``python -m bench.recovery [--quick] [--out DIR]``. Writes ``DIR/recovery.json`` (default ``bench/out``)
-(summary: ``rebuild_ms_512mb`` — the slower page size —, ``recovery_over_read_512mb``)
-and ``DIR/recovery.png``.
+Run: ``python -m bench.recovery [--quick] [--priority normal|rt] [--out DIR]``.
+Writes ``DIR/recovery.json`` (default ``bench/out``; summary: ``rebuild_ms_512mb``
+— the slower page size —, ``recovery_over_read_512mb`` and ``..._cold``, the
+per-pass profile ``passes_ms_512mb_<page size>``, load average) and
+``DIR/recovery.png``.
 """
 from __future__ import annotations
 
