@@ -508,6 +508,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary[f"mean_ms_{tag}"] = {v: var[v]["mean_ms"] for v in VARIANTS}
         summary[f"wake_delay_mean_ms_{tag}"] = {v: var[v]["wake_delay_mean_ms"]
                                                 for v in VARIANTS}
+        summary[f"service_mean_ms_{tag}"] = {v: var[v]["service_mean_ms"] for v in VARIANTS}
+        # across the runs of the variants without pauses in the operator thread: how
+        # much of the spread of the mean latency the wake-up delay explains (Pearson r;
+        # near 1: the machine's scheduling, not the variant)
+        runs = [x for v in ("none (mmm)", "none (dict)", "mmm") for x in var[v]["rounds"]]
+        lat_m = np.array([x["mean_ms"] for x in runs])
+        wake_m = np.array([x["wake_delay_mean_ms"] for x in runs])
+        summary[f"spread_r_mean_vs_wake_{tag}"] = (
+            float(np.corrcoef(lat_m, wake_m)[0, 1])
+            if len(runs) > 2 and lat_m.std() > 0 and wake_m.std() > 0 else None)
     summary["rounds"] = n_rounds
     summary["priority"] = {parts: results[parts]["priority"] for parts in results}
     summary["loadavg_1min_before_after"] = [load_before, os.getloadavg()[0]]
