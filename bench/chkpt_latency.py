@@ -476,6 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "spike_ratio_sync_pickle_over_mmm": paired("sync pickle", "mmm", "max_ms"),
                 "spike_ratio_async_pickle_over_mmm": paired("async pickle", "mmm", "max_ms"),
                 "spike_ratio_fork_over_mmm": paired("fork", "mmm", "max_ms"),
+                # the operator thread's own longest batch (no wake-up delay, no queue)
+                "service_spike_ratio_fork_over_mmm": paired("fork", "mmm", "service_max_ms"),
                 "pause_ratio_fork_over_mmm": paired("fork", "mmm", "max_pause_ms")}
             for k, v in res["paired"].items():
                 print(f"  {k}: median {np.median(v):.2f}  rounds {[round(x, 2) for x in v]}")
@@ -507,6 +509,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the operator thread's own pause per checkpoint (freeze for mmm, fork() for fork):
         # latency maxima on a loaded machine are set by scheduling, pauses by the method
         summary[f"pause_ratio_fork_over_mmm_{tag}"] = ratio(parts, "pause_ratio_fork_over_mmm")
+        summary[f"service_spike_ratio_fork_over_mmm_{tag}"] = ratio(
+            parts, "service_spike_ratio_fork_over_mmm")
         var = results[parts]["variants"]
         summary[f"mean_ms_{tag}"] = {v: var[v]["mean_ms"] for v in VARIANTS}
         summary[f"wake_delay_mean_ms_{tag}"] = {v: var[v]["wake_delay_mean_ms"]
