@@ -30,6 +30,20 @@ once the previous one is done (mmm: committed; fork: child exited; async
 pickle: written), and a synchronous one between two batches. The same amount
 of state is written per tick as with one partition; each interruption is 1/P.
 
+Rounds: every variant runs ``--rounds`` times, interleaved (each round runs
+all variants once, in an order rotated round by round), and every ratio in the
+summary is the median over rounds of the ratio *within* a round (runs moments
+apart share the machine's load). Each run also records where its latency came
+from: ``wake_delay`` (how late the operator thread woke after sleeping until a
+batch's arrival: the machine's scheduling, not the variant), ``service`` (the
+operator thread's own time per batch: processing, copy-on-write, the checkpoint
+start, any wait for the GIL), late batches (arrived while an earlier one was
+still being processed), GC time, CPU/wall, involuntary context switches and the
+load average. On a shared 2-core machine the wake-up delay drove the spread
+(means of 1-20 ms for batches served in 0.3 ms), so by default the timed runs
+are scheduled ``SCHED_FIFO`` when permitted (``--priority``; forked children
+run normally), which takes that wait out of every variant alike.
+
 Before its timed run every variant is warmed up (untimed): it processes
 batches back to back while taking two rounds of checkpoints (see `warm_up`).
 The first mmm checkpoint is full; later ones are incremental, with random
@@ -37,11 +51,14 @@ updates nearly as large.
 Objects built before the runs are moved out of the garbage collector's reach
 (``gc.freeze``) so no variant pays a full collection of millions of lists.
 
-Run: ``python -m bench.chkpt_latency [--quick] [--out DIR]``. Writes
-``DIR/chkpt_latency.json`` (default ``bench/out``; summary: ``mmm_mean_ratio_1p``,
-``mmm_p99_ratio_1p``, ``spike_ratio_sync_pickle_over_mmm``,
+Run: ``python -m bench.chkpt_latency [--quick] [--rounds N] [--priority rt|normal]
+[--out DIR]``. Writes ``DIR/chkpt_latency.json`` (default ``bench/out``; summary:
+``mmm_mean_ratio_1p``, ``mmm_p99_ratio_1p``, ``spike_ratio_sync_pickle_over_mmm``,
 ``spike_ratio_fork_over_mmm``, ``mmm_mean_over_dict_none_1p`` — mmm with
-checkpoints over the dict without) and ``DIR/chkpt_latency.png``.
+checkpoints over the dict without —, ``mmm_service_mean_ratio_1p`` — the
+operator thread's own time per batch with checkpoints over without —, the
+per-variant means and wake-up delays, the rounds, priority and load) and
+``DIR/chkpt_latency.png`` (the last round's curves).
 """
 from __future__ import annotations
 
@@ -50,6 +67,7 @@ import concurrent.futures as cf
 import gc
 import os
 import pickle
+import resource
 import shutil
 import tempfile
 import time
@@ -241,16 +259,33 @@ def run(runner: Runner, batches: list[list[tuple[Any, Any]]], period_s: float,
     n_parts = len(batches[0])
     warm_up(runner, batches, n_parts, checkpoint)
     lat = np.empty(len(batches))
+    service = np.empty(len(batches))  # processing the batch (and starting a checkpoint)
+    wake = np.full(len(batches), np.nan)  # lateness of the wake-up after an on-time sleep
     events: list[dict[str, Any]] = []
     queue: list[int] = []
     inflight: Any = None
     next_due = first_s
+    gc_s = [0.0]
+    gc_t = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_t[0] = time.perf_counter()
+        else:
+            gc_s[0] += time.perf_counter() - gc_t[0]
+
+    gc.callbacks.append(on_gc)
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter() + 0.01
+    w0 = t0
     for i, parts in enumerate(batches):
         arrive = t0 + i * period_s
         now = time.perf_counter()
         if now < arrive:
             time.sleep(arrive - now)
+            wake[i] = time.perf_counter() - arrive
+        begin = time.perf_counter()
         if checkpoint:
             now = time.perf_counter() - t0
             if inflight is None and not queue and now >= next_due:
@@ -271,11 +306,47 @@ def run(runner: Runner, batches: list[list[tuple[Any, Any]]], period_s: float,
                 if inflight is None:  # mmm skipped it: nothing changed
                     events[-1]["end_s"] = e - t0
         runner.process(parts)
-        lat[i] = time.perf_counter() - arrive
+        end = time.perf_counter()
+        lat[i] = end - arrive
+        service[i] = end - begin
+    wall = time.perf_counter() - w0
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    gc.callbacks.remove(on_gc)
     if inflight is not None:
         wait_handle(inflight)
         events[-1]["end_s"] = time.perf_counter() - t0
-    return {"latency_s": lat, "events": events}
+    on_time = wake[~np.isnan(wake)]
+    diag = {"loadavg_1min": load0,
+            "cpu_s_per_wall_s": (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / wall,
+            "involuntary_switches": ru1.ru_nivcsw - ru0.ru_nivcsw,
+            "wake_delay_mean_ms": float(on_time.mean() * 1e3) if len(on_time) else 0.0,
+            "wake_delay_p99_ms": float(np.percentile(on_time, 99) * 1e3) if len(on_time) else 0.0,
+            "late_batches": int(len(batches) - len(on_time)),
+            "service_mean_ms": float(service.mean() * 1e3),
+            "service_p99_ms": float(np.percentile(service, 99) * 1e3),
+            "service_max_ms": float(service.max() * 1e3),
+            "wake_delay_max_ms": float(on_time.max() * 1e3) if len(on_time) else 0.0,
+            "gc_ms": gc_s[0] * 1e3}
+    return {"latency_s": lat, "events": events, "diag": diag}
+
+
+def set_priority(kind: str) -> str:
+    """Schedule this thread (and threads it starts later) SCHED_FIFO ("rt") or normally.
+
+    On a shared machine most of a batch's latency is the wait for a CPU after
+    its sleep (``wake_delay``), set by other processes' load, not by the
+    variant; a real-time priority takes that wait out of every variant alike.
+    Forked children are reset to normal scheduling. Returns what was applied.
+    """
+    try:
+        if kind == "rt":
+            os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK,
+                                  os.sched_param(10))
+            return "SCHED_FIFO 10"
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, OSError) as exc:
+        return f"normal ({kind} not permitted: {exc})"
+    return "normal"
 
 
 def summarize(lat: np.ndarray) -> dict[str, float]:
@@ -312,19 +383,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=200, help="tuples per batch")
     ap.add_argument("--period-ms", type=float, default=10.0, help="one batch every ... ms")
     ap.add_argument("--interval-s", type=float, default=None,
-                    help="checkpoint interval (default 20, --quick 5)")
+                    help="checkpoint interval (default 10, --quick 2)")
     ap.add_argument("--first-s", type=float, default=None,
-                    help="first checkpoint after ... s (default 10, --quick 1.5)")
+                    help="first checkpoint after ... s (default 5, --quick 0.5)")
     ap.add_argument("--duration-s", type=float, default=None,
-                    help="length of each run (default 60, --quick 8)")
+                    help="length of each run (default 30, --quick 4)")
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--priority", choices=("rt", "normal"), default="rt",
+                    help="scheduling of the timed runs: rt = SCHED_FIFO for this process's "
+                         "threads (children reset to normal) when permitted, else normal")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="runs of every variant, interleaved (default 5, --quick 3)")
     args = parse_args(ap, argv)
+    n_rounds = args.rounds or (3 if args.quick else 5)
+    load_before = os.getloadavg()[0]
     state_mb = args.state_mb or (32 if args.quick else 128)
-    interval = args.interval_s or (5.0 if args.quick else 20.0)
-    first = args.first_s or (1.5 if args.quick else 10.0)
-    duration = args.duration_s or (8.0 if args.quick else 60.0)
+    interval = args.interval_s or (2.0 if args.quick else 10.0)
+    first = args.first_s or (0.5 if args.quick else 5.0)
+    duration = args.duration_s or (4.0 if args.quick else 30.0)
     period = args.period_ms / 1e3
     n_batches = int(duration / period)
     workdir = tempfile.mkdtemp(prefix="sguard-chkpt-latency-")
@@ -346,24 +424,63 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"pickled {pickled / MB:.0f} MB (built in {time.perf_counter() - t:.1f} s)")
             res: dict[str, Any] = {"n_keys": n_keys, "mmm_state_bytes": mmm_bytes,
                                    "pickled_bytes": pickled, "variants": {}}
+            rounds: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+            prio = set_priority(args.priority)  # threads started from now on inherit it
+            for r in range(n_rounds):
+                # each round runs every variant once, in a rotated order: the variants'
+                # runs sit next to each other in time, so a ratio within a round
+                # compares runs under the same machine load
+                order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+                for v in order:
+                    runner = Runner(v, ops, dicts, workdir, args.workers)
+                    try:
+                        out = run(runner, cols if runner.uses_mmm else recs, period, interval,
+                                  first, checkpoint=not v.startswith("none"))
+                    finally:
+                        runner.close()
+                    s = summarize(out["latency_s"])
+                    s.update(out["diag"])
+                    s["checkpoints"] = out["events"]
+                    s["max_pause_ms"] = max((e["pause_s"] * 1e3 for e in out["events"]),
+                                            default=0.0)
+                    if runner.mgrs:
+                        s["pages_cloned"] = int(sum(op.pm.stats()["pages_cloned"] for op in ops))
+                    rounds[v].append(s)
+                    curves[f"{n_parts}:{v}"] = out["latency_s"]
+                    print(f"  round {r} {v:<13} mean {s['mean_ms']:7.2f} ms  p99 "
+                          f"{s['p99_ms']:7.2f}  max {s['max_ms']:7.1f}  service "
+                          f"{s['service_mean_ms']:6.2f}/{s['service_p99_ms']:6.2f}/"
+                          f"{s['service_max_ms']:6.1f}  wake {s['wake_delay_mean_ms']:5.2f}/"
+                          f"{s['wake_delay_p99_ms']:6.2f}/{s['wake_delay_max_ms']:6.1f}  late "
+                          f"{s['late_batches']:4d}  load {s['loadavg_1min']:4.1f}  gc "
+                          f"{s['gc_ms']:5.1f} ms  ({len(out['events'])} chkpts, max pause "
+                          f"{s['max_pause_ms']:.1f} ms)")
+            set_priority("normal")
+            res["priority"] = prio
             for v in VARIANTS:
-                runner = Runner(v, ops, dicts, workdir, args.workers)
-                try:
-                    out = run(runner, cols if runner.uses_mmm else recs, period, interval,
-                              first, checkpoint=not v.startswith("none"))
-                finally:
-                    runner.close()
-                s = summarize(out["latency_s"])
-                s["checkpoints"] = out["events"]
-                s["max_pause_ms"] = max((e["pause_s"] * 1e3 for e in out["events"]), default=0.0)
-                if runner.mgrs:
-                    s["pages_cloned"] = int(sum(op.pm.stats()["pages_cloned"] for op in ops))
-                res["variants"][v] = s
-                curves[f"{n_parts}:{v}"] = out["latency_s"]
-                pauses = [e["pause_s"] * 1e3 for e in out["events"]]
-                print(f"  {v:<13} mean {s['mean_ms']:8.2f} ms  std {s['std_ms']:8.2f}  "
-                      f"p99 {s['p99_ms']:8.2f}  max {s['max_ms']:8.1f}  "
-                      f"({len(pauses)} checkpoints, max pause {max(pauses, default=0):.1f} ms)")
+                med = {k: float(np.median([x[k] for x in rounds[v]]))
+                       for k, val in rounds[v][0].items()
+                       if isinstance(val, (int, float)) and not isinstance(val, bool)}
+                res["variants"][v] = {**med, "rounds": rounds[v]}
+
+            def paired(v: str, base: str, key: str) -> list[float]:
+                return [a[key] / b[key] if b[key] else float("inf")
+                        for a, b in zip(rounds[v], rounds[base])]
+
+            res["paired"] = {
+                "mmm_mean_ratio": paired("mmm", "none (mmm)", "mean_ms"),
+                "mmm_p99_ratio": paired("mmm", "none (mmm)", "p99_ms"),
+                "mmm_service_mean_ratio": paired("mmm", "none (mmm)", "service_mean_ms"),
+                "mmm_mean_over_dict_none": paired("mmm", "none (dict)", "mean_ms"),
+                "mmm_none_mean_over_dict_none": paired("none (mmm)", "none (dict)", "mean_ms"),
+                "spike_ratio_sync_pickle_over_mmm": paired("sync pickle", "mmm", "max_ms"),
+                "spike_ratio_async_pickle_over_mmm": paired("async pickle", "mmm", "max_ms"),
+                "spike_ratio_fork_over_mmm": paired("fork", "mmm", "max_ms"),
+                # the operator thread's own longest batch (no wake-up delay, no queue)
+                "service_spike_ratio_fork_over_mmm": paired("fork", "mmm", "service_max_ms"),
+                "pause_ratio_fork_over_mmm": paired("fork", "mmm", "max_pause_ms")}
+            for k, v in res["paired"].items():
+                print(f"  {k}: median {np.median(v):.2f}  rounds {[round(x, 2) for x in v]}")
             results[str(n_parts)] = res
             gc.unfreeze()
             del ops, dicts, cols, recs
@@ -371,27 +488,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    def ratio(parts: str, v: str, base: str, key: str) -> float:
-        r = results[parts]["variants"]
-        return r[v][key] / r[base][key]
+    def ratio(parts: str, key: str) -> float:
+        """Median over rounds of a ratio paired within each round."""
+        return float(np.median(results[parts]["paired"][key]))
 
     summary: dict[str, Any] = {}
     for parts, tag in (("1", "1p"), ("4", "4p")):
         if parts not in results:
             continue
-        summary[f"mmm_mean_ratio_{tag}"] = ratio(parts, "mmm", "none (mmm)", "mean_ms")
-        summary[f"mmm_p99_ratio_{tag}"] = ratio(parts, "mmm", "none (mmm)", "p99_ms")
+        summary[f"mmm_mean_ratio_{tag}"] = ratio(parts, "mmm_mean_ratio")
+        summary[f"mmm_p99_ratio_{tag}"] = ratio(parts, "mmm_p99_ratio")
         # mmm *with* checkpoints against the dict operator *without* any
-        summary[f"mmm_mean_over_dict_none_{tag}"] = ratio(parts, "mmm", "none (dict)", "mean_ms")
-        summary[f"mmm_none_mean_over_dict_none_{tag}"] = ratio(parts, "none (mmm)",
-                                                               "none (dict)", "mean_ms")
-        for v, short in (("sync pickle", "sync_pickle"), ("async pickle", "async_pickle"),
-                         ("fork", "fork")):
+        summary[f"mmm_mean_over_dict_none_{tag}"] = ratio(parts, "mmm_mean_over_dict_none")
+        summary[f"mmm_none_mean_over_dict_none_{tag}"] = ratio(parts,
+                                                               "mmm_none_mean_over_dict_none")
+        summary[f"mmm_service_mean_ratio_{tag}"] = ratio(parts, "mmm_service_mean_ratio")
+        for short in ("sync_pickle", "async_pickle", "fork"):
             summary[f"spike_ratio_{short}_over_mmm" + ("" if tag == "1p" else "_4p")] = \
-                ratio(parts, v, "mmm", "max_ms")
+                ratio(parts, f"spike_ratio_{short}_over_mmm")
         # the operator thread's own pause per checkpoint (freeze for mmm, fork() for fork):
         # latency maxima on a loaded machine are set by scheduling, pauses by the method
-        summary[f"pause_ratio_fork_over_mmm_{tag}"] = ratio(parts, "fork", "mmm", "max_pause_ms")
+        summary[f"pause_ratio_fork_over_mmm_{tag}"] = ratio(parts, "pause_ratio_fork_over_mmm")
+        summary[f"service_spike_ratio_fork_over_mmm_{tag}"] = ratio(
+            parts, "service_spike_ratio_fork_over_mmm")
+        var = results[parts]["variants"]
+        summary[f"mean_ms_{tag}"] = {v: var[v]["mean_ms"] for v in VARIANTS}
+        summary[f"wake_delay_mean_ms_{tag}"] = {v: var[v]["wake_delay_mean_ms"]
+                                                for v in VARIANTS}
+        summary[f"service_mean_ms_{tag}"] = {v: var[v]["service_mean_ms"] for v in VARIANTS}
+        # across the runs of the variants without pauses in the operator thread: how
+        # much of the spread of the mean latency the wake-up delay explains (Pearson r;
+        # near 1: the machine's scheduling, not the variant)
+        runs = [x for v in ("none (mmm)", "none (dict)", "mmm") for x in var[v]["rounds"]]
+        lat_m = np.array([x["mean_ms"] for x in runs])
+        wake_m = np.array([x["wake_delay_mean_ms"] for x in runs])
+        summary[f"spread_r_mean_vs_wake_{tag}"] = (
+            float(np.corrcoef(lat_m, wake_m)[0, 1])
+            if len(runs) > 2 and lat_m.std() > 0 and wake_m.std() > 0 else None)
+    summary["rounds"] = n_rounds
+    summary["priority"] = {parts: results[parts]["priority"] for parts in results}
+    summary["loadavg_1min_before_after"] = [load_before, os.getloadavg()[0]]
+    summary["cpus"] = os.cpu_count()
     summary["targets"] = {"mmm_mean_ratio_1p": "<= 1.1", "mmm_p99_ratio_1p": "<= 1.5",
                           "spike_ratio_sync_pickle_over_mmm": ">= 10",
                           "spike_ratio_fork_over_mmm": ">= 5",
@@ -402,7 +539,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
               "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
               "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
-              "partitions": args.partitions, "storage": "file:// (temporary dir, fsync)",
+              "partitions": args.partitions, "rounds": n_rounds,
+              "ratios": "median over rounds of the ratio within each round",
+              "storage": "file:// (temporary dir, fsync)",
               "partition_checkpoints": "in turn (next partition once the previous is done)"}
     path = write_result("chkpt_latency", summary, {"results": results}, params)
     plt, png = figure("chkpt_latency")

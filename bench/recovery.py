@@ -12,29 +12,39 @@ read (``posix_fadvise(DONTNEED)``):
   checksum and PageID checks, pages copied into frames as they arrive,
   `mmm.Loader.finish`) plus reopening the operator (``Aggregate(pm)``), whose
   `HashMap` rebuilds its in-memory index on first access;
-* **rebuild** (the part Figure 9 plots): the same load done step by step,
+* **rebuild** (the part Figure 9 plots): the same load done pass by pass,
   timing only `mmm.Loader.finish` (page tables and catalog from the page
-  headers) plus the structure's lazy index rebuild.
+  headers) plus the structure's lazy index rebuild. The pass-by-pass load also
+  gives the per-pass profile (``passes``): manifest, ``begin_load``, the
+  parallel read with verification, page tables, structure rebuild; the same
+  read without verification (what checking every page adds to the wall time)
+  and the checksums' CPU time alone (one thread).
 
 Two memory settings: *warm* recovers into a page manager reused across
 repeats and reads into a reused, already touched buffer of the state's size
 (so both sides write the same bytes to the same kind of memory); *cold*
 recovers into a fresh page manager and reads into a fresh buffer of the
 state's size, as a restarting process must (both then fault their memory in).
-The summary's ``recovery_over_read_512mb`` is the *warm* ratio at the worse
-page size: the strictest comparison here (in the cold setting the fresh-buffer
-read came out slower than the whole cold recovery, a weak baseline); the cold
-ratios are reported next to it.
+Each recovery runs right next to its read (the order alternates between
+repeats) and a ratio is the median over repeats of these paired ratios: on a
+shared machine the load drifts between repeats, and a ratio of two medians
+taken at different moments would mostly measure that drift (both are
+reported, with the load average before and after). The summary's
+``recovery_over_read_512mb`` is the warm ratio at the worse page size,
+``recovery_over_read_512mb_cold`` the cold one.
 
-Run: ``python -m bench.recovery [--quick] [--out DIR]``. Writes ``DIR/recovery.json`` (default ``bench/out``)
-(summary: ``rebuild_ms_512mb`` — the slower page size —, ``recovery_over_read_512mb``)
-and ``DIR/recovery.png``.
+Run: ``python -m bench.recovery [--quick] [--priority normal|rt] [--out DIR]``.
+Writes ``DIR/recovery.json`` (default ``bench/out``; summary: ``rebuild_ms_512mb``
+— the slower page size —, ``recovery_over_read_512mb`` and ``..._cold``, the
+per-pass profile ``passes_ms_512mb_<page size>``, load average) and
+``DIR/recovery.png``.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
 import gc
+import os
 import shutil
 import tempfile
 import time
@@ -46,9 +56,11 @@ import numpy as np
 
 import mmm
 from bench._harness import figure, parse_args, stats, write_result
+from bench.chkpt_latency import set_priority
 from bench.io_throughput import _evict
 from ioservice import CheckpointManager, IOService, StorageRoot, open_root
-from ioservice.recovery import restore
+from ioservice.format import page_checksums
+from ioservice.recovery import read_manifest, restore
 from ioservice.service import DEFAULT_CHUNK_BYTES
 from sguard.operators import Aggregate
 
@@ -104,63 +116,123 @@ def reopen(pm: mmm.PageManager, n_keys: int) -> float:
     return dt
 
 
-def measure(root: StorageRoot, haunit: str, files: list[str], sizes: list[int], n_keys: int,
-            page_bytes: int, state_bytes: int, workers: int, repeats: int) -> dict[str, Any]:
+def restore_warm(pm: mmm.PageManager, root: StorageRoot, haunit: str, n_keys: int,
+                 io: IOService) -> float:
+    """`restore` into ``pm`` plus reopening the operator; seconds."""
+    t0 = time.perf_counter()
+    restore(pm, root, haunit, io=io)
+    reopen(pm, n_keys)
+    return time.perf_counter() - t0
+
+
+def profile_passes(pm: mmm.PageManager, root: StorageRoot, haunit: str, man_name: str,
+                   files: list[str], n_keys: int, io: IOService) -> dict[str, float]:
+    """One recovery done pass by pass (seconds each): manifest, begin_load, the
+    parallel read with verification, `Loader.finish` (page tables), reopening the
+    operator (structure rebuild); plus the read without verification (what
+    verifying adds to the wall time) and the checksums' CPU time alone (one
+    thread, over the loaded frames)."""
+    out: dict[str, float] = {}
+    _evict(root, files)
+    t = time.perf_counter()
+    man = read_manifest(root, man_name)
+    out["manifest"] = time.perf_counter() - t
+    t = time.perf_counter()
+    loader = pm.begin_load()
+    out["begin_load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    io.read_pages(root, man, loader.add, verify=True)
+    out["read_verify"] = time.perf_counter() - t
+    t = time.perf_counter()
+    loader.finish()
+    out["page_tables"] = time.perf_counter() - t
+    out["structure_rebuild"] = reopen(pm, n_keys)
+    frames = pm.pool.frames[:man.n_pages]
+    t = time.perf_counter()
+    page_checksums(frames)
+    out["checksum_cpu_1thread"] = time.perf_counter() - t
+    _evict(root, files)
+    loader = pm.begin_load()
+    t = time.perf_counter()
+    io.read_pages(root, man, loader.add, verify=False)
+    out["read_noverify"] = time.perf_counter() - t
+    loader.finish()
+    reopen(pm, n_keys)
+    return out
+
+
+def measure(root: StorageRoot, haunit: str, man_name: str, files: list[str], sizes: list[int],
+            n_keys: int, page_bytes: int, state_bytes: int, workers: int,
+            repeats: int) -> dict[str, Any]:
+    """Repeat by repeat, each recovery next to its read baseline (the order of the
+    two alternates between repeats), so a ratio pairs two measurements taken
+    moments apart: on a shared machine the load drifts between repeats."""
     cap = state_bytes + (64 << 20)
     warm_pm = mmm.PageManager(page_bytes=page_bytes, capacity_bytes=cap)
     warm_dest = np.ones(sum(sizes), dtype=np.uint8)  # reused, already touched
     t: dict[str, list[float]] = {k: [] for k in (
         "read_warm", "recovery_warm", "read_cold", "recovery_cold", "finish", "index",
-        "rebuild", "restore_only_warm")}
+        "rebuild", "ratio_warm", "ratio_cold")}
+    passes: dict[str, list[float]] = {}
     with IOService(workers) as io, cf.ThreadPoolExecutor(workers) as pool:
         for rep in range(repeats + 1):
             timed = rep > 0
             gc.collect()
-            # warm: reused buffer / reused page manager
-            _evict(root, files)
-            t0 = time.perf_counter()
-            nread = read_fresh(root, files, sizes, pool, DEFAULT_CHUNK_BYTES, warm_dest)
-            read_warm = time.perf_counter() - t0
-            assert nread == sum(sizes)
-            _evict(root, files)
-            t0 = time.perf_counter()
-            man = restore(warm_pm, root, haunit, io=io)
-            t1 = time.perf_counter()
-            reopen(warm_pm, n_keys)
-            rec_warm = time.perf_counter() - t0
-            restore_only = t1 - t0
-            # the rebuild alone: load step by step, time finish + index rebuild
-            _evict(root, files)
-            loader = warm_pm.begin_load()
-            io.read_pages(root, man, loader.add)
-            t0 = time.perf_counter()
-            loader.finish()
-            fin = time.perf_counter() - t0
-            idx = reopen(warm_pm, n_keys)
-            # cold: fresh memory on both sides
-            _evict(root, files)
-            gc.collect()
-            t0 = time.perf_counter()
-            nread = read_fresh(root, files, sizes, pool, DEFAULT_CHUNK_BYTES)
-            read_cold = time.perf_counter() - t0
-            assert nread == sum(sizes)
-            _evict(root, files)
-            gc.collect()
-            cold_pm = mmm.PageManager(page_bytes=page_bytes, capacity_bytes=cap)
-            t0 = time.perf_counter()
-            restore(cold_pm, root, haunit, io=io)
-            reopen(cold_pm, n_keys)
-            rec_cold = time.perf_counter() - t0
-            del cold_pm
+
+            def read_w() -> float:
+                _evict(root, files)
+                t0 = time.perf_counter()
+                nread = read_fresh(root, files, sizes, pool, DEFAULT_CHUNK_BYTES, warm_dest)
+                dt = time.perf_counter() - t0
+                assert nread == sum(sizes)
+                return dt
+
+            def rec_w() -> float:
+                _evict(root, files)
+                return restore_warm(warm_pm, root, haunit, n_keys, io)
+
+            def read_c() -> float:
+                _evict(root, files)
+                gc.collect()
+                t0 = time.perf_counter()
+                nread = read_fresh(root, files, sizes, pool, DEFAULT_CHUNK_BYTES)
+                dt = time.perf_counter() - t0
+                assert nread == sum(sizes)
+                return dt
+
+            def rec_c() -> float:
+                _evict(root, files)
+                gc.collect()
+                cold_pm = mmm.PageManager(page_bytes=page_bytes, capacity_bytes=cap)
+                dt = restore_warm(cold_pm, root, haunit, n_keys, io)
+                del cold_pm
+                return dt
+
+            if rep % 2:
+                rec_warm, read_warm = rec_w(), read_w()
+                rec_cold, read_cold = rec_c(), read_c()
+            else:
+                read_warm, rec_warm = read_w(), rec_w()
+                read_cold, rec_cold = read_c(), rec_c()
+            prof = profile_passes(warm_pm, root, haunit, man_name, files, n_keys, io)
             if timed:
                 for k, v in (("read_warm", read_warm), ("recovery_warm", rec_warm),
-                             ("restore_only_warm", restore_only), ("read_cold", read_cold),
-                             ("recovery_cold", rec_cold), ("finish", fin), ("index", idx),
-                             ("rebuild", fin + idx)):
+                             ("read_cold", read_cold), ("recovery_cold", rec_cold),
+                             ("finish", prof["page_tables"]),
+                             ("index", prof["structure_rebuild"]),
+                             ("rebuild", prof["page_tables"] + prof["structure_rebuild"]),
+                             ("ratio_warm", rec_warm / read_warm),
+                             ("ratio_cold", rec_cold / read_cold)):
                     t[k].append(v)
+                for k, v in prof.items():
+                    passes.setdefault(k, []).append(v)
     out: dict[str, Any] = {k: stats(v) for k, v in t.items()}
-    out["recovery_over_read_cold"] = out["recovery_cold"]["median"] / out["read_cold"]["median"]
-    out["recovery_over_read_warm"] = out["recovery_warm"]["median"] / out["read_warm"]["median"]
+    out["passes"] = {k: stats(v) for k, v in passes.items()}
+    # the median of the paired per-repeat ratios (robust to load drift between repeats)
+    out["recovery_over_read_cold"] = out["ratio_cold"]["median"]
+    out["recovery_over_read_warm"] = out["ratio_warm"]["median"]
+    out["ratio_of_medians_cold"] = out["recovery_cold"]["median"] / out["read_cold"]["median"]
+    out["ratio_of_medians_warm"] = out["recovery_warm"]["median"] / out["read_warm"]["median"]
     return out
 
 
@@ -171,10 +243,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="default 64 128 256 512, --quick 64 512")
     ap.add_argument("--page-bytes", type=int, nargs="+", default=[1 << 13, 1 << 16])
     ap.add_argument("--workers", type=int, default=4, help="I/O threads (both sides)")
-    ap.add_argument("--repeats", type=int, default=None, help="default 7, --quick 3")
+    ap.add_argument("--repeats", type=int, default=None, help="default 7, --quick 5")
+    ap.add_argument("--priority", choices=("normal", "rt"), default="normal",
+                    help="scheduling of the timed part: rt = SCHED_FIFO for this process's "
+                         "threads when permitted (takes both CPUs from other processes "
+                         "while it reads: use on a shared machine only briefly)")
     args = parse_args(ap, argv)
     sizes = args.sizes_mb or ([64, 512] if args.quick else [64, 128, 256, 512])
-    repeats = args.repeats or (3 if args.quick else 7)
+    repeats = args.repeats or (5 if args.quick else 7)
+    load_before = os.getloadavg()
     tmp = tempfile.mkdtemp(prefix="sguard-recovery-")
     rows: list[dict[str, Any]] = []
     try:
@@ -192,8 +269,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 files = [f.path for f in man.files]
                 fsizes = [f.size_bytes for f in man.files]
                 built = time.perf_counter() - t
-                m = measure(root, haunit, files, fsizes, n_keys, pb, state, args.workers,
-                            repeats)
+                prio = set_priority(args.priority)  # the reader threads start inside
+                try:
+                    m = measure(root, haunit, man.name, files, fsizes, n_keys, pb, state,
+                                args.workers, repeats)
+                finally:
+                    set_priority("normal")
                 row = {"page_bytes": pb, "target_mb": size, "state_bytes": state,
                        "pages": man.n_pages, "keys": n_keys, **m}
                 rows.append(row)
@@ -205,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{m['recovery_over_read_cold']:.2f} ({m['recovery_cold']['median']:.3f} / "
                       f"{m['read_cold']['median']:.3f} s), warm {m['recovery_over_read_warm']:.2f} "
                       f"({m['recovery_warm']['median']:.3f} / {m['read_warm']['median']:.3f} s)")
+                print("   passes (median ms): " + ", ".join(
+                    f"{k} {v['median'] * 1e3:.1f}" for k, v in m["passes"].items()))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     big = [r for r in rows if r["target_mb"] == 512]
@@ -222,14 +305,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary[f"recovery_over_read_512mb_{k}_cold"] = r["recovery_over_read_cold"]
             summary[f"recovery_s_512mb_{k}"] = r["recovery_warm"]["median"]
             summary[f"read_s_512mb_{k}"] = r["read_warm"]["median"]
+            summary[f"passes_ms_512mb_{k}"] = {p: v["median"] * 1e3
+                                               for p, v in r["passes"].items()}
+    summary["loadavg_1min_before_after"] = [load_before[0], os.getloadavg()[0]]
+    summary["cpus"] = os.cpu_count()
+    summary["priority"] = prio if rows else args.priority
     summary["targets"] = {"rebuild_ms_512mb": "<= 60", "recovery_over_read_512mb": "<= 1.1",
                           "recovery_over_read_512mb_cold": "<= 1.1"}
     print({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()})
     params = {"quick": args.quick, "sizes_mb": sizes, "page_bytes": args.page_bytes,
-              "workers": args.workers, "repeats": repeats, "storage": "file:// temporary dir",
+              "workers": args.workers, "repeats": repeats, "priority": args.priority,
+              "storage": "file:// temporary dir",
               "page_cache": "posix_fadvise(DONTNEED) on the page files before every read",
-              "summary_ratio": "cold (fresh page manager vs fresh read buffer), the worse page "
-                               "size; warm alongside"}
+              "summary_ratio": "median over repeats of recovery / read measured back to back "
+                               "(order alternating), the worse page size; warm in "
+                               "recovery_over_read_512mb, cold in ..._cold"}
     path = write_result("recovery", summary, {"rows": rows}, params)
     plt, png = figure("recovery")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))

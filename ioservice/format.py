@@ -70,6 +70,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from ioservice._checksum import xxh3_rows
 from ioservice.errors import InvalidNameError, ManifestError
 from ioservice.fs import validate_name
 from mmm.page import MAX_PAGE_BYTES, MIN_PAGE_BYTES
@@ -178,13 +179,11 @@ def page_file_name(worker: int) -> str:
 def page_checksums(pages: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
     """xxh3_64 of each row of a C-contiguous ``(n, page_bytes)`` uint8 array.
 
-    Runtime complexity: O(bytes); about 10 GB/s plus ~1 µs per page.
+    One compiled call without the GIL (`ioservice._checksum.xxh3_rows`: xxHash's
+    own C function, so the digests are exactly ``xxhash.xxh3_64_intdigest``'s).
+    Runtime complexity: O(bytes), about 20 GB/s.
     """
-    out = np.empty(len(pages), dtype=np.uint64)
-    digest = xxhash.xxh3_64_intdigest
-    for i in range(len(pages)):
-        out[i] = digest(pages[i])
-    return out
+    return xxh3_rows(pages)
 
 
 # ------------------------------------------------------------------ manifest

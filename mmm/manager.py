@@ -363,9 +363,22 @@ class PageManager:
         ps = self._sets[psid]
         frame = int(ps.frames[seq])
         if self._active and self.pool.pins[frame] > 0:
-            frame = int(self._clone(ps, np.array([seq]), np.array([frame]))[0])
+            frame = self._clone1(ps, seq, frame)
         ps.mod[seq] = self.epoch
         return frame
+
+    def _clone1(self, ps: PageSet, seq: int, old: int) -> int:
+        """Scalar `_clone` (the per-page copy-on-write of the compiled kernels' path)."""
+        pool = self.pool
+        new = pool.allocate1()  # overwritten right away
+        pool.frames[new] = pool.frames[old]
+        pool.clock += 1
+        pool.headers["version"][new] = pool.clock
+        ps.frames[seq] = new
+        ps.version += 1
+        pool.orphan1(old)
+        self.stats_pages_cloned += 1
+        return new
 
     def clone(self, page_id: int) -> int:
         """Copy a page into a new frame that replaces it in its page set; return the frame."""

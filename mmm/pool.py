@@ -242,6 +242,39 @@ class PagePool:
                 self.frames[fresh0:stale_end] = 0
         return out
 
+    def allocate1(self) -> int:
+        """Scalar ``allocate(1, zero=False)``: one frame whose bytes the caller
+        overwrites at once (a copy-on-write clone of one page).
+
+        Raises
+        ------
+        PoolExhaustedError
+            If no frame is free; nothing is allocated.
+        """
+        with self._lock:
+            if self._used >= self.n_frames:
+                raise PoolExhaustedError(
+                    f"page pool exhausted: 1 page(s) of {self.page_bytes} bytes requested, "
+                    f"0 of {self.n_frames} free (capacity {self.n_frames * self.page_bytes} "
+                    f"bytes)")
+            if self._free:
+                frame = self._free.pop()
+            else:
+                frame = self._watermark
+                self._watermark += 1
+                self._dirty_end = max(self._dirty_end, self._watermark)
+            self._used += 1
+            self.state[frame] = LIVE
+        return frame
+
+    def orphan1(self, frame: int) -> None:
+        """Scalar `orphan`: one frame replaced by its clone."""
+        with self._lock:
+            if self.pins[frame] > 0:
+                self.state[frame] = ORPHAN
+            else:
+                self._release_locked(np.array([frame], dtype=np.int64))
+
     def free(self, frames: np.ndarray) -> None:
         """Return LIVE frames to the pool; pinned ones become ORPHAN until unpinned."""
         frames = np.asarray(frames, dtype=np.int64).reshape(-1)
@@ -255,8 +288,12 @@ class PagePool:
             return
         self.headers["magic"][frames] = 0
         self.state[frames] = FREE
-        self._free.extend(frames.tolist())
         self._used -= len(frames)
+        if self._used == 0:  # the pool is empty: as `reset_if_empty` (no free list to build)
+            self._free = []
+            self._watermark = 0
+        else:
+            self._free.extend(frames.tolist())
 
     def orphan(self, frames: np.ndarray) -> None:
         """Mark pinned frames as no longer live (replaced by a clone)."""

@@ -1,0 +1,69 @@
+"""`ioservice.format.page_checksums` (one compiled call) against python-xxhash, digest for digest."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import xxhash
+
+from ioservice.format import page_checksums
+from mmm.page import MAX_PAGE_BYTES, MIN_PAGE_BYTES
+
+
+def _reference(pages: np.ndarray) -> np.ndarray:
+    return np.array([xxhash.xxh3_64_intdigest(bytes(p)) for p in pages], dtype=np.uint64)
+
+
+# every page size a checkpoint can hold, plus every xxh3 length class (0, 1-3, 4-8,
+# 9-16, 17-128, 129-240, long) and odd, unaligned tails
+@pytest.mark.parametrize("width", [0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1023, 4097,
+                                   MIN_PAGE_BYTES, 8192, 65536, MAX_PAGE_BYTES])
+def test_matches_xxhash(width: int) -> None:
+    rng = np.random.default_rng(width)
+    n = 3 if width >= MAX_PAGE_BYTES else 17
+    pages = rng.integers(0, 256, size=(n, width), dtype=np.uint8)
+    got = page_checksums(pages)
+    assert got.dtype == np.uint64 and got.shape == (n,)
+    assert np.array_equal(got, _reference(pages))
+
+
+def test_zero_rows_and_views() -> None:
+    assert page_checksums(np.zeros((0, 8192), np.uint8)).shape == (0,)
+    rng = np.random.default_rng(1)
+    big = rng.integers(0, 256, size=(9, 8192 + 24), dtype=np.uint8)
+    view = big[1::2, 8:8 + 8192]  # strided, offset: not C-contiguous
+    assert np.array_equal(page_checksums(view), _reference(view))
+
+
+def test_one_flipped_byte_changes_only_its_page() -> None:
+    rng = np.random.default_rng(2)
+    pages = rng.integers(0, 256, size=(64, 8192), dtype=np.uint8)
+    before = page_checksums(pages)
+    pages[37, 5000] ^= 1
+    after = page_checksums(pages)
+    assert np.flatnonzero(before != after).tolist() == [37]
+
+
+def test_threads_agree() -> None:
+    rng = np.random.default_rng(3)
+    pages = rng.integers(0, 256, size=(256, 8192), dtype=np.uint8)
+    want = _reference(pages)
+    got: list[np.ndarray] = []
+
+    def run() -> None:
+        got.append(page_checksums(pages))
+
+    th = [threading.Thread(target=run) for _ in range(4)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert len(got) == 4 and all(np.array_equal(g, want) for g in got)
+
+
+def test_rejects_wrong_shape_or_dtype() -> None:
+    with pytest.raises(ValueError, match="2-D uint8"):
+        page_checksums(np.zeros(8192, np.uint8))
+    with pytest.raises(ValueError, match="2-D uint8"):
+        page_checksums(np.zeros((2, 8), np.int32))  # type: ignore[arg-type]
