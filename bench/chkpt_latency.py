@@ -40,9 +40,10 @@ operator thread's own time per batch: processing, copy-on-write, the checkpoint
 start, any wait for the GIL), late batches (arrived while an earlier one was
 still being processed), GC time, CPU/wall, involuntary context switches and the
 load average. On a shared 2-core machine the wake-up delay drove the spread
-(means of 1-20 ms for batches served in 0.3 ms), so by default the timed runs
-are scheduled ``SCHED_FIFO`` when permitted (``--priority``; forked children
-run normally), which takes that wait out of every variant alike.
+(means of 1-20 ms for batches served in 0.3 ms). ``--priority rt`` (opt-in:
+real-time threads can starve the rest of a small machine) schedules the timed
+runs ``SCHED_FIFO`` when permitted (forked children run normally), which takes
+that wait out of every variant alike.
 
 Before its timed run every variant is warmed up (untimed): it processes
 batches back to back while taking two rounds of checkpoints (see `warm_up`).
@@ -391,9 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--priority", choices=("rt", "normal"), default="rt",
+    ap.add_argument("--priority", choices=("rt", "normal"), default="normal",
                     help="scheduling of the timed runs: rt = SCHED_FIFO for this process's "
-                         "threads (children reset to normal) when permitted, else normal")
+                         "threads (children reset to normal) when permitted; opt-in")
     ap.add_argument("--rounds", type=int, default=None,
                     help="runs of every variant, interleaved (default 5, --quick 3)")
     args = parse_args(ap, argv)
