@@ -22,6 +22,7 @@ import pytest
 import sguard.spark as ss
 from ioservice import list_checkpoints, open_root
 from sguard.spark import inputlog
+from sguard.spark.checkpointing import latest_checkpoint_batch
 from sguard.spark.metrics import read_metrics
 from sguard.statelayout import read_layout
 from tests.spark.helpers import StreamInput, make_input, run_query, running_oracle
@@ -144,31 +145,35 @@ def test_driver_sigkilled_then_scaled_out_and_in(spark: Any, tmp_path: Path) -> 
     assert recs[(5, 0)]["recovery"] == "restored" and recs[(5, 0)]["replayed_batches"] == 5
 
 
-def test_window_aggregate_scaled_with_lagging_checkpoint(spark: Any, tmp_path: Path) -> None:
-    """Tumbling windows, P = 2 -> 3 -> 4. Before the first restart, partition 0's newest
-    checkpoint is lost, so the sources are at different batches: the start-up brings
-    partition 0 forward from the log first (else the merged watermark would drop its
-    keys' replayed rows as late)."""
+def test_window_aggregate_scaled_with_lagging_checkpoint(
+        spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Tumbling windows, P = 2 -> 3 -> 4. Before the first restart the two partitions'
+    newest checkpoints are at different batches (if the asynchronous checkpoints did not
+    make them so, partition 0's newest is lost): the start-up brings the lagging one
+    forward from the log first (else the merged watermark would drop its keys' replayed
+    rows as late)."""
     inp, stage = _staged(tmp_path, 8, seed=3)
     op = ss.WindowAggregate(time="ts", window=W, value="v")
     ck = ss.CheckpointConfig(every_n_batches=2)
     root = open_root(str(tmp_path / "state"))
     for upto, p in ((4, 2), (6, 3), (8, 4)):
         _feed(inp, stage, upto)
-        if p == 3:
-            from sguard.spark.checkpointing import latest_checkpoint_batch
-            infos = [c for c in list_checkpoints(root, "window_aggregate.g0.p0000")
-                     if c.has_manifest]
-            assert len(infos) == 2
-            shutil.rmtree(tmp_path / "state" / infos[-1].directory)
-            assert latest_checkpoint_batch(root, "window_aggregate.g0.p0000") < \
-                latest_checkpoint_batch(root, "window_aggregate.g0.p0001")
-        rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=p,
-                                          checkpoint=ck)
+        if p == 3:  # the sources must be at different batches
+            hu = [f"window_aggregate.g0.p{q:04d}" for q in (0, 1)]
+            if latest_checkpoint_batch(root, hu[0]) == latest_checkpoint_batch(root, hu[1]):
+                infos = [c for c in list_checkpoints(root, hu[0]) if c.has_manifest]
+                assert len(infos) == 2
+                shutil.rmtree(tmp_path / "state" / infos[-1].directory)  # lost
+            assert latest_checkpoint_batch(root, hu[0]) != latest_checkpoint_batch(root, hu[1])
+        with caplog.at_level(logging.WARNING, logger="sguard.spark.api"):
+            rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=p,
+                                              checkpoint=ck)
         assert failures == 0
     want_rows, want_state = window_oracle(inp.tables)
     assert _window_rows(rows) == want_rows
     assert _window_rows(state) == want_state
+    lines = [r.getMessage() for r in caplog.records if "repartitioned" in r.getMessage()]
+    assert "1 brought forward" in lines[0], lines
     lay = read_layout(root)
     assert lay is not None and (lay.generation, lay.num_partitions) == (2, 4)
 
