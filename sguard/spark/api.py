@@ -86,9 +86,10 @@ def _repartition(root: StorageRoot, layout: OperatorLayout, operator: Operator,
     new = read_layout(root)
     assert new is not None and new.num_partitions == num_partitions
     logger.warning("state at %s repartitioned from %d to %d partitions at start-up "
-                   "(generation %d, sources aligned to batch %d%s) in %.2f s", root.uri,
-                   res.from_partitions, res.num_partitions, res.generation, res.batch,
-                   f", {len(res.aligned)} brought forward" if res.aligned else "", res.seconds)
+                   "(generation %d%s) in %.2f s", root.uri, res.from_partitions,
+                   res.num_partitions, res.generation,
+                   f", {len(res.aligned)} partition(s) brought forward to batch {res.batch}"
+                   if res.aligned else "", res.seconds)
     return new
 
 

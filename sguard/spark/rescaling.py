@@ -8,16 +8,20 @@ stored state's. Three steps, each restartable:
    generation's partitions (local mode, or an executor on the driver's host)
    are taken, so a checkpoint that a stopped query's Python worker still has
    in flight lands before its HA unit is read;
-2. **align the sources** (`align_sources`): each partition's newest durable
-   checkpoint may be at another batch (checkpoints are asynchronous and may
-   fail or be damaged). A partition behind the newest one, at batch ``T``, is
-   restored, replays its own input log up to ``T`` and is checkpointed at
-   ``T`` as an ordinary checkpoint of its HA unit (what the runtime itself
-   would do after a failure). ``T`` is a durable checkpoint's batch, so Spark
-   committed it. Without this, the merged watermark of an event-time operator
-   (`sguard.rescale.DEFAULT_ROUTING` takes the maximum over the sources) would
-   be ahead of the keys that still have to replay, and their rows would be
-   dropped as late;
+2. **align the sources** (`align_sources`), for operators with per-partition
+   state that a repartition merges (a watermark: their routing rules
+   ``replicate`` a structure, `sguard.rescale.DEFAULT_ROUTING`). Each
+   partition's newest durable checkpoint may be at another batch
+   (checkpoints are asynchronous and may fail or be lost), while the merged
+   watermark is the maximum over the sources: replaying a lagging key's rows
+   behind it would drop them as late. So every partition is restored, replays
+   its own input log up to ``T`` and is checkpointed at ``T`` (an ordinary
+   checkpoint of its HA unit, what the runtime itself does after a failure).
+   ``T`` is the batch before the newest logged one: Spark started that one, so
+   it committed ``T``; the new partitions then replay at most one batch. For
+   the other operators (per-key state only) the sources stay where they are:
+   `sguard.rescale` records each key's replay position and the new
+   partitions replay exactly the rows their keys missed;
 3. **repartition** (`sguard.rescale.repartition`): the aligned checkpoints
    are split by key into the partitions of the next generation; writing the
    layout document commits it. The new partitions restore from them when the
@@ -53,7 +57,8 @@ from sguard.statelayout import OperatorLayout, read_layout
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StartupRescale", "repartition_at_startup", "align_sources", "pending_repartition"]
+__all__ = ["StartupRescale", "repartition_at_startup", "align_sources", "needs_alignment",
+           "pending_repartition"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class StartupRescale:
     num_partitions: int
     generation: int
     batch: int
-    """The batch every source was aligned to (-1: no checkpoint yet)."""
+    """The batch every source was aligned to (-1: none, or not aligned)."""
     aligned: dict[int, int] = field(default_factory=dict)
     """Source partitions brought forward: ``{partition: batches replayed}``."""
     wait_s: float = 0.0
@@ -89,23 +94,34 @@ def pending_repartition(root: StorageRoot) -> int | None:
     return int(n) if isinstance(n, int) else None
 
 
+def needs_alignment(layout: OperatorLayout) -> bool:
+    """Whether a repartition merges per-partition state (a ``replicate`` routing rule)."""
+    from sguard.rescale import DEFAULT_ROUTING
+    table = layout.extra.get("routing")
+    if not isinstance(table, dict):
+        table = DEFAULT_ROUTING.get(layout.operator, {})
+    return any(isinstance(r, dict) and "replicate" in r for r in table.values())
+
+
 def align_sources(root: StorageRoot, layout: OperatorLayout, operator: Operator,
                   schema: pa.Schema, *, page_bytes: int, capacity_bytes: int, keep: int = 2,
                   io: IOService | None = None) -> tuple[int, dict[int, int]]:
-    """Bring every partition's durable checkpoint to the newest one's batch.
+    """Bring every partition's durable checkpoint to one batch ``T``: the batch before
+    the newest one in the input log (committed by Spark, since it started the next),
+    or the newest checkpoint's if later.
 
-    Returns ``(T, {partition: batches replayed})`` where ``T`` is the batch all
-    partitions' newest checkpoints are now at (-1: none has a checkpoint).
+    Returns ``(T, {partition: batches replayed})`` (-1: no checkpoint and no log).
 
     Raises
     ------
     sguard.spark.errors.InputLogGapError
-        If a lagging partition's input log does not reach ``T`` (nothing
-        written for that partition).
+        If a partition's input log does not reach ``T`` (nothing written for
+        that partition).
     """
     P = layout.num_partitions
     at = {p: latest_checkpoint_batch(root, layout.haunit(p)) for p in range(P)}
-    T = max(at.values())
+    logged = inputlog.logged_batches(root)
+    T = max(max(at.values()), logged[-1] - 1 if logged else -1)
     done: dict[int, int] = {}
     own = io is None
     io = io or IOService(2)
@@ -173,8 +189,10 @@ def repartition_at_startup(root: StorageRoot, layout: OperatorLayout, operator: 
         for s in slots:  # a stopped query's worker may still be writing a checkpoint
             s.acquire(lock_timeout_s)
         t1 = time.perf_counter()
-        T, aligned = align_sources(root, layout, operator, schema, page_bytes=page_bytes,
-                                   capacity_bytes=capacity_bytes, keep=keep)
+        T, aligned = -1, dict[int, int]()
+        if needs_alignment(layout):
+            T, aligned = align_sources(root, layout, operator, schema, page_bytes=page_bytes,
+                                       capacity_bytes=capacity_bytes, keep=keep)
         if aligned:
             say(f"brought partition(s) {sorted(aligned)} forward to batch {T} "
                 f"({sum(aligned.values())} batch(es) replayed from the input log)")
