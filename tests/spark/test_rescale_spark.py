@@ -148,9 +148,9 @@ def test_driver_sigkilled_then_scaled_out_and_in(spark: Any, tmp_path: Path) -> 
 def test_window_aggregate_scaled_with_lagging_checkpoint(
         spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Tumbling windows, P = 2 -> 3 -> 4. Before the first restart partition 0's newest
-    checkpoint is lost, so it lags: the start-up brings the partitions forward from their input logs to batch 4 (the one before the
-    newest logged, so certainly committed), so the merged watermark never runs ahead of a key
-    that still has rows to replay."""
+    checkpoint is lost, so it lags: the start-up brings the partitions forward from
+    their input logs to batch 4 (the one before the newest logged, so committed), and the
+    new partitions replay only batch 5 under the merged watermark."""
     inp, stage = _staged(tmp_path, 10, seed=3)
     op = ss.WindowAggregate(time="ts", window=W, value="v")
     ck = ss.CheckpointConfig(every_n_batches=4)
