@@ -29,6 +29,8 @@ stored state's. Three steps, each restartable:
    batches nobody checkpointed, filtered to their keys,
    `sguard.spark.inputlog.read_input`).
 
+``sguard state repartition`` runs steps 2 and 3 too (`align_offline`).
+
 A crash anywhere leaves the old generation the state (step 2 only adds
 checkpoints of the same state, step 3 commits last), so rerunning the query
 with the same ``num_partitions`` completes the work. Afterwards the old
@@ -46,7 +48,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ioservice import CheckpointManager, CheckpointPolicy, IOService, StorageRoot
+from ioservice import (CheckpointManager, CheckpointPolicy, IOService, StorageRoot,
+                       list_checkpoints, read_manifest)
 from ioservice.errors import StorageNotFoundError
 from mmm import PageManager
 from sguard.spark import inputlog
@@ -57,8 +60,8 @@ from sguard.statelayout import OperatorLayout, read_layout
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StartupRescale", "repartition_at_startup", "align_sources", "needs_alignment",
-           "pending_repartition"]
+__all__ = ["StartupRescale", "repartition_at_startup", "align_sources", "align_offline",
+           "needs_alignment", "pending_repartition"]
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,9 @@ def align_sources(root: StorageRoot, layout: OperatorLayout, operator: Operator,
         for p, c in sorted(at.items()):
             if c == T:
                 continue
-            pm = PageManager(page_bytes, capacity_bytes)
+            infos = [i for i in list_checkpoints(root, layout.haunit(p)) if i.has_manifest]
+            pb = read_manifest(root, infos[-1].name).page_bytes if infos else page_bytes
+            pm = PageManager(pb, capacity_bytes)
             mgr = CheckpointManager(pm, root, layout.haunit(p), io=io, check_root=False,
                                     policy=CheckpointPolicy(keep=keep, full_every=8))
             try:
@@ -160,6 +165,24 @@ def align_sources(root: StorageRoot, layout: OperatorLayout, operator: Operator,
         if own:
             io.shutdown()
     return T, done
+
+
+def align_offline(root: StorageRoot, *, capacity_bytes: int = 1 << 30,
+                  keep: int = 2) -> tuple[int, dict[int, int]] | None:
+    """`align_sources` for ``sguard state repartition``: the operator and its input
+    schema come from the layout document. None when the operator does not need it (or
+    is a custom operator this process does not know: `register_operator`)."""
+    from sguard.spark.api import schema_from_layout
+    from sguard.spark.operators import operator_from_params
+    layout = read_layout(root)
+    if layout is None or not needs_alignment(layout) or "arrow_schema" not in layout.extra:
+        return None
+    try:
+        op = operator_from_params(layout.operator, layout.schema.get("params", {}))
+    except (ValueError, TypeError):
+        return None
+    return align_sources(root, layout, op, schema_from_layout(layout), page_bytes=1 << 16,
+                         capacity_bytes=capacity_bytes, keep=keep)
 
 
 def repartition_at_startup(root: StorageRoot, layout: OperatorLayout, operator: Operator,

@@ -147,10 +147,11 @@ def test_driver_sigkilled_then_scaled_out_and_in(spark: Any, tmp_path: Path) -> 
 
 def test_window_aggregate_scaled_with_lagging_checkpoint(
         spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Tumbling windows, P = 2 -> 3 -> 4. Before the first restart partition 0's newest
-    checkpoint is lost, so it lags: the start-up brings the partitions forward from
-    their input logs to batch 4 (the one before the newest logged, so committed), and the
-    new partitions replay only batch 5 under the merged watermark."""
+    """Tumbling windows, P = 2 -> 3 at start-up, then 3 -> 4 offline (``sguard state
+    repartition``). Before the first restart partition 0's newest checkpoint is lost, so
+    it lags: the start-up brings the partitions forward from their input logs to batch 4
+    (the one before the newest logged, so committed), and the new partitions replay only
+    batch 5 under the merged watermark."""
     inp, stage = _staged(tmp_path, 10, seed=3)
     op = ss.WindowAggregate(time="ts", window=W, value="v")
     ck = ss.CheckpointConfig(every_n_batches=4)
@@ -167,6 +168,11 @@ def test_window_aggregate_scaled_with_lagging_checkpoint(
             infos = [c for c in list_checkpoints(root, hu[0]) if c.has_manifest]
             shutil.rmtree(tmp_path / "state" / infos[-1].directory)
             assert latest_checkpoint_batch(root, hu[0]) < was
+        if p == 4:  # this time offline, with the one command; the query then just runs
+            out = subprocess.run([sys.executable, "-m", "sguard", "state", "repartition",
+                                  str(tmp_path / "state"), "--partitions", "4"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0 and "3 -> 4 partitions" in out.stdout, out.stderr
         with caplog.at_level(logging.WARNING, logger="sguard.spark.api"):
             rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=p,
                                               checkpoint=ck)
@@ -175,7 +181,7 @@ def test_window_aggregate_scaled_with_lagging_checkpoint(
     assert _window_rows(rows) == want_rows
     assert _window_rows(state) == want_state
     lines = [r.getMessage() for r in caplog.records if "repartitioned" in r.getMessage()]
-    assert "brought forward to batch 4" in lines[0], lines
+    assert len(lines) == 1 and "brought forward to batch 4" in lines[0], lines
     lay = read_layout(root)
     assert lay is not None and (lay.generation, lay.num_partitions) == (2, 4)
 
