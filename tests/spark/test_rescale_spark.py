@@ -24,6 +24,7 @@ from ioservice import list_checkpoints, open_root
 from sguard.spark import inputlog
 from sguard.spark.checkpointing import latest_checkpoint_batch
 from sguard.spark.metrics import read_metrics
+from sguard.spark.state import read_durable_state
 from sguard.statelayout import read_layout
 from tests.spark.helpers import StreamInput, make_input, run_query, running_oracle
 
@@ -93,6 +94,8 @@ def test_running_aggregate_scaled_out_then_in(spark: Any, tmp_path: Path,
     want_rows, want_state = running_oracle(inp.tables)
     assert rows == want_rows
     assert state == want_state
+    durable, _ = read_durable_state(str(tmp_path / "state"))  # checkpoints + input log
+    assert [tuple(r.values()) for r in durable.to_pylist()] == want_state
     lines = [r.getMessage() for r in caplog.records if "repartitioned" in r.getMessage()]
     assert len(lines) == 2 and "from 2 to 3 partitions" in lines[0] \
         and "from 3 to 1 partitions" in lines[1], lines
@@ -143,6 +146,8 @@ def test_driver_sigkilled_then_scaled_out_and_in(spark: Any, tmp_path: Path) -> 
     assert state == want_state
     recs = {(r["batch"], r["partition"]): r for r in read_metrics(root)[0]}
     assert recs[(5, 0)]["recovery"] == "restored" and recs[(5, 0)]["replayed_batches"] == 5
+    durable, _ = read_durable_state(str(tmp_path / "state"))  # checkpoints + input log
+    assert [tuple(r.values()) for r in durable.to_pylist()] == want_state
 
 
 def test_window_aggregate_scaled_with_lagging_checkpoint(
