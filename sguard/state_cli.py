@@ -3,8 +3,11 @@
 Rewrites the checkpointed state of the operator under ``<state-uri>`` (see
 `sguard.statelayout`) as N partitions placed the way Spark's
 ``repartition(N, key)`` places keys, then commits it as the next generation
-(`sguard.rescale.repartition`). A crash leaves the old state in force; rerun
-the same command to complete. Restart the Spark query with N partitions.
+(`sguard.rescale.repartition`; a Spark window operator's partitions are first
+brought to one batch from the input log, `sguard.spark.rescaling`). A crash
+leaves the old state in force; rerun the same command to complete. Restart
+the Spark query with N partitions (or skip this command: ``stateful(...,
+num_partitions=N)`` does the same at start-up).
 
 Exit status: 0 done (or nothing to do), 1 storage failure mid-way (rerun),
 2 bad input (nothing written).
@@ -39,9 +42,20 @@ def register(subparsers: Any) -> None:
     rp.set_defaults(func=_cmd_repartition)
 
 
+def _partitions(root: Any) -> int | None:
+    from sguard.rescale import RescaleError
+    from sguard.statelayout import LayoutError, read_layout
+    try:
+        lay = read_layout(root)
+    except (LayoutError, IOServiceError, RescaleError):
+        return None  # repartition names the fault
+    return None if lay is None else lay.num_partitions
+
+
 def _cmd_repartition(args: argparse.Namespace) -> int:
     from ioservice import open_root
     from sguard.rescale import RescaleError, repartition
+    from sguard.spark.errors import InputLogGapError
 
     if args.partitions < 1:
         print(f"sguard state repartition: --partitions must be >= 1, got {args.partitions}",
@@ -59,11 +73,14 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
         print(f"sguard state repartition: {exc}", file=sys.stderr)
         return 2
     try:
+        if args.partitions != _partitions(root):
+            from sguard.spark.rescaling import align_offline
+            align_offline(root)  # a Spark window operator's partitions to one batch first
         res = repartition(root, args.partitions, workers=args.workers, force=args.force)
     except RescaleError as exc:
         print(f"sguard state repartition: {exc}", file=sys.stderr)
         return 2
-    except (IOServiceError, OSError) as exc:
+    except (IOServiceError, OSError, InputLogGapError) as exc:
         print(f"sguard state repartition: failed, the previous state is still in force; "
               f"rerun to complete: {exc}", file=sys.stderr)
         return 1

@@ -13,13 +13,14 @@ operator contract and the shipped operators), `runtime` (what a task does),
 `placement` (local state files and locks), `versions` (batch versions and
 rollback), `checkpointing` (asynchronous DFS checkpoints), `inputlog`
 (the HAInput log), `metrics` (JSON-lines metrics), `state` (reading state
-back), `cli` (``sguard spark demo|status``), `demo` (the main job).
+back), `rescaling` (repartitioning at start-up), `cli` (``sguard spark
+demo|status``), `demo` (the main job).
 """
 from sguard.spark.api import local_session, stateful, stream_join
 from sguard.spark.checkpointing import CheckpointConfig
 from sguard.spark.errors import (InputLogGapError, NotStreamingError, OperatorMismatchError,
-                                 PartitionCountError, PartitionLockTimeout, SchemaChangedError,
-                                 SparkStateError, StateAheadError, UnsupportedKeyTypeError)
+                                 PartitionLockTimeout, SchemaChangedError, SparkStateError,
+                                 StateAheadError, UnsupportedKeyTypeError)
 from sguard.spark.operators import (Operator, OperatorState, RunningAggregate, WindowAggregate,
                                     WindowJoin)
 from sguard.spark.runtime import Fault, FaultPlan, InjectedFault
@@ -27,5 +28,5 @@ from sguard.spark.runtime import Fault, FaultPlan, InjectedFault
 __all__ = ["stateful", "stream_join", "local_session", "CheckpointConfig", "Operator",
            "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin", "Fault",
            "FaultPlan", "InjectedFault", "SparkStateError", "UnsupportedKeyTypeError",
-           "SchemaChangedError", "OperatorMismatchError", "PartitionCountError",
+           "SchemaChangedError", "OperatorMismatchError",
            "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]

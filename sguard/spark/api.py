@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import sys
 from typing import Any
 
 import pyarrow as pa
 
-from ioservice import open_root
+from ioservice import StorageRoot, open_root
 from sguard.spark.checkpointing import CheckpointConfig
-from sguard.spark.errors import (NotStreamingError, OperatorMismatchError, PartitionCountError,
-                                 SchemaChangedError)
+from sguard.spark.errors import NotStreamingError, OperatorMismatchError, SchemaChangedError
 from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
 from sguard.spark.placement import default_local_dir, root_key
+from sguard.spark.rescaling import pending_repartition, repartition_at_startup
 from sguard.spark.runtime import FaultPlan, RuntimeConfig, task_function
 from sguard.statelayout import OperatorLayout, read_layout, write_layout
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["stateful", "stream_join", "local_session", "schema_to_json", "schema_from_layout"]
 
@@ -73,11 +76,21 @@ def _check_layout(old: OperatorLayout, new: OperatorLayout, uri: str) -> None:
         raise SchemaChangedError(
             f"operator {old.operator!r} parameters changed since the state at {uri} was "
             f"written: was {old.schema.get('params')}, now {new.schema.get('params')}")
-    if old.num_partitions != new.num_partitions:
-        raise PartitionCountError(
-            f"state at {uri} has {old.num_partitions} partitions, not {new.num_partitions}; "
-            f"pass num_partitions={old.num_partitions} or repartition the state with "
-            f"`sguard state repartition {uri} --partitions {new.num_partitions}` first")
+
+
+def _repartition(root: StorageRoot, layout: OperatorLayout, operator: Operator,
+                 schema: pa.Schema, num_partitions: int, **kw: Any) -> OperatorLayout:
+    """Repartition the state at start-up (`sguard.spark.rescaling`); one log line."""
+    res = repartition_at_startup(root, layout, operator, schema, num_partitions,
+                                 state_key=root_key(root), **kw)
+    new = read_layout(root)
+    assert new is not None and new.num_partitions == num_partitions
+    logger.warning("state at %s repartitioned from %d to %d partitions at start-up "
+                   "(generation %d%s) in %.2f s", root.uri, res.from_partitions,
+                   res.num_partitions, res.generation,
+                   f", {len(res.aligned)} partition(s) brought forward to batch {res.batch}"
+                   if res.aligned else "", res.seconds)
+    return new
 
 
 def stateful(df: Any, key: str, operator: Operator, state_uri: str,
@@ -101,7 +114,11 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
         local path), ``s3://bucket/prefix``, ``hdfs://host:port/path``.
     num_partitions : int, optional
         State partitions P (default: the existing state's, else
-        ``spark.sql.shuffle.partitions``). Fixed for a state URI.
+        ``spark.sql.shuffle.partitions``). When it differs from the existing
+        state's, the state is repartitioned here, on the driver, before the
+        query starts (`sguard.spark.rescaling`; one log line says so), and the
+        query continues exactly once. An interrupted repartition is completed
+        by calling again with the same value.
     name : str, optional
         The operator's name (default: its kind).
     checkpoint : CheckpointConfig, optional
@@ -128,8 +145,11 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
     ------
     NotStreamingError
         If `df` is not streaming.
-    UnsupportedKeyTypeError, SchemaChangedError, OperatorMismatchError, PartitionCountError
+    UnsupportedKeyTypeError, SchemaChangedError, OperatorMismatchError
         If the input or the existing state does not fit (nothing is written).
+    sguard.rescale.RescaleError, InputLogGapError
+        If a repartition at start-up is refused (the old partitioning is still
+        the state).
     ioservice.RootNotWritableError, ioservice.StorageUnreachableError
         If the state URI cannot be written.
     """
@@ -150,6 +170,7 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
     root = open_root(state_uri, **opts)
     root.check_writable()
     existing = read_layout(root)
+    explicit_p = num_partitions
     if num_partitions is None:
         num_partitions = (existing.num_partitions if existing is not None else
                           int(df.sparkSession.conf.get("spark.sql.shuffle.partitions")))
@@ -165,6 +186,16 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
         extra={"arrow_schema": schema_to_json(in_schema)})
     if existing is not None:
         _check_layout(existing, layout, root.uri)
+        if num_partitions != existing.num_partitions:
+            existing = _repartition(root, existing, operator, in_schema, num_partitions,
+                                    local_dir=local_dir or default_local_dir(),
+                                    page_bytes=page_bytes, capacity_bytes=capacity_bytes,
+                                    keep=(checkpoint or CheckpointConfig()).keep,
+                                    lock_timeout_s=lock_timeout_s)
+        elif explicit_p is None and (pending := pending_repartition(root)) is not None:
+            logger.warning("state at %s: a repartition to %d partitions was interrupted; the "
+                           "query runs with the committed %d (pass num_partitions=%d to "
+                           "complete it)", root.uri, pending, existing.num_partitions, pending)
         layout = existing
     else:
         write_layout(root, layout)

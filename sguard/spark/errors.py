@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError",
-           "OperatorMismatchError", "PartitionCountError", "StateAheadError",
+           "OperatorMismatchError", "StateAheadError",
            "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]
 
 
@@ -20,10 +20,6 @@ class SchemaChangedError(SparkStateError, ValueError):
 
 class OperatorMismatchError(SparkStateError, ValueError):
     """The state URI holds the state of another operator."""
-
-
-class PartitionCountError(SparkStateError, ValueError):
-    """The number of partitions differs from the existing state's."""
 
 
 class StateAheadError(SparkStateError, RuntimeError):

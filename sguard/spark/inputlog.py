@@ -15,9 +15,11 @@ metadata records the key column, the generation and the partition count.
 
 Replay for partition ``q`` of a generation with ``P`` partitions reads its own
 file when one exists; otherwise (a repartitioning moved keys, see
-`sguard.statelayout`) it reads every file of the batch and keeps the rows
-whose key maps to ``q`` under Spark's partitioner (``sguard.partitioning``),
-which moves the replay position together with the keys.
+`sguard.statelayout`) it reads every file the batch has from the newest
+generation that logged it (older ones' files of that batch are leftovers of a
+run that never committed it) and keeps the rows whose key maps to ``q`` under
+Spark's partitioner (``sguard.partitioning``), which moves the replay
+position together with the keys.
 
 Files are deleted (`trim`) once a durable checkpoint of the partition covers
 their batch *and* the previous checkpoint does too, so falling back to the
@@ -90,7 +92,13 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
     names = {e.name: e for e in entries}
     if own.rsplit("/", 1)[1] in names:
         return _read(root, own)
-    other = [e for e in entries if _FILE_RE.match(e.name)]
+    # the files of one generation only: the newest one (not above ours) that logged the
+    # batch. A batch runs again under a newer generation only if the older one never
+    # committed it (a query killed mid-batch, restarted with another partition count);
+    # the older generation's files of it are then leftovers that must not count twice.
+    gens = {e.name: int(m.group("gen")) for e in entries if (m := _FILE_RE.match(e.name))}
+    newest = max((g for g in gens.values() if g <= generation), default=None)
+    other = [e for e in entries if newest is not None and gens.get(e.name) == newest]
     if not other:
         raise InputLogGapError(
             f"input log of batch {batch} is missing at {root.full_path(batch_dir(batch))}: "

@@ -292,7 +292,27 @@ class _RunningAggregateState(OperatorState):
 
 
 # --------------------------------------------------------------------- window aggregate
-class WindowAggregate(Operator):
+class _EventTimeOperator(Operator):
+    """What the event-time operators share: ``(time, window, value, lateness)`` parameters
+    and their input checks (integer key, time column, numeric value)."""
+
+    def __init__(self, time: str, window: float | _dt.timedelta, value: str,
+                 lateness: float | _dt.timedelta = 0) -> None:
+        self.time, self.window, self.value, self.lateness = time, window, value, lateness
+
+    def params(self) -> dict[str, Any]:
+        def j(d: Any) -> Any:
+            return d.total_seconds() if isinstance(d, _dt.timedelta) else d
+        return {"time": self.time, "window": j(self.window), "value": self.value,
+                "lateness": j(self.lateness)}
+
+    def check_input(self, schema: pa.Schema, key: str) -> None:
+        check_key_type(schema, key)
+        _time_unit(schema, self.time)
+        _value_kind(schema, self.value, "value")
+
+
+class WindowAggregate(_EventTimeOperator):
     """Tumbling event-time windows per key: count / sum / min / max, emitted when closed.
 
     The watermark of a partition is the largest event time it has seen minus
@@ -316,20 +336,8 @@ class WindowAggregate(Operator):
 
     kind = "window_aggregate"
 
-    def __init__(self, time: str, window: float | _dt.timedelta, value: str,
-                 lateness: float | _dt.timedelta = 0) -> None:
-        self.time, self.window, self.value, self.lateness = time, window, value, lateness
-
-    def params(self) -> dict[str, Any]:
-        def j(d: Any) -> Any:
-            return d.total_seconds() if isinstance(d, _dt.timedelta) else d
-        return {"time": self.time, "window": j(self.window), "value": self.value,
-                "lateness": j(self.lateness)}
-
     def check_input(self, schema: pa.Schema, key: str) -> None:
-        check_key_type(schema, key)
-        _time_unit(schema, self.time)
-        _value_kind(schema, self.value, "value")
+        super().check_input(schema, key)
         per_s = _time_unit(schema, self.time)[1]
         if _duration_units(self.window, per_s, "window") <= 0:
             raise ValueError(f"window must be > 0, got {self.window!r}")
@@ -475,7 +483,7 @@ def band_join(pk: npt.NDArray[Any], pt: npt.NDArray[np.int64], bk: npt.NDArray[A
     return oi, order[oj]
 
 
-class WindowJoin(Operator):
+class WindowJoin(_EventTimeOperator):
     """The SGuard paper's windowed stream join of two keyed inputs.
 
     A left row joins every right row with the same key whose event time is
@@ -500,20 +508,8 @@ class WindowJoin(Operator):
 
     kind = "window_join"
 
-    def __init__(self, time: str, window: float | _dt.timedelta, value: str,
-                 lateness: float | _dt.timedelta = 0) -> None:
-        self.time, self.window, self.value, self.lateness = time, window, value, lateness
-
-    def params(self) -> dict[str, Any]:
-        def j(d: Any) -> Any:
-            return d.total_seconds() if isinstance(d, _dt.timedelta) else d
-        return {"time": self.time, "window": j(self.window), "value": self.value,
-                "lateness": j(self.lateness)}
-
     def check_input(self, schema: pa.Schema, key: str) -> None:
-        check_key_type(schema, key)
-        _time_unit(schema, self.time)
-        _value_kind(schema, self.value, "value")
+        super().check_input(schema, key)
         if SIDE_COLUMN not in schema.names:
             raise SchemaChangedError(f"WindowJoin needs the side column {SIDE_COLUMN!r}; build its "
                                      f"input with sguard.spark.stream_join(left, right, ...)")

@@ -107,15 +107,24 @@ def read_durable_state(state_uri: str, *, upto_batch: int | None = None,
         pm = PageManager(1 << 16, 1 << 30)
         hu = lay.haunit(p)
         c = latest_checkpoint_batch(root, hu)
-        if c >= 0:
-            restore(pm, root, hu)
+        positions = None
+        if c >= 0 or lay.generation > 0:  # a repartitioned checkpoint may be at batch -1
+            try:
+                man = restore(pm, root, hu)
+            except FileNotFoundError:
+                man = None
+            if man is not None and man.user_meta.get("sources"):
+                from sguard.rescale import ReplayPositions  # keys at different batches
+                positions = ReplayPositions.from_user_meta(man.user_meta)
         st = op.open(pm, schema, lay.key)
         last = upto_batch if upto_batch is not None else max(
             [b for b in logged if root.exists(inputlog.log_path(b, lay.generation, p))],
             default=c)
         for b in range(c + 1, last + 1):
-            st.apply(inputlog.read_input(root, b, lay.generation, p, lay.num_partitions,
-                                         lay.key), b)
+            t = inputlog.read_input(root, b, lay.generation, p, lay.num_partitions, lay.key)
+            if positions is not None:
+                t = t.filter(pa.array(positions.needs(t.column(lay.key).to_numpy(), b)))
+            st.apply(t, b)
         parts.append(st.dump())
         batches[p] = last
     return _concat(parts), batches

@@ -67,8 +67,13 @@ def _unchanged(work: Path, before: Any) -> None:
     from sguard.spark.state import read_local_state
     st, _ = read_local_state(str(work / "state"), local_dir=str(work / "local"))
     assert [tuple(r.values()) for r in st.to_pylist()] == before[1]
-    lay = read_layout(open_root(str(work / "state")))
+    root = open_root(str(work / "state"))
+    lay = read_layout(root)
     assert lay is not None and lay.operator == "running_aggregate"
+    assert (lay.generation, lay.num_partitions) == (0, 2)  # not repartitioned
+    from ioservice import list_haunits
+    assert all(".g0." in h for h in list_haunits(root)) and not root.exists(
+        "rescale-pending.json")
 
 
 def test_different_operator_on_existing_state(spark: Any, stream_input: StreamInput,
@@ -89,9 +94,12 @@ def test_schema_change_between_restarts(spark: Any, stream_input: StreamInput,
     with pytest.raises(ss.SchemaChangedError, match="parameters changed"):
         ss.stateful(stream(spark, stream_input), "k",
                     ss.RunningAggregate(value="v", aggs=("count",)), str(work / "state"), 2)
-    with pytest.raises(ss.PartitionCountError, match="has 2 partitions, not 3"):
-        ss.stateful(stream(spark, stream_input), "k", ss.RunningAggregate(value="v"),
-                    str(work / "state"), 3)
+    # with another partition count too: refused before any repartition at start-up
+    with pytest.raises(ss.SchemaChangedError, match="schema changed.*'v'"):
+        ss.stateful(df, "k", ss.RunningAggregate(value="v"), str(work / "state"), 3)
+    with pytest.raises(ss.OperatorMismatchError, match="'running_aggregate'"):
+        ss.stateful(stream(spark, stream_input), "k",
+                    ss.WindowAggregate(time="ts", window=10, value="v"), str(work / "state"), 3)
     _unchanged(work, before)
 
 

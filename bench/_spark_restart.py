@@ -1,0 +1,188 @@
+"""The downtime of a Spark streaming query restarted with another partition count.
+
+Used by `bench.rescale` (``restart_downtime_s``). A real query
+(``local[2]``, a parquet file source with one file per micro-batch, the
+running aggregate, a ``noop`` sink) first builds a state of about
+``state_mb`` MB (``~70`` bytes per key) in 2 partitions, then is stopped and
+restarted, one new small file waiting each time, in this order per cycle:
+
+* 2 -> 2: the baseline, the same restart without a partition change (the
+  partitions re-attach their local state);
+* 2 -> 4: scale out; `sguard.spark.stateful` repartitions the durable state
+  on the driver before the query starts (`sguard.spark.rescaling`), the new
+  partitions restore their share from the DFS checkpoints and replay the
+  logged batches their keys missed;
+* 4 -> 4 and 4 -> 2: the same at 4 partitions, and scale in.
+
+Downtime = from ``query.stop()`` to the first batch committed after the restart
+(``processAllAvailable`` returns). Reported per restart with its parts: the
+stop, the ``stateful`` call (the repartition, with its phases), and start to
+commit (query start, the tasks' restore + replay + the batch). Between two
+restarts three more small batches run, so every generation has checkpoints.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+MB = 1 << 20
+BYTES_PER_KEY = 70  # RunningAggregate's hash map, measured (64 KiB pages)
+TICK_ROWS = 20_000
+BUILD_ROWS = 2_000_000
+
+
+def _write(path: Path, keys: np.ndarray, seq: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rng = np.random.default_rng(seq)
+    t = pa.table({"k": keys.astype(np.int64), "v": rng.integers(-500, 500, len(keys))})
+    tmp = path.parent.parent / f".{path.name}"
+    pq.write_table(t, tmp)
+    os.utime(tmp, (1_700_000_000 + seq, 1_700_000_000 + seq))  # the source orders by mtime
+    os.replace(tmp, path)  # appears whole (the rename keeps the mtime)
+
+
+def _state_bytes(uri: str) -> int:
+    from ioservice import list_checkpoints, open_root, read_manifest
+    from sguard.statelayout import read_layout
+    root = open_root(uri, create=False)
+    lay = read_layout(root)
+    assert lay is not None
+    total = 0
+    for p in range(lay.num_partitions):
+        infos = [c for c in list_checkpoints(root, lay.haunit(p)) if c.has_manifest]
+        if infos:
+            total += read_manifest(root, infos[-1].name).state_bytes
+    return total
+
+
+def run(state_mb: float, scratch: str, cycles: int = 1,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Build the state, then restart the query ``2 -> 2, 2 -> 4`` (one cycle), plus
+    ``4 -> 4, 4 -> 2`` (two cycles), repeated for more; returns the measurements."""
+    import sguard.spark as ss
+    from ioservice import open_root
+    from sguard.spark.metrics import read_metrics
+
+    work = Path(scratch) / "spark-restart"
+    live = work / "input"
+    live.mkdir(parents=True)
+    (work / "stage").mkdir()
+    uri, ckpt, local = str(work / "state"), str(work / "ckpt"), str(work / "local")
+    n_keys = max(10_000, int(state_mb * MB / BYTES_PER_KEY))
+    seq = 0
+    rng = np.random.default_rng(42)
+
+    def feed(keys: np.ndarray) -> None:
+        nonlocal seq
+        _write(live / f"part-{seq:06d}.parquet", keys, seq)
+        seq += 1
+
+    def tick() -> None:
+        feed(rng.integers(0, n_keys, TICK_ROWS))
+
+    spark = ss.local_session("local[2]", "sguard-bench-restart", shuffle_partitions=2)
+    capacity = max(1 << 30, int(4 * n_keys * BYTES_PER_KEY))
+    op = ss.RunningAggregate(value="v")
+    cfg = ss.CheckpointConfig(every_n_batches=2)
+
+    def start(P: int) -> tuple[Any, float]:
+        t = time.perf_counter()
+        df = (spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1)
+              .parquet(str(live)))
+        out = ss.stateful(df, "k", op, uri, P, local_dir=local, checkpoint=cfg,
+                          capacity_bytes=capacity, metrics=True)
+        api_s = time.perf_counter() - t
+        return out.writeStream.format("noop").option("checkpointLocation", ckpt).start(), api_s
+
+    data: dict[str, Any] = {"keys": n_keys, "restarts": []}
+    try:
+        t = time.perf_counter()
+        perm = np.random.default_rng(7).permutation(n_keys)
+        for i in range(0, n_keys, BUILD_ROWS):
+            feed(perm[i:i + BUILD_ROWS])
+        for _ in range(3):
+            tick()
+        q, _ = start(2)
+        q.processAllAvailable()
+        data["build_s"] = time.perf_counter() - t
+        P = 2
+        plan = [2, 4] + [4, 2] * (cycles > 1) + [2, 4, 4, 2] * max(0, cycles - 2)
+        for P2 in plan:
+            for _ in range(3):  # a few batches: the generation gets its checkpoints
+                tick()
+            q.processAllAvailable()
+            data.setdefault("state_bytes", _state_bytes(uri))
+            t0 = time.perf_counter()
+            q.stop()
+            t1 = time.perf_counter()
+            tick()  # the batch the restarted query runs first
+            t2 = time.perf_counter()
+            q, api_s = start(P2)
+            q.processAllAvailable()
+            t3 = time.perf_counter()
+            b = int(q.lastProgress["batchId"])
+            recs: list[dict[str, Any]] = []
+            for _ in range(50):  # metrics are written asynchronously
+                recs = [r for r in read_metrics(open_root(uri, create=False))[0]
+                        if r["batch"] == b]
+                if len(recs) >= P2:
+                    break
+                time.sleep(0.1)
+            row = {"from": P, "to": P2, "downtime_s": (t3 - t0) - (t2 - t1),
+                   "stop_s": t1 - t0, "stateful_s": api_s, "start_to_commit_s": t3 - t2 - api_s,
+                   "first_batch": b,
+                   "recovery": sorted({r["recovery"] for r in recs}),
+                   "recovery_ms_max": max((r["recovery_ms"] for r in recs), default=0.0),
+                   "replayed_batches_max": max((r["replayed_batches"] for r in recs),
+                                               default=0),
+                   "task_ms_max": max((r["total_ms"] for r in recs), default=0.0)}
+            data["restarts"].append(row)
+            log(f"spark restart {P} -> {P2}: downtime {row['downtime_s']:.2f} s (stop "
+                f"{row['stop_s']:.2f}, stateful/repartition {api_s:.2f}, start to commit "
+                f"{row['start_to_commit_s']:.2f}; first batch {row['recovery']}, recovery "
+                f"{row['recovery_ms_max']:.0f} ms, {row['replayed_batches_max']} batch(es) "
+                f"replayed)")
+            P = P2
+        q.stop()
+    finally:
+        spark.stop()
+        shutil.rmtree(local, ignore_errors=True)
+    return data
+
+
+def summarize(data: dict[str, Any]) -> dict[str, Any]:
+    """The summary fields `bench.rescale` reports (medians over the restarts of a kind)."""
+    def med(f: int, t: int, key: str) -> float | None:
+        xs = [r[key] for r in data["restarts"] if (r["from"], r["to"]) == (f, t)]
+        return float(np.median(xs)) if xs else None
+
+    out = {
+        "restart_downtime_s": med(2, 4, "downtime_s"),
+        "restart_repartition_s": med(2, 4, "stateful_s"),
+        "restart_downtime_same_p_s": med(2, 2, "downtime_s"),
+        "restart_downtime_4to2_s": med(4, 2, "downtime_s"),
+        "restart_state_mb": data.get("state_bytes", 0) / MB,
+    }
+    if out["restart_downtime_s"] and out["restart_downtime_same_p_s"]:
+        out["restart_downtime_ratio_vs_same_p"] = (out["restart_downtime_s"]
+                                                   / out["restart_downtime_same_p_s"])
+    return out
+
+
+if __name__ == "__main__":  # a quick look: python -m bench._spark_restart [MB]
+    import json
+    import sys
+    import tempfile
+    d = tempfile.mkdtemp(prefix="bench-spark-restart-")
+    try:
+        res = run(float(sys.argv[1]) if len(sys.argv) > 1 else 16, d,
+                  int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+        print(json.dumps(summarize(res), indent=1))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,254 @@
+"""Scale out and in at start-up on real Spark (``local[2,4]``): a streaming query that is
+stopped (or whose driver is SIGKILLed) and restarted with another ``num_partitions``
+repartitions its state on the driver before it starts, and its sink rows and final
+state equal a run that never changed its partition count (the numpy oracles), for the
+running aggregate and the tumbling-window aggregate."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import sguard.spark as ss
+from ioservice import list_checkpoints, open_root
+from sguard.spark import inputlog
+from sguard.spark.checkpointing import latest_checkpoint_batch
+from sguard.spark.metrics import read_metrics
+from sguard.spark.state import read_durable_state
+from sguard.statelayout import read_layout
+from tests.spark.helpers import StreamInput, make_input, run_query, running_oracle
+
+pytestmark = pytest.mark.timeout(900)
+ROOT = Path(__file__).resolve().parents[2]
+W = 10  # window seconds; batch i of make_input holds event times in [10 i, 10 i + 10) s
+
+
+def _staged(tmp: Path, batches: int, rows: int = 2000, keys: int = 300,
+            seed: int = 5) -> tuple[StreamInput, Path]:
+    """All batches generated into ``stage/``; the query reads ``live/``, where `_feed`
+    moves them (a rename keeps the mtime the file source orders by)."""
+    stage, live = tmp / "stage", tmp / "live"
+    stage.mkdir()
+    live.mkdir()
+    gen = make_input(stage, batches, rows, keys, seed)
+    return StreamInput(live, gen.tables), stage
+
+
+def _feed(inp: StreamInput, stage: Path, upto: int) -> None:
+    for i in range(upto):
+        f = stage / f"part-{i:05d}.parquet"
+        if f.exists():
+            os.rename(f, inp.dir / f.name)
+
+
+def window_oracle(tables: list[pa.Table]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """(sink rows, state rows) of WindowAggregate(time="ts", window=10 s, value="v") as
+    ``(window_start_s, key, count, sum, min, max)``: every window but the last closes
+    when the next batch's rows arrive (the data are in time order; nothing is late)."""
+    agg: dict[tuple[int, int], list[int]] = {}
+    for t in tables:
+        ts = t["ts"].cast(pa.int64()).to_numpy() // 1_000_000
+        for k, v, s in zip(t["k"].to_numpy().tolist(), t["v"].to_numpy().tolist(),
+                           (ts // W * W).tolist()):
+            a = agg.get((s, k))
+            if a is None:
+                agg[(s, k)] = [1, v, v, v]
+            else:
+                a[0] += 1
+                a[1] += v
+                a[2] = min(a[2], v)
+                a[3] = max(a[3], v)
+    last = (len(tables) - 1) * W
+    rows = sorted((s, k, *a) for (s, k), a in agg.items())
+    return [r for r in rows if r[0] < last], [r for r in rows if r[0] >= last]
+
+
+def _window_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Sink or state rows ``(start, end, k, count, sum, min, max)`` as the oracle's tuples."""
+    return sorted((int(r[0].timestamp()), *r[2:]) for r in rows)
+
+
+def test_running_aggregate_scaled_out_then_in(spark: Any, tmp_path: Path,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """P = 2 for batches 0-2, stop; P = 3 for 3-4 (with its newest batches only in the
+    input log), stop; P = 1 for 5-7. Each restart repartitions at start-up."""
+    inp, stage = _staged(tmp_path, 8)
+    op = ss.RunningAggregate(value="v")
+    ck = ss.CheckpointConfig(every_n_batches=2)
+    for upto, p in ((3, 2), (5, 3), (8, 1)):
+        _feed(inp, stage, upto)
+        with caplog.at_level(logging.WARNING, logger="sguard.spark.api"):
+            rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=p,
+                                              checkpoint=ck)
+        assert failures == 0
+    want_rows, want_state = running_oracle(inp.tables)
+    assert rows == want_rows
+    assert state == want_state
+    durable, _ = read_durable_state(str(tmp_path / "state"))  # checkpoints + input log
+    assert [tuple(r.values()) for r in durable.to_pylist()] == want_state
+    lines = [r.getMessage() for r in caplog.records if "repartitioned" in r.getMessage()]
+    assert len(lines) == 2 and "from 2 to 3 partitions" in lines[0] \
+        and "from 3 to 1 partitions" in lines[1], lines
+    lay = read_layout(open_root(str(tmp_path / "state")))
+    assert lay is not None and (lay.generation, lay.num_partitions) == (2, 1)
+    # the new partitions restored from the repartitioned checkpoints, replaying the log
+    recs = {(r["batch"], r["partition"]): r
+            for r in read_metrics(open_root(str(tmp_path / "state")))[0]}
+    assert {recs[(3, q)]["recovery"] for q in range(3)} == {"restored"}
+    assert recs[(5, 0)]["recovery"] == "restored"
+
+
+def test_driver_sigkilled_then_scaled_out_and_in(spark: Any, tmp_path: Path) -> None:
+    """The driver (P = 2) is SIGKILLed while batch 3 is half applied in partition 1 and
+    wholly applied and logged in partition 0; the query restarts with P = 3, so Spark replays
+    batch 3 under the new partitioning, and never checkpoints; then with P = 1, whose
+    partition replays batches 0-4 from the log: batch 3 from the P = 3 run's files, not
+    twice (the killed run's files of it are leftovers)."""
+    inp, stage = _staged(tmp_path, 7, seed=9)
+    _feed(inp, stage, 5)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "tests.spark.cluster_driver", "local[2,4]", str(inp.dir),
+           str(tmp_path), "pause:3:1:mid", "pause:3:0:end"]
+    with open(tmp_path / "driver1.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            paused = [tmp_path / "faults" / f"paused-b3-p{q}" for q in (0, 1)]
+            while not all(f.exists() for f in paused):
+                assert proc.poll() is None, (tmp_path / "driver1.log").read_text()[-3000:]
+                time.sleep(0.1)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    root = open_root(str(tmp_path / "state"))
+    killed = {e.name for e in root.list_dir(inputlog.batch_dir(3))}
+    assert "g0-p0000.arrow" in killed  # the killed run logged batch 3 (never committed)
+    op = ss.RunningAggregate(value="v")
+    run_query(spark, inp, tmp_path, op, partitions=3,
+              checkpoint=ss.CheckpointConfig(every_n_batches=100))
+    assert {e.name for e in root.list_dir(inputlog.batch_dir(3))} >= killed | {
+        "g1-p0000.arrow", "g1-p0001.arrow", "g1-p0002.arrow"}
+    _feed(inp, stage, 7)
+    rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=1)
+    want_rows, want_state = running_oracle(inp.tables)
+    assert failures == 0
+    assert rows == want_rows
+    assert state == want_state
+    recs = {(r["batch"], r["partition"]): r for r in read_metrics(root)[0]}
+    assert recs[(5, 0)]["recovery"] == "restored" and recs[(5, 0)]["replayed_batches"] == 5
+    durable, _ = read_durable_state(str(tmp_path / "state"))  # checkpoints + input log
+    assert [tuple(r.values()) for r in durable.to_pylist()] == want_state
+
+
+def test_window_aggregate_scaled_with_lagging_checkpoint(
+        spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Tumbling windows, P = 2 -> 3 at start-up, then 3 -> 4 offline (``sguard state
+    repartition``). Before the first restart partition 0's newest checkpoint is lost, so
+    it lags: the start-up brings the partitions forward from their input logs to batch 4
+    (the one before the newest logged, so committed), and the new partitions replay only
+    batch 5 under the merged watermark."""
+    inp, stage = _staged(tmp_path, 10, seed=3)
+    op = ss.WindowAggregate(time="ts", window=W, value="v")
+    ck = ss.CheckpointConfig(every_n_batches=4)
+    root = open_root(str(tmp_path / "state"))
+    for upto, p in ((6, 2), (8, 3), (10, 4)):
+        _feed(inp, stage, upto)
+        if p == 3:  # partition 0's newest checkpoint is lost
+            hu = [f"window_aggregate.g0.p{q:04d}" for q in (0, 1)]
+            t0 = time.monotonic()  # the asynchronous checkpoints of batch 4 land
+            while min(latest_checkpoint_batch(root, h) for h in hu) < 3:
+                assert time.monotonic() - t0 < 60
+                time.sleep(0.1)
+            was = latest_checkpoint_batch(root, hu[0])
+            infos = [c for c in list_checkpoints(root, hu[0]) if c.has_manifest]
+            shutil.rmtree(tmp_path / "state" / infos[-1].directory)
+            assert latest_checkpoint_batch(root, hu[0]) < was
+        if p == 4:  # this time offline, with the one command; the query then just runs
+            out = subprocess.run([sys.executable, "-m", "sguard", "state", "repartition",
+                                  str(tmp_path / "state"), "--partitions", "4"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0 and "3 -> 4 partitions" in out.stdout, out.stderr
+        with caplog.at_level(logging.WARNING, logger="sguard.spark.api"):
+            rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=p,
+                                              checkpoint=ck)
+        assert failures == 0
+    want_rows, want_state = window_oracle(inp.tables)
+    assert _window_rows(rows) == want_rows
+    assert _window_rows(state) == want_state
+    lines = [r.getMessage() for r in caplog.records if "repartitioned" in r.getMessage()]
+    assert len(lines) == 1 and "brought forward to batch 4" in lines[0], lines
+    lay = read_layout(root)
+    assert lay is not None and (lay.generation, lay.num_partitions) == (2, 4)
+
+
+_KILLED_STARTUP = """
+import sys
+import pyarrow as pa
+import sguard.spark as ss
+from ioservice import open_root
+from sguard.spark.placement import root_key
+from sguard.spark.rescaling import repartition_at_startup
+from sguard.statelayout import read_layout
+root = open_root(sys.argv[1])
+schema = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("ts", pa.timestamp("us", "UTC"))])
+repartition_at_startup(root, read_layout(root), ss.RunningAggregate(value="v"), schema, 3,
+                       state_key=root_key(root), local_dir=sys.argv[2], page_bytes=1 << 16,
+                       capacity_bytes=1 << 28)
+"""
+
+
+@pytest.mark.parametrize("point", ["target_written"])
+def test_killed_start_up_repartition_completes_on_rerun(spark: Any, tmp_path: Path,
+                                                        point: str) -> None:
+    """The driver is SIGKILLed inside the start-up repartition (a real process, killed at
+    `point`): the old partitioning is still the state, and the query started again with
+    the same count completes the repartition and continues exactly once."""
+    from sguard import rescale
+    inp, stage = _staged(tmp_path, 4, rows=500, keys=50)
+    op = ss.RunningAggregate(value="v")
+    _feed(inp, stage, 2)
+    run_query(spark, inp, tmp_path, op, partitions=2,
+              checkpoint=ss.CheckpointConfig(every_n_batches=1))
+    root = open_root(str(tmp_path / "state"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{rescale.KILL_ENV: point})
+    out = subprocess.run([sys.executable, "-c", _KILLED_STARTUP, str(tmp_path / "state"),
+                          str(tmp_path / "local")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    lay = read_layout(root)
+    assert lay is not None and (lay.generation, lay.num_partitions) == (0, 2)
+    assert root.exists(rescale.MARKER_FILE)
+    _feed(inp, stage, 4)
+    rows, state, _ = run_query(spark, inp, tmp_path, op, partitions=3)
+    assert (rows, state) == running_oracle(inp.tables)
+    lay = read_layout(root)
+    assert lay is not None and (lay.generation, lay.num_partitions) == (1, 3)
+    assert not root.exists(rescale.MARKER_FILE)
+
+
+def test_read_input_takes_one_generation(tmp_path: Path) -> None:
+    """A batch logged by two generations (the older never committed it) is read from the
+    newest generation not above the reader's, filtered to the reader's keys."""
+    root = open_root(str(tmp_path))
+    keys = np.arange(40, dtype=np.int64)
+    t = pa.table({"k": keys, "v": keys * 2})
+    from sguard.partitioning import partition_of
+    for g, P in ((0, 2), (1, 3)):
+        part = np.asarray(partition_of(keys, P))
+        for p in range(P):
+            inputlog.write_input(root, t.filter(pa.array(part == p)), 7, g, p, P, "k")
+    got = inputlog.read_input(root, 7, 2, 0, 1, "k")
+    assert sorted(got.column("k").to_pylist()) == keys.tolist()
+    got = inputlog.read_input(root, 7, 2, 1, 2, "k")
+    want = keys[np.asarray(partition_of(keys, 2)) == 1]
+    assert sorted(got.column("k").to_pylist()) == want.tolist()
