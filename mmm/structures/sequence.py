@@ -531,9 +531,9 @@ class _PagedSequence(Structure):
         fr, first, cnt = fn, np.zeros(k, np.int64), counts
         if m:
             f = self._pm.writable1(self.psid, int(self._seqs[-1]))
-            fr = np.r_[f, fn]
-            first = np.r_[st + c, first]
-            cnt = np.r_[m, counts]
+            fr = np.concatenate(([f], fn))
+            first = np.concatenate(([st + c], first))
+            cnt = np.concatenate(([m], counts))
             self._set(len(self._seqs) - 1, f, st, c + m)
         copy_rows_in(self._pm.pool.frames, fr, first, cnt, HEADER_BYTES, self._dt.itemsize,
                      np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
