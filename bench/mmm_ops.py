@@ -330,8 +330,9 @@ def join_mmm_batch(rec: np.ndarray, side: np.ndarray, window: int, batch: int
                            b["key"], b["ts"], b["val"], bs, window)
         count += int(c)
         checksum += int(s)
-        for x in (0, 1):
-            wins[x].extend(b[bs == x])
+        raw = b.view(f"V{b.dtype.itemsize}")  # split by side as raw records: numpy's
+        for x in (0, 1):                      # masked copy of packed structs is ~15x slower
+            wins[x].extend(raw[bs == x].view(b.dtype))
     return count, checksum
 
 
