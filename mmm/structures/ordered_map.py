@@ -1069,8 +1069,16 @@ class OrderedMap(Structure):
                 hi += self._kzero
                 b = bisect_right(self._fmv, hi, 1, L) - 1
                 base = kbl[b]
-                p1 = (bisect_right if inclusive[1] else bisect_left)(
-                    K, hi, base, base + cmv[b]) - base
+                # gallop from the lower bound (a short range costs a probe or two), then
+                # bisect the bracket: K[< j] are in the range, K[probe] is not
+                j = base + (p0 if b == a else 0)
+                end = base + cmv[b]
+                probe, step, right = j, 1, inclusive[1]
+                while probe < end and (K[probe] <= hi if right else K[probe] < hi):
+                    j = probe + 1
+                    probe = j + step
+                    step <<= 1
+                p1 = (bisect_right if right else bisect_left)(K, hi, j, min(probe, end)) - base
             if a == b:
                 return self._run(a, p0, p1)
             keys: list[Any] = []
