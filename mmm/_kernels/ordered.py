@@ -26,7 +26,7 @@ from numba.extending import overload
 
 from mmm._kernels import jit
 
-__all__ = ["locate", "locate1", "span", "insert_at", "delete_at", "merge_into_leaves"]
+__all__ = ["locate", "span", "merge_into_leaves"]
 
 
 def kcmp(K: Any, f: Any, s: Any, q: Any, i: Any, mode: Any) -> int:
@@ -163,24 +163,6 @@ def locate(K: Any, lf: Any, counts: Any, fence: Any, q: Any, mode: int) -> Any:
 
 
 @jit
-def insert_at(frames: Any, f: int, p: int, c: int, ko: int, ks: int, vo: int, vs: int,
-              kb: Any, vb: Any) -> None:
-    """Shift slots ``[p, c)`` of leaf frame ``f`` one to the right and write the key
-    bytes ``kb`` and value bytes ``vb`` at slot ``p`` (the leaf has room)."""
-    _move(frames, f, ko, ks, p, p + 1, c - p)
-    _move(frames, f, vo, vs, p, p + 1, c - p)
-    frames[f, ko + p * ks:ko + (p + 1) * ks] = kb
-    frames[f, vo + p * vs:vo + (p + 1) * vs] = vb
-
-
-@jit
-def delete_at(frames: Any, f: int, p: int, c: int, ko: int, ks: int, vo: int, vs: int) -> None:
-    """Shift slots ``(p, c)`` of leaf frame ``f`` one to the left over slot ``p``."""
-    _move(frames, f, ko, ks, p + 1, p, c - p - 1)
-    _move(frames, f, vo, vs, p + 1, p, c - p - 1)
-
-
-@jit
 def _move(frames: Any, f: int, off: int, size: int, s0: int, d0: int, m: int) -> None:
     """Move records ``[s0, s0 + m)`` of frame ``f`` to ``[d0, d0 + m)``; the ranges may
     overlap (memmove semantics: a slice assignment does not guarantee it)."""
@@ -252,16 +234,6 @@ def merge_into_leaves(frames: Any, lf: Any, counts: Any, li: Any, pos: Any, foun
             dst -= 1
         counts[l] = c + ins
         b = a
-
-
-@jit
-def locate1(K: Any, lf: Any, counts: Any, fence: Any, q: Any, mode: int) -> Any:
-    """`locate` of the single key ``q[0]``: ``(leaf index, slot, found)`` as scalars."""
-    l = _leaf(fence, lf.shape[0], q, 0, mode)
-    f = lf[l]
-    c = counts[l]
-    p = _bound(K, f, c, q, 0, False, mode)
-    return l, p, p < c and kcmp(K, f, p, q, 0, mode) == 0
 
 
 @jit

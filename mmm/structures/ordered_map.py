@@ -58,6 +58,8 @@ An operation that raises leaves the map unchanged.
 """
 from __future__ import annotations
 
+import struct
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -73,6 +75,8 @@ from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure, pad8
 from mmm.structures.combine import (CombineOp, compile_spec, input_columns, merge_into,
                                     preaggregate_sorted)
+from mmm.structures.record import (COUNT_WORD, cast, pool_views, record_struct, scalar_code,
+                                   typed_view)
 
 __all__ = ["OrderedMap"]
 
@@ -185,6 +189,7 @@ class OrderedMap(Structure):
         self.value_dtype = vdt
         self._where = f"ordered map {name!r}"
         self._version = 0
+        self._fgen = -1  # generation of the per-record cache (see `_fast`); -1: none
         self._spec_cache: dict[int, tuple[Any, tuple[CombineOp, ...]]] = {}
         super().__init__(pm, name, schema, {"page_slots": slots})
         if self._ps.n_pages == 1:  # new: the empty map has one empty leaf
@@ -223,18 +228,38 @@ class OrderedMap(Structure):
             self._kview = np.dtype("<i8") if kdt.kind in "Mm" else \
                 np.dtype(np.uint8) if kdt.kind == "b" else kdt
             self._KK = self._K.view(self._kview)
-        self._q1 = np.zeros(1, kdt)        # one-key buffers of the per-record paths
+        self._q1 = np.zeros(1, kdt)        # one-key buffers of the range bounds
         self._q2 = np.zeros(1, kdt)
         self._q1k = self._kq(self._q1)
         self._q2k = self._kq(self._q2)
-        self._q1b = self._q1.view(np.uint8)
-        self._v1 = np.zeros(1, vdt)
-        self._v1b = self._v1.view(np.uint8)
+        # the per-record paths (`_fast`): Python keys and values through memoryviews
+        # (integer and float64 keys only: a float32 key would need rounding first)
+        kcode = scalar_code(kdt) if kdt.kind in "iu" or kdt.str in ("<f8", "=f8") else None
+        self._vrs = record_struct(vdt)
+        self._mvB, self._mvI = pool_views(frames)
+        self._pb, self._pw = self._pm.page_bytes, self._pm.page_bytes // 4
+        self._kcode = kcode if self._vrs is not None else None
+        self._ktype: type = int if kdt.kind in "iu" else float
+        self._kzero: Any = 0 if kdt.kind in "iu" else 0.0  # key + 0.0 turns -0.0 into 0.0
+        self._klo: Any
+        self._khi: Any
+        if kdt.kind in "iu":
+            self._klo, self._khi = self._kmin, self._kmax
+        else:
+            self._klo, self._khi = -np.inf, np.inf  # NaN fails both comparisons
+        if self._kcode is not None:
+            self._mvK = cast(self._mvB, self._kcode)
+        vcode = scalar_code(vdt)
+        self._vscalar = vdt.fields is None
+        self._mvV = cast(self._mvB, vcode) if vcode and vcode != "e" else None
+        self._vtypes: tuple[type, ...] = (tuple,) if not self._vscalar else \
+            (int,) if vdt.kind in "iu" else (int, float)
         self._lf_for: tuple[int, Any, Any] = (-1, None, None)
         self._fk_for: tuple[Any, Any] = (None, None)
 
     def _rebuild(self) -> None:
         """Rebuild the fence index from the leaf chain (O(leaves))."""
+        self._fgen = -1
         if not hasattr(self, "S"):
             self.S = int(self._params["page_slots"])
             self._views()
@@ -343,12 +368,6 @@ class OrderedMap(Structure):
                                     self._kq(keys), self._kmode)
         return li, pos, found
 
-    def _find1(self, k: Any) -> tuple[int, int, bool]:
-        """``(leaf index, slot, found)`` of one canonical key."""
-        self._q1[0] = k
-        return _ko.locate1(self._KK, self._lf(), self._counts, self._fk(),  # type: ignore[no-any-return]
-                           self._q1k, self._kmode)
-
     def _bound1(self, x: Bound, what: str) -> bool:
         """Put range bound ``x`` into the one-key buffer ``what`` (q1 or q2); False if None."""
         if x is None:
@@ -408,6 +427,7 @@ class OrderedMap(Structure):
         first byte is written, so a `PoolExhaustedError` leaves the map unchanged.
         """
         assert not (merge and scatter is not None)
+        self._fgen = -1  # leaves move, split or are cloned: drop the per-record cache
         pm, ps, S, psid = self._pm, self._ps, self.S, self.psid
         L = len(self._seqs)
         out: dict[int, list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]] = {}
@@ -524,6 +544,7 @@ class OrderedMap(Structure):
     def _write_sorted(self, uk: npt.NDArray[Any], uv: npt.NDArray[Any],
                       located: tuple[Any, Any, Any] | None = None) -> None:
         """Insert or overwrite distinct, ascending keys ``uk`` with values ``uv``."""
+        self._fgen = -1  # leaves are rewritten or cloned: drop the per-record cache
         li, pos, found = located if located is not None else self._locate(uk, True)
         n, L, S = len(uk), len(self._seqs), self.S
         starts = np.flatnonzero(np.r_[True, li[1:] != li[:-1]])
@@ -821,13 +842,66 @@ class OrderedMap(Structure):
             raise ValueError(f"{self._where} is empty: no max_key")
         return self._K[self._ps.frames[self._seqs[-1]], self._counts[-1] - 1]
 
-    # -- per-record convenience --------------------------------------------------------------------
-    @staticmethod
-    def _one(key: Any) -> Any:
-        return key.reshape(1) if isinstance(key, np.ndarray) else [key]
+    # -- per-record operations ---------------------------------------------------------------------
+    # ``m[k] = v``, ``del m[k]``, ``m[k]``, ``k in m`` and `range_lists` with Python int keys
+    # (float for float64 keys) and values run in plain Python (`mmm.structures.record`):
+    # `bisect` over memoryviews of the fences and of the leaf's keys, memoryview slice moves
+    # (memmove) within the leaf, no numpy object. The header count, ``_counts``, ``_fence``
+    # and ``_n`` are written in place at once, so every other operation sees exact state.
+    # `_fast` caches the leaf frames and which leaves passed the write barrier since it was
+    # built; the writers (`_commit`, `_write_sorted`), a rebuild and a snapshot, rollback or
+    # load (`_flush`) drop the cache, so a leaf a snapshot shares is cloned before its first
+    # write. What this path does not handle (other key or value types, a leaf that splits,
+    # merges or empties, a fence that moves) is a batch of one.
+    def _flush(self) -> None:
+        """Called by the page manager before a snapshot, a rollback or a load."""
+        self._fgen = -1
+
+    def _fast(self) -> bool:
+        """Build the per-record cache; False if the schema has no plain-Python path.
+
+        Per leaf (in key order): its frame (``_lfl``), the index of its first key in the
+        key memoryview (``_kbl``), the byte offset of its values (``_vbl``) and whether
+        it passed the write barrier since the cache was built (``_wl``)."""
+        self._sync()
+        if self._kcode is None:
+            return False
+        lfl: list[int] = self._lf().tolist()
+        self._lfl = lfl
+        self._kbl = [(f * self._pb + self._ko) // self._ks for f in lfl]
+        self._vbl = [f * self._pb + self._vo for f in lfl]
+        self._wl = [False] * len(lfl)
+        self._cmv = typed_view(self._counts, "q")
+        self._fmv = typed_view(self._fence, self._kcode)
+        self._fgen = self._pm.generation
+        return True
+
+    def _at(self, key: Any) -> tuple[int, int, bool, Any] | None:
+        """``(leaf index, lower-bound slot, found, key)`` of a Python key on the per-record
+        path (the key as stored: ``-0.0`` becomes ``0.0``), or None if ``key`` takes the
+        batch path (another type, out of range, NaN, or a schema without this path)."""
+        if (type(key) is self._ktype and self._klo <= key <= self._khi
+                and (self._fgen == self._pm.generation or self._fast())):
+            k = key + self._kzero
+            kbl = self._kbl
+            i = bisect_right(self._fmv, k, 1, len(kbl)) - 1
+            b = kbl[i]
+            c = self._cmv[i]
+            p = bisect_left(self._mvK, k, b, b + c) - b
+            return i, p, p < c and self._mvK[b + p] == k, k
+        return None
+
+    def _wleaf(self, i: int) -> None:
+        """Pass leaf ``i`` through the write barrier (cloned if a snapshot shares it)."""
+        f = self._pm.writable1(self.psid, int(self._seqs[i]))
+        self._lfl[i] = f
+        self._kbl[i] = (f * self._pb + self._ko) // self._ks
+        self._vbl[i] = f * self._pb + self._vo
+        self._wl[i] = True
 
     def _key1(self, key: Any) -> Any:
-        """One key as a numpy scalar of the key dtype, validated as `_canon` does."""
+        """One key (a range bound) as a numpy scalar of the key dtype, validated as
+        `_canon` does."""
         kdt = self.key_dtype
         t = type(key)
         if t is int and kdt.kind in "iu":
@@ -843,21 +917,12 @@ class OrderedMap(Structure):
             return key
         return self._canon(self._one(key))[0]
 
-    def _value1(self, value: Any) -> npt.NDArray[Any]:
-        """One value into the one-value buffer ``_v1`` (validated as `_values` does)."""
-        vdt, t = self.value_dtype, type(value)
-        if (t is int and vdt.kind in "iu") or (t in (int, float) and vdt.kind == "f"):
-            try:
-                self._v1[0] = value
-                return self._v1
-            except OverflowError:
-                pass
-        v = self._values(value.reshape(1) if isinstance(value, np.ndarray) else [value], 1)
-        self._v1[0] = v[0]
-        return self._v1
+    @staticmethod
+    def _one(key: Any) -> Any:
+        return key.reshape(1) if isinstance(key, np.ndarray) else [key]
 
     def __getitem__(self, key: Any) -> Any:
-        """The value of ``key`` (a copy).
+        """The value of ``key`` (a numpy scalar or record, a copy).
 
         Runtime complexity: O(log leaves + log S). Pages copied: 0.
 
@@ -868,34 +933,58 @@ class OrderedMap(Structure):
         RecordTypeError
             If ``key`` has the wrong dtype.
         """
-        self._sync()
-        i, p, found = self._find1(self._key1(key))
-        if not found:
+        at = self._at(key)
+        if at is not None:
+            i, p, found, _ = at
+            if not found:
+                raise KeyError(key)
+            return self._V[self._lfl[i], p:p + 1].copy()[0]
+        hit, v = self.get(self._one(key))
+        if not hit[0]:
             raise KeyError(key)
-        return self._V[self._ps.frames[self._seqs[i]], p:p + 1].copy()[0]
+        return v[0]
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        """Insert or overwrite one record. Pages copied: at most 1 (overwrite) or as `put`."""
-        self._sync()
-        k = self._key1(key)
-        v = self._value1(value)
-        i, p, found = self._find1(k)  # leaves k in self._q1
-        c = int(self._counts[i])
-        if not found and c >= self.S:  # the leaf splits: the batch path handles it
-            self._write_sorted(self._q1.copy(), v.copy())
-            return
-        f = self._pm.writable1(self.psid, int(self._seqs[i]))
-        if found:
-            self._V[f, p] = v[0]
-        else:
-            _ko.insert_at(self._frames, f, p, c, self._ko, self._ks, self._vo, self._vs,
-                          self._q1b, self._v1b)
-            self._hcount[f] = c + 1
-            self._counts[i] = c + 1
-            self._n += 1
-            if p == 0:
-                self._fence[i] = k
-        self._version += 1
+        """Insert or overwrite one record.
+
+        Runtime complexity: O(log leaves + S) (a memmove within the leaf).
+        Pages copied: at most 1, or as `put` when the leaf splits.
+
+        Raises
+        ------
+        RecordTypeError
+            If the key or value has the wrong type (the map is unchanged).
+        """
+        if type(value) in self._vtypes and (at := self._at(key)) is not None:
+            rs = self._vrs
+            try:
+                vb = rs.pack(value) if self._vscalar else rs.pack(*value)  # type: ignore[union-attr]
+            except (struct.error, OverflowError, TypeError):
+                vb = None  # numpy decides: it casts what `struct` refuses, or raises
+            i, p, found, k = at
+            c = self._cmv[i]
+            if vb is not None and (found or c < self.S):
+                if not self._wl[i]:
+                    self._wleaf(i)
+                vs = self._vs
+                va = self._vbl[i] + p * vs
+                if not found:
+                    K, mv = self._mvK, self._mvB
+                    kp = self._kbl[i] + p
+                    if p < c:  # memmove the records after p one slot up
+                        n = c - p
+                        K[kp + 1:kp + 1 + n] = K[kp:kp + n]
+                        mv[va + vs:va + vs + n * vs] = mv[va:va + n * vs]
+                    K[kp] = k
+                    self._mvI[self._lfl[i] * self._pw + COUNT_WORD] = c + 1
+                    self._cmv[i] = c + 1
+                    self._n += 1
+                    if p == 0:
+                        self._fmv[i] = k
+                self._mvB[va:va + vs] = vb
+                self._version += 1
+                return
+        self.put(self._one(key), value.reshape(1) if isinstance(value, np.ndarray) else [value])
 
     def __delitem__(self, key: Any) -> None:
         """Delete one key. Pages copied: at most 1 (or as `delete` when leaves merge).
@@ -904,31 +993,116 @@ class OrderedMap(Structure):
         ------
         KeyError
             If ``key`` is absent.
+        RecordTypeError
+            If ``key`` has the wrong dtype.
         """
-        self._sync()
-        i, p, found = self._find1(self._key1(key))
-        if not found:
-            raise KeyError(key)
-        c = int(self._counts[i])
-        if c == 1 or (c - 1 < self.S // 2 and len(self._seqs) > 1) or (p == 0 and i > 0):
+        at = self._at(key)
+        if at is not None:
+            i, p, found, _ = at
+            if not found:
+                raise KeyError(key)
+            c = self._cmv[i]
+            if not (c == 1 or (c - 1 < self.S // 2 and len(self._lfl) > 1) or (p == 0 and i > 0)):
+                if not self._wl[i]:
+                    self._wleaf(i)
+                kp = self._kbl[i] + p
+                n = c - 1 - p
+                if n:  # memmove the records after p one slot down
+                    K, mv, vs = self._mvK, self._mvB, self._vs
+                    va = self._vbl[i] + p * vs
+                    K[kp:kp + n] = K[kp + 1:kp + 1 + n]
+                    mv[va:va + n * vs] = mv[va + vs:va + vs + n * vs]
+                self._mvI[self._lfl[i] * self._pw + COUNT_WORD] = c - 1
+                self._cmv[i] = c - 1
+                self._n -= 1
+                if p == 0:
+                    self._fmv[i] = self._mvK[kp]
+                self._version += 1
+                return
             # the leaf may merge or empty, or its fence moves: the batch path handles it
-            self.delete(self._one(key))
-            return
-        f = self._pm.writable1(self.psid, int(self._seqs[i]))
-        _ko.delete_at(self._frames, f, p, c, self._ko, self._ks, self._vo, self._vs)
-        self._hcount[f] = c - 1
-        self._counts[i] = c - 1
-        self._n -= 1
-        if p == 0:
-            self._fence[i] = self._K[f, 0]
-        self._version += 1
+        if not self.delete(self._one(key))[0]:
+            raise KeyError(key)
 
     def __contains__(self, key: Any) -> bool:
-        self._sync()
+        at = self._at(key)
+        if at is not None:
+            return at[2]
         try:
-            return self._find1(self._key1(key))[2]
+            return bool(self.contains(self._one(key))[0])
         except RecordTypeError:
             return False
+
+    def range_lists(self, lo: Bound = None, hi: Bound = None, *,
+                    inclusive: tuple[bool, bool] = (True, False)) -> tuple[list[Any], list[Any]]:
+        """`range` as two Python lists ``(keys, values)``: the per-record form.
+
+        Values are Python numbers for a scalar value dtype, tuples (as
+        ``np.void.item()``) for a structured one. With Python int bounds (float for
+        float64 keys) no numpy object is created.
+
+        Runtime complexity: O(log leaves + log S + records). Pages copied: 0.
+
+        Raises
+        ------
+        RecordTypeError
+            A bound of the wrong dtype.
+        ValueError
+            ``inclusive`` is not a pair.
+        """
+        kt, klo, khi = self._ktype, self._klo, self._khi
+        if ((lo is None or (type(lo) is kt and klo <= lo <= khi))
+                and (hi is None or (type(hi) is kt and klo <= hi <= khi))
+                and type(inclusive) is tuple and len(inclusive) == 2
+                and (self._fgen == self._pm.generation or self._fast())):
+            kbl, cmv, K = self._kbl, self._cmv, self._mvK
+            L = len(kbl)
+            a = p0 = 0
+            b = L - 1
+            p1 = cmv[b]
+            if lo is not None:
+                lo += self._kzero
+                a = bisect_right(self._fmv, lo, 1, L) - 1
+                base = kbl[a]
+                p0 = (bisect_left if inclusive[0] else bisect_right)(
+                    K, lo, base, base + cmv[a]) - base
+            if hi is not None:
+                hi += self._kzero
+                b = bisect_right(self._fmv, hi, 1, L) - 1
+                base = kbl[b]
+                # gallop from the lower bound (a short range costs a probe or two), then
+                # bisect the bracket: K[< j] are in the range, K[probe] is not
+                j = base + (p0 if b == a else 0)
+                end = base + cmv[b]
+                probe, step, right = j, 1, inclusive[1]
+                while probe < end and (K[probe] <= hi if right else K[probe] < hi):
+                    j = probe + 1
+                    probe = j + step
+                    step <<= 1
+                p1 = (bisect_right if right else bisect_left)(K, hi, j, min(probe, end)) - base
+            if a == b:
+                return self._run(a, p0, p1)
+            keys: list[Any] = []
+            vals: list[Any] = []
+            for leaf in range(a, b + 1):
+                kk, vv = self._run(leaf, p0 if leaf == a else 0, p1 if leaf == b else cmv[leaf])
+                keys += kk
+                vals += vv
+            return keys, vals
+        k, v = self.range(lo, hi, inclusive=inclusive)
+        return k.tolist(), v.tolist()
+
+    def _run(self, i: int, s: int, e: int) -> tuple[list[Any], list[Any]]:
+        """Keys and values of slots ``[s, e)`` of leaf ``i`` as Python lists (cache built)."""
+        if e <= s:
+            return [], []
+        kb = self._kbl[i]
+        vb = self._vbl[i]
+        vs = self._vs
+        if self._mvV is not None:
+            return (self._mvK[kb + s:kb + e].tolist(),
+                    self._mvV[vb // vs + s:vb // vs + e].tolist())
+        vals = list(self._vrs.iter_unpack(self._mvB[vb + s * vs:vb + e * vs]))  # type: ignore[union-attr]
+        return self._mvK[kb + s:kb + e].tolist(), [v[0] for v in vals] if self._vscalar else vals
 
     def __len__(self) -> int:
         self._sync()

@@ -47,6 +47,7 @@ written in place.
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from typing import Any, ClassVar, Self
 
@@ -61,6 +62,8 @@ from mmm.manager import PageManager
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure
+from mmm.structures.record import (COUNT_WORD, START_WORD, pool_views, record_struct,
+                                   scalar_code, typed_view)
 
 __all__ = ["PagedList", "PagedDeque"]
 
@@ -144,6 +147,7 @@ class _PagedSequence(Structure):
         self._dt = dt
         self._what = f"{self.KIND} {name!r}"
         self._S = 0
+        self._fgen = -1  # generation of the end-page cache (see `_fast`); -1: none
         super().__init__(pm, name, schema, {"page_slots": int(page_slots)})
 
     def _check_slots(self, page_slots: int | None) -> None:
@@ -155,10 +159,18 @@ class _PagedSequence(Structure):
 
     def _sync(self) -> None:
         """As `Structure._sync`, but a destroyed sequence raises StructureNotFoundError
-        (the base would resolve its old PSID, which a later rollback may give to another set)."""
+        (the base would resolve its old PSID, which a later rollback may give to another set).
+        Every operation but the per-record end operations starts here, so this also drops
+        the end-page cache of `_fast` (the operation may move, clone or release those pages)."""
+        self._fgen = -1
         if self._gen == -2:
             raise StructureNotFoundError(f"{self._what} was destroyed")
         super()._sync()
+
+    def _flush(self) -> None:
+        """Called by the page manager before a snapshot, a rollback or a load: drop the
+        end-page cache, whose pages a snapshot is about to share (copy-on-write)."""
+        self._fgen = -1
 
     def _views(self) -> None:
         """Build the 2-D record view and header column views over the whole pool (once)."""
@@ -170,14 +182,28 @@ class _PagedSequence(Structure):
         if self._R.ndim == 3:  # subarray dtype at top level is not a record view
             raise SchemaError(f"{self._what}: dtype {self._dt} must be a scalar or structured "
                               f"dtype, not a subarray")
-        if self._dt.fields is not None:
-            self._fast_types: tuple[type, ...] = (tuple,)
-        elif self._dt.kind in "iu":
-            self._fast_types = (int,)
-        elif self._dt.kind == "f":
-            self._fast_types = (int, float)
+        # the per-record end operations (`_fast`): records as Python tuples / numbers
+        self._rs = record_struct(self._dt)
+        self._scalar = self._dt.fields is None
+        if self._rs is None:
+            self._fast_types: tuple[type, ...] = ()
+        elif not self._scalar:
+            self._fast_types = (tuple,)
         else:
-            self._fast_types = ()
+            self._fast_types = (int,) if self._dt.kind in "iu" else (int, float)
+        self._mvB, self._mvI = pool_views(pool.frames)
+        # `popleft_before`: the fields it reads in plain Python (None: the whole scalar record)
+        self._fget: dict[str | None, tuple[Any, int, tuple[type, ...]]] = {}
+        if self._rs is not None:
+            fields = [(None, self._dt, 0)] if self._dt.fields is None else \
+                [(nm, self._dt.fields[nm][0], self._dt.fields[nm][1]) for nm in self._dt.names or ()]
+            for nm, fdt, off in fields:
+                code = scalar_code(fdt)
+                assert code is not None  # the record has a struct twin
+                self._fget[nm] = (struct.Struct("<" + code).unpack_from, off,
+                                  (int,) if fdt.kind in "iu" else (int, float))
+        self._pb = pool.page_bytes
+        self._pw = pool.page_bytes // 4
         h = pool.headers
         self._hk, self._hc, self._hs = h["kind"], h["count"], h["start"]
         self._hp, self._hn, self._hid = h["prev"], h["next"], h["page_id"]
@@ -228,6 +254,95 @@ class _PagedSequence(Structure):
     def _frame(self, p: int) -> int:
         """Current frame of the page at list position ``p`` (read only)."""
         return int(self._ps.frames[self._seqs[p]])
+
+    # -- per-record end operations: the end-page cache ---------------------------------------------
+    # `append`, `pop`, `popleft`, `s[0]`, `s[-1]` and their ``*_item`` forms work on the head and
+    # tail pages through `_fast`: each end is a list ``[frame, start, count, writable, seq]``
+    # (the same list when one page is both ends), records move with `struct` through
+    # memoryviews over the pool, and the header fields, ``_cnt`` and ``_len`` are updated
+    # in place at once, so every other operation sees exact state. The cache lives until
+    # any other operation (`_sync`) or a snapshot, rollback or load (`_flush`) drops it:
+    # ``writable`` is True only for a page that passed the write barrier since the cache
+    # was built, so a page frozen by a snapshot is cloned before its first write.
+    def _fast(self) -> bool:
+        """Build the end-page cache; False if the sequence has no page."""
+        self._sync()
+        seqs, cnt = self._seqs, self._cnt
+        n = len(seqs)
+        if n == 0:
+            return False
+        frames = self._ps.frames
+
+        def end(p: int) -> list[Any]:
+            seq = int(seqs[p])
+            f = int(frames[seq])
+            return [f, int(self._hs[f]), int(cnt[p]), False, seq]
+
+        self._H = end(0)
+        self._T = self._H if n == 1 else end(n - 1)
+        self._np = n
+        self._nb = (int(cnt[1]), int(cnt[-2])) if n > 2 else (0, 0)  # the ends' neighbours
+        self._cmv = typed_view(cnt, "q")
+        self._fgen = self._pm.generation
+        return True
+
+    def _wend(self, E: list[Any]) -> int:
+        """Pass an end page through the write barrier (cloned if a snapshot shares it)."""
+        f = self._pm.writable1(self.psid, E[4])
+        E[0] = f
+        E[3] = True
+        return f
+
+    def _end(self, back: bool, pop: bool, item: bool) -> Any:
+        """The first (last with ``back``) record, removed with ``pop``: a Python value
+        (`record_struct` order) with ``item``, else a numpy record (a copy).
+
+        Runtime complexity: O(1). Pages copied: at most 1 (plus as `_delete` when the
+        end page is released or merged with its neighbour).
+        """
+        if self._fgen == self._pm.generation or self._fast():
+            E = self._T if back else self._H
+            c = E[2]
+            if c > 1 or (c == 1 and not pop):
+                S = self._S
+                ok = not pop or self._np == 1 or 2 * c - 2 >= S
+                if not ok:  # the page may merge with its neighbour (as `_maybe_merge`)
+                    nb = (self._H[2] if back else self._T[2]) if self._np == 2 else \
+                        self._nb[1 if back else 0]
+                    ok = c - 1 + nb > S
+                rs = self._rs
+                if ok and (rs is not None or not item):
+                    f, st = E[0], E[1]
+                    slot = st + c - 1 if back else st
+                    if item:
+                        out = rs.unpack_from(self._mvB,  # type: ignore[union-attr]
+                                             f * self._pb + HEADER_BYTES + slot * self._dt.itemsize)
+                        rec: Any = out[0] if self._scalar else out
+                    else:
+                        rec = self._R[f, slot].copy()
+                    if pop:
+                        if not E[3]:
+                            f = self._wend(E)
+                        w = f * self._pw
+                        if not back:
+                            E[1] = st + 1
+                            self._mvI[w + START_WORD] = st + 1
+                        E[2] = c - 1
+                        self._mvI[w + COUNT_WORD] = c - 1
+                        self._cmv[self._np - 1 if back else 0] = c - 1
+                        self._len -= 1
+                        self._cum = None
+                    return rec
+        self._sync()
+        if not self._len:
+            raise IndexError(f"pop from an empty {self._what}" if pop else
+                             f"{self._what}: index {-1 if back else 0} out of range for "
+                             f"length 0")
+        j = self._len - 1 if back else 0
+        rec = self._read(j, j + 1)[0]
+        if pop:
+            self._delete(j, j + 1)
+        return rec.item() if item else rec
 
     # -- validation -------------------------------------------------------------------------------
     def _records(self, values: Any) -> np.ndarray:
@@ -343,22 +458,32 @@ class _PagedSequence(Structure):
         return seqs, self._pm.writable(self.psid, seqs)
 
     def _relink(self, lo: int, hi: int) -> None:
-        """Rewrite prev/next of list positions ``[lo, hi)`` where they differ from the order."""
-        n = len(self._seqs)
+        """Rewrite prev/next of list positions ``[lo, hi)`` where they differ from the order.
+
+        A plain loop: an operation relinks a handful of pages (the ones around a block
+        it added or dropped), where a dozen numpy calls would cost ~20 µs."""
+        seqs = self._seqs
+        n = len(seqs)
         lo, hi = max(lo, 0), min(hi, n)
         if lo >= hi:
             return
-        pos = np.arange(lo, hi)
-        seqs = self._seqs
-        want_prev = np.where(pos > 0, self._pid(seqs[np.maximum(pos - 1, 0)]), _NIL)
-        want_next = np.where(pos < n - 1, self._pid(seqs[np.minimum(pos + 1, n - 1)]), _NIL)
-        mine = seqs[lo:hi]
-        frames = self._ps.frames[mine]
-        diff = (self._hp[frames] != want_prev) | (self._hn[frames] != want_next)
-        if diff.any():
-            frames = self._pm.writable(self.psid, mine[diff])
-            self._hp[frames] = want_prev[diff]
-            self._hn[frames] = want_next[diff]
+        a = max(lo - 1, 0)
+        near = seqs[a:min(hi + 1, n)].tolist()
+        top = int(self.psid) << 32
+        fr, hp, hn = self._ps.frames, self._hp, self._hn
+        fix: list[tuple[int, int, int]] = []
+        for p in range(lo, hi):
+            seq = near[p - a]
+            want_prev = top | near[p - 1 - a] if p > 0 else NIL_INT
+            want_next = top | near[p + 1 - a] if p < n - 1 else NIL_INT
+            f = int(fr[seq])
+            if int(hp[f]) != want_prev or int(hn[f]) != want_next:
+                fix.append((seq, want_prev, want_next))
+        if fix:  # one write barrier for all (it raises before any change)
+            frames = self._pm.writable(self.psid, np.array([x[0] for x in fix], np.int64))
+            for f, (_, want_prev, want_next) in zip(frames.tolist(), fix):
+                hp[f] = want_prev
+                hn[f] = want_next
 
     def _ensure_frames(self, k: int, positions: list[int]) -> None:
         """Raise PoolExhaustedError before mutating if ``k`` new pages plus clones of the
@@ -394,8 +519,9 @@ class _PagedSequence(Structure):
         self._relink(lo - 1, lo + 1)
 
     def _append_block(self, arr: np.ndarray) -> None:
-        """Append ``arr`` at the tail: fill the tail page, then whole new pages."""
-        n, S, R = len(arr), self._S, self._R
+        """Append ``arr`` at the tail: fill the tail page, then whole new pages (one
+        compiled byte copy for all of them)."""
+        n, S = len(arr), self._S
         if n == 0:
             return
         has = len(self._seqs) > 0
@@ -409,20 +535,19 @@ class _PagedSequence(Structure):
         k = -(-(n - m) // S)
         self._ensure_frames(k, [len(self._seqs) - 1])
         new, fn = self._alloc(k)
+        counts = np.full(k, S, np.int64)
+        if k:
+            counts[-1] = n - m - (k - 1) * S
+        fr, first, cnt = fn, np.zeros(k, np.int64), counts
         if m:
             f = self._pm.writable1(self.psid, int(self._seqs[-1]))
-            R[f, st + c:st + c + m] = arr[:m]
+            fr = np.concatenate(([f], fn))
+            first = np.concatenate(([st + c], first))
+            cnt = np.concatenate(([m], counts))
             self._set(len(self._seqs) - 1, f, st, c + m)
+        copy_rows_in(self._pm.pool.frames, fr, first, cnt, HEADER_BYTES, self._dt.itemsize,
+                     np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
         if k:
-            rest = arr[m:]
-            full = len(rest) // S
-            if full:
-                R[fn[:full]] = rest[:full * S].reshape(full, S)
-            r = len(rest) - full * S
-            counts = np.full(k, S, np.int64)
-            if r:
-                R[fn[-1], :r] = rest[full * S:]
-                counts[-1] = r
             self._hs[fn] = 0
             self._hc[fn] = counts
             pos = len(self._seqs)
@@ -619,11 +744,14 @@ class _PagedSequence(Structure):
 
     def __len__(self) -> int:
         """Number of records. Runtime complexity: O(1)."""
-        self._sync()
+        if self._gen != self._pm.generation:  # keeps the end-page cache (see `_fast`)
+            self._sync()
         return self._len
 
     def __bool__(self) -> bool:
-        return len(self) > 0
+        if self._gen != self._pm.generation:
+            self._sync()
+        return self._len > 0
 
     def __repr__(self) -> str:
         try:
@@ -697,6 +825,8 @@ class _PagedSequence(Structure):
         IndexError
             If an integer index is out of range.
         """
+        if type(key) is int and (key == 0 or key == -1):
+            return self._end(key == -1, False, False)  # the ends: O(1), no page lookup
         self._sync()
         if isinstance(key, slice):
             a, b, step = key.indices(self._len)
@@ -707,10 +837,6 @@ class _PagedSequence(Structure):
                 return np.empty(0, self._dt)
             lo, hi = int(idx.min()), int(idx.max()) + 1
             return self._read(lo, hi)[idx - lo]
-        if type(key) is int and (key == 0 or key == -1) and self._len:
-            f = int(self._ps.frames[self._seqs[key]])  # the ends: no cumulative counts
-            st = int(self._hs[f])
-            return self._R[f, st if key == 0 else st + int(self._cnt[-1]) - 1].copy()
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
             p, slot = self._slot(self._index(key))
             return self._R[int(self._ps.frames[self._seqs[p]]), slot].copy()
@@ -786,32 +912,59 @@ class _PagedSequence(Structure):
         self._append_block(self._records(records))
 
     def append(self, record: Any) -> None:
-        """Append one record. See `extend`. Runtime complexity: O(1). Pages copied: at most 1."""
-        self._sync()
-        seqs = self._seqs
-        if len(seqs) and type(record) in self._fast_types:
-            seq = int(seqs[-1])
-            f = int(self._ps.frames[seq])
-            st, c = int(self._hs[f]), int(self._hc[f])
-            if c and st + c < self._S:  # fast path: room at the end of the tail page
-                f = self._pm.writable1(self.psid, seq)
-                self._put_unused(f, st + c, record)
-                self._hc[f] = c + 1
-                self._cnt[-1] = c + 1
-                self._len += 1
-                if self._cum is not None:
-                    self._cum[-1] += 1
-                return
-        self._append_block(self._one(record))
+        """Append one record (a tuple for a structured schema, a number for a scalar one,
+        or a numpy record). See `extend`.
 
-    def _put_unused(self, frame: int, slot: int, record: Any) -> None:
-        """Write a plain tuple/number into an unused slot (a failed conversion may leave the
-        slot half written, which is harmless as it is outside ``[start, start + count)``)."""
-        try:
-            self._R[frame, slot] = record
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise RecordTypeError(f"{self._what}: cannot store {record!r} as a record of "
-                                  f"{self._dt}: {exc}") from None
+        Runtime complexity: O(1). Pages copied: at most 1.
+
+        Raises
+        ------
+        RecordTypeError
+            If the record has the wrong type, shape or field values (nothing is added).
+        """
+        self._add(True, record)
+
+    def _add(self, back: bool, record: Any) -> None:
+        """`append` (``back``) or `appendleft` of one record: written with `struct` into
+        the room at that end of the end page, else (no room, an empty sequence, another
+        record type or a value `struct` refuses) by `_append_block` / `_prepend_block`,
+        which validate it as `extend` does."""
+        if type(record) in self._fast_types and (
+                self._fgen == self._pm.generation or self._fast()):
+            E = self._T if back else self._H
+            f, st, c = E[0], E[1], E[2]
+            if c == 0:  # the one empty page of an empty sequence: start over at its edge
+                st = 0 if back else self._S
+            slot = st + c if back else st - 1
+            if 0 <= slot < self._S:
+                if not E[3]:
+                    f = self._wend(E)
+                rs = self._rs
+                try:
+                    off = f * self._pb + HEADER_BYTES + slot * self._dt.itemsize
+                    if self._scalar:
+                        rs.pack_into(self._mvB, off, record)  # type: ignore[union-attr]
+                    else:
+                        rs.pack_into(self._mvB, off, *record)  # type: ignore[union-attr]
+                except (struct.error, OverflowError, TypeError):
+                    pass  # numpy decides (it casts what `struct` refuses, or raises)
+                else:  # the slot was outside the records: a failed pack left no trace
+                    w = f * self._pw
+                    if not back or c == 0:
+                        st = slot if not back else st
+                        E[1] = st
+                        self._mvI[w + START_WORD] = st
+                    E[2] = c + 1
+                    self._mvI[w + COUNT_WORD] = c + 1
+                    self._cmv[self._np - 1 if back else 0] = c + 1
+                    self._len += 1
+                    self._cum = None
+                    return
+        self._sync()
+        if back:
+            self._append_block(self._one(record))
+        else:
+            self._prepend_block(self._one(record))
 
     def extendleft(self, records: Any) -> None:
         """Add ``records`` at the front, as `collections.deque.extendleft` does.
@@ -834,22 +987,7 @@ class _PagedSequence(Structure):
 
     def appendleft(self, record: Any) -> None:
         """Add one record at the front. Runtime complexity: O(1). Pages copied: at most 1."""
-        self._sync()
-        seqs = self._seqs
-        if len(seqs) and type(record) in self._fast_types:
-            seq = int(seqs[0])
-            f = int(self._ps.frames[seq])
-            st, c = int(self._hs[f]), int(self._hc[f])
-            if c and st > 0:  # fast path: room at the front of the head page
-                f = self._pm.writable1(self.psid, seq)
-                self._put_unused(f, st - 1, record)
-                self._hs[f] = st - 1
-                self._hc[f] = c + 1
-                self._cnt[0] = c + 1
-                self._len += 1
-                self._cum = None
-                return
-        self._prepend_block(self._one(record))
+        self._add(False, record)
 
     def insert(self, i: int, record: Any) -> None:
         """Insert one record before index ``i`` (clamped like `list.insert`).
@@ -898,26 +1036,9 @@ class _PagedSequence(Structure):
         ValueError
             If ``n < 0``.
         """
-        self._sync()
         if n is None:
-            if not self._len:
-                raise IndexError(f"pop from an empty {self._what}")
-            cnt, S = self._cnt, self._S
-            c = int(cnt[-1])
-            if c > 1 and (len(cnt) == 1 or 2 * c - 2 >= S or c - 1 + int(cnt[-2]) > S):
-                seq = int(self._seqs[-1])  # fast path: no page is released or merged
-                f = self._pm.writable1(self.psid, seq)
-                st = int(self._hs[f])
-                out = self._R[f, st + c - 1].copy()
-                self._hc[f] = c - 1
-                cnt[-1] = c - 1
-                self._len -= 1
-                if self._cum is not None:
-                    self._cum[-1] -= 1
-                return out
-            out = self._read(self._len - 1, self._len)[0]
-            self._delete(self._len - 1, self._len)
-            return out
+            return self._end(True, True, False)
+        self._sync()
         n = self._count_arg(n, "pop")
         out = self._read(self._len - n, self._len)
         self._delete(self._len - n, self._len)
@@ -935,30 +1056,54 @@ class _PagedSequence(Structure):
         ValueError
             If ``n < 0``.
         """
-        self._sync()
         if n is None:
-            if not self._len:
-                raise IndexError(f"pop from an empty {self._what}")
-            cnt, S = self._cnt, self._S
-            c = int(cnt[0])
-            if c > 1 and (len(cnt) == 1 or 2 * c - 2 >= S or c - 1 + int(cnt[1]) > S):
-                seq = int(self._seqs[0])  # fast path: no page is released or merged
-                f = self._pm.writable1(self.psid, seq)
-                st = int(self._hs[f])
-                out = self._R[f, st].copy()
-                self._hs[f] = st + 1
-                self._hc[f] = c - 1
-                cnt[0] = c - 1
-                self._len -= 1
-                self._cum = None
-                return out
-            out = self._read(0, 1)[0]
-            self._delete(0, 1)
-            return out
+            return self._end(False, True, False)
+        self._sync()
         n = self._count_arg(n, "popleft")
         out = self._read(0, n)
         self._delete(0, n)
         return out
+
+    def pop_item(self) -> Any:
+        """Remove and return the last record as a plain Python value: a tuple of Python
+        numbers for a structured schema (as ``np.void.item()``), a number for a scalar one.
+
+        The per-record form of `pop`: no numpy object is created.
+        Runtime complexity: O(1). Pages copied: as `pop`.
+
+        Raises
+        ------
+        IndexError
+            If the sequence is empty.
+        """
+        return self._end(True, True, True)
+
+    def popleft_item(self) -> Any:
+        """Remove and return the first record as a plain Python value (see `pop_item`).
+
+        Runtime complexity: O(1). Pages copied: as `popleft`.
+
+        Raises
+        ------
+        IndexError
+            If the sequence is empty.
+        """
+        return self._end(False, True, True)
+
+    def item(self, i: int) -> Any:
+        """Record ``i`` as a plain Python value (see `pop_item`); ``s.item(0)`` and
+        ``s.item(-1)`` are the per-record peeks at the ends.
+
+        Runtime complexity: O(1) at the ends, else O(log pages). Pages copied: 0.
+
+        Raises
+        ------
+        IndexError
+            If ``i`` is out of range.
+        """
+        if type(i) is int and (i == 0 or i == -1):
+            return self._end(i == -1, False, True)
+        return self[i].item()
 
     def evict(self, n: int) -> int:
         """Drop up to ``n`` records from the front without returning them; return how many.
@@ -997,9 +1142,69 @@ class _PagedSequence(Structure):
             structured schema, or given for a scalar one.
         """
         self._sync()
+        n = self._count_before(bound, field, "evict_before")
+        self._delete(0, n)
+        return n
+
+    def popleft_before(self, bound: Any, field: str | None = None) -> list[Any]:
+        """Remove and return the records at the front whose ``field`` is ``< bound``, as a
+        list of plain Python values (see `pop_item`): the per-record window eviction.
+
+        `evict_before` that returns what it evicts, for a per-record operator that must
+        also drop the evicted records from an index. Typically it returns zero or one
+        record, without creating a numpy object (schemas with a `struct` twin, a Python
+        int bound, or int/float for a float field).
+
+        Runtime complexity: O(records returned), else as `evict_before`. Pages copied:
+        as `evict_before`.
+
+        Raises
+        ------
+        RecordTypeError
+            As `evict_before`.
+        """
+        fg = self._fget.get(field) if self._S else None
+        if (fg is not None and type(bound) in fg[2]
+                and (self._fgen == self._pm.generation or self._fast())):
+            H = self._H
+            c = H[2]
+            f, st = H[0], H[1]
+            isz = self._dt.itemsize
+            a = f * self._pb + HEADER_BYTES + st * isz
+            get, mv, n = fg[0], self._mvB, 0
+            off = a + fg[1]
+            while n < c and get(mv, off)[0] < bound:
+                n += 1
+                off += isz
+            if n == 0:
+                return []
+            rest = c - n
+            S = self._S
+            if rest and (self._np == 1 or 2 * rest >= S or rest + (
+                    self._T[2] if self._np == 2 else self._nb[0]) > S):
+                out = list(self._rs.iter_unpack(mv[a:a + n * isz]))  # type: ignore[union-attr]
+                if not H[3]:
+                    f = self._wend(H)
+                w = f * self._pw
+                H[1] = st + n
+                H[2] = rest
+                self._mvI[w + START_WORD] = st + n
+                self._mvI[w + COUNT_WORD] = rest
+                self._cmv[0] = rest
+                self._len -= n
+                self._cum = None
+                return [r[0] for r in out] if self._scalar else out
+        self._sync()
+        n = self._count_before(bound, field, "popleft_before")
+        recs = self._read(0, n)
+        self._delete(0, n)
+        return recs.tolist()  # type: ignore[no-any-return]
+
+    def _count_before(self, bound: Any, field: str | None, op: str) -> int:
+        """How many records at the front have ``field < bound`` (see `evict_before`)."""
         if self._dt.fields is not None:
             if field is None or field not in self._dt.fields:
-                raise RecordTypeError(f"{self._what}: evict_before needs one of the fields "
+                raise RecordTypeError(f"{self._what}: {op} needs one of the fields "
                                       f"{self._dt.names}, not {field!r}")
             col = self._R[field]
         else:
@@ -1016,9 +1221,7 @@ class _PagedSequence(Structure):
         if fdt.kind in "iu" and bnd.dtype.kind in "iuf" and bnd.ndim == 0:
             info = np.iinfo(fdt)
             if bnd > info.max:
-                n = self._len
-                self._delete(0, n)
-                return n
+                return self._len
             if bnd <= info.min:
                 return 0
         q = bnd.astype(fdt).reshape(1)
@@ -1037,9 +1240,8 @@ class _PagedSequence(Structure):
             qk = q.view(np.uint8).reshape(1, w)
             mode = 0 if fdt.kind in "Su" else 2 if fdt.kind == "f" else 1
         frames = self._ps.frames[self._seqs]
-        total = count_before(colk, frames, self._hs[frames].astype(np.int64), self._cnt, qk,
-                             right, mode)
-        self._delete(0, total)
+        total: int = count_before(colk, frames, self._hs[frames].astype(np.int64), self._cnt,
+                                  qk, right, mode)
         return total
 
     def __delitem__(self, key: Any) -> None:

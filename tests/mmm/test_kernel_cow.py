@@ -1,8 +1,9 @@
 """Copy-on-write stays exact under the compiled kernels.
 
 Snapshots are taken in the middle of batches of every kind of write the
-kernels perform (ordered-map merges, splits, per-record inserts and deletes,
-range eviction; sequence span writes, appends, pops, bound eviction). After
+kernels and the plain-Python per-record paths perform (ordered-map merges, splits,
+per-record inserts and deletes, range eviction; sequence span writes, appends, pops,
+bound eviction), the per-record ones with their caches alive across the snapshot. After
 each later write the frozen pages must still hold exactly the bytes they had
 when the snapshot was taken, and a rollback must give back exactly the
 contents of that moment. Also: the page-table rebuild and chain walk reject
@@ -66,6 +67,9 @@ def _steps(s: dict[str, Any], rng: np.random.Generator, t: int) -> list[Any]:
         lambda: dq.append((t * 10 + 8, 1, t)),
         lambda: dq.evict_before(t * 10 - 25, "ts"),
         lambda: len(dq) > 3 and dq.popleft(),
+        lambda: dq.popleft_before(t * 10 - 20, "ts"),
+        lambda: len(dq) > 3 and dq.pop_item(),
+        lambda: om.range_lists(i - 50, i + 50),
         lambda: ls.extend(np.arange(5, dtype="<i4") + t),
         lambda: len(ls) > 6 and ls.__setitem__(slice(1, 6), np.full(5, t, "<i4")),
         lambda: len(ls) > 10 and ls.__delitem__(slice(2, 4)),
@@ -120,14 +124,58 @@ def test_per_record_writes_never_touch_a_frozen_leaf() -> None:
         snap = pm.chkpt()
         dig = _digest(snap)
         before = om.items()
-        om[2 * r + 1] = -r            # insert_at kernel
-        del om[4 * r]                 # delete_at kernel
+        om[2 * r + 1] = -r            # per-record insert (memmove in the leaf)
+        del om[4 * r]                 # per-record delete
         om[2 * r + 100] = 7           # overwrite
         assert _digest(snap) == dig
         pm.rollback(snap)
         om = OrderedMap.create(pm, "om", key="<u8", value="<i8")
         after = om.items()
         assert np.array_equal(after[0], before[0]) and np.array_equal(after[1], before[1])
+
+
+def test_per_record_caches_alive_across_snapshots() -> None:
+    """The per-record paths cache which pages passed the write barrier; a snapshot taken
+    right after such writes (no other operation in between) must make the next write to
+    the same leaf / end page clone it, and a rollback gives back that moment exactly."""
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=4 << 20)
+    om = OrderedMap.create(pm, "om", key="<u8", value="<i8")
+    dq = PagedDeque.create(pm, "dq", REC)
+    model: dict[int, int] = {}
+    window: list[tuple[int, int, int]] = []
+    for r in range(40):
+        for j in range(3):  # warm the caches: these pages are now writable in them
+            om[r * 7 + j] = r
+            model[r * 7 + j] = r
+            dq.append((r * 3 + j, j, r))
+            window.append((r * 3 + j, j, r))
+        snap = pm.chkpt()
+        dig = _digest(snap)
+        want_m, want_w = dict(model), list(window)
+        om[r * 7 + 5] = -r  # the same leaf and tail page as above: must be cloned
+        del om[r * 7]
+        assert dq.popleft_item() == window[0]
+        dq.append((r * 3 + 3, 9, -r))
+        dq.popleft_before(r * 3 - 30, "ts")
+        assert om.range_lists(r * 7, r * 7 + 7)[1] == [r, r, -r]
+        assert _digest(snap) == dig
+        if r % 2:
+            pm.rollback(snap)
+            om = OrderedMap.create(pm, "om", key="<u8", value="<i8")
+            dq = PagedDeque.create(pm, "dq", REC)
+            model, window = want_m, want_w
+        else:
+            snap.release()
+            model[r * 7 + 5] = -r
+            del model[r * 7]
+            window = window[1:] + [(r * 3 + 3, 9, -r)]
+            window = [w for w in window if w[0] >= r * 3 - 30]
+        assert om.range_lists()[0] == sorted(model)
+        assert om.range_lists()[1] == [model[k] for k in sorted(model)]
+        assert dq.to_numpy().tolist() == window
+        om._check()
+        dq._check()
+    assert pm.stats()["pinned_frames"] == 0
 
 
 @pytest.mark.parametrize("dt, vals, bounds", [

@@ -169,6 +169,53 @@ class SequenceMachine(RuleBasedStateMachine):
         want = self.model.pop(0) if isinstance(self.model, list) else self.model.popleft()
         assert as_py(self.paged.popleft()) == want
 
+    # -- the per-record path (Python values in and out, end-page cache) ----------------------------
+    def record_op(self, op: str, data: st.DataObject) -> None:
+        """One per-record operation, checked against the oracle."""
+        m = self.model
+        left = (lambda: m.pop(0)) if isinstance(m, list) else m.popleft
+        if op in ("append", "appendleft"):
+            rec = self.make(data.draw(self.payload()), "right" if op == "append" else "left")
+            getattr(self.paged, op)(rec)
+            m.append(rec) if op == "append" else m.insert(0, rec) if isinstance(m, list) \
+                else m.appendleft(rec)
+        elif op in ("pop_item", "popleft_item", "item0", "item-1") and not m:
+            with pytest.raises(IndexError, match=NAME):
+                getattr(self.paged, op)() if op.startswith("pop") else \
+                    self.paged.item(int(op[4:]))
+        elif op == "pop_item":
+            assert self.paged.pop_item() == m.pop()
+        elif op == "popleft_item":
+            assert self.paged.popleft_item() == left()
+        elif op in ("item0", "item-1"):
+            assert self.paged.item(int(op[4:])) == m[int(op[4:])]
+            assert as_py(self.paged[int(op[4:])]) == m[int(op[4:])]
+        elif op == "popleft_before" and self.SORTED:
+            bound = data.draw(st.integers(self.lo - 2, self.hi + 2))
+            want = []
+            while m and self.ts_of(m[0]) < bound:
+                want.append(left())
+            got = self.paged.popleft_before(bound, None if self.DTYPE.fields is None else "ts")
+            assert got == want
+        elif op == "snapshot" and self.snap is None:
+            self.snapshot()  # taken with the end-page cache alive: later writes must clone
+        assert len(self.paged) == len(m) and bool(self.paged) == bool(m)
+
+    record_ops = st.sampled_from(["append", "appendleft", "pop_item", "popleft_item", "item0",
+                                  "item-1", "popleft_before", "snapshot"])
+
+    @rule(data=st.data(), op=record_ops)
+    def record1(self, data: st.DataObject, op: str) -> None:
+        self.record_op(op, data)
+
+    @rule(data=st.data(), ops=st.lists(record_ops, min_size=2, max_size=25))
+    def record_run(self, data: st.DataObject, ops: list[str]) -> None:
+        """A run of per-record operations with no other operation in between (the end-page
+        cache stays alive), maybe with a snapshot in the middle whose pages must keep the
+        state of that moment (checked when the snapshot is loaded or rolled back to)."""
+        for op in ops:
+            self.record_op(op, data)
+
     @rule(data=st.data())
     def pop_n(self, data: st.DataObject) -> None:
         n = data.draw(st.integers(0, len(self.model)))
