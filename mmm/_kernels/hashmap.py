@@ -419,11 +419,20 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
                 was_empty = u8[base + HDR + s] == 0
                 u8[base + HDR + s] = tag
                 ka = base + ko + s * ks
-                for t in range(ks):
-                    u8[ka + t] = kb[i, t]
+                if ks == 4:
+                    u32[ka >> 2] = np.uint32(k0)
+                elif ks == 8:
+                    u64[ka >> 3] = k0
+                else:
+                    for t in range(ks):
+                        u8[ka + t] = kb[i, t]
                 va = base + vo + s * vs
-                for t in range(vs):
-                    u8[va + t] = 0
+                if vs & 7 == 0:  # values are 8-aligned then (vo and pages are)
+                    for t in range(vs >> 3):
+                        u64[(va >> 3) + t] = 0
+                else:
+                    for t in range(vs):
+                        u8[va + t] = 0
                 a = (base + OFF_COUNT) >> 2
                 u32[a] = np.uint32(np.int64(u32[a]) + 1)
                 if was_empty:
@@ -682,17 +691,29 @@ def rechain(pages: Any, targets: Any, primaries: Any, pool: Any, fseq: Any, next
     u16 = pool.view(np.uint16)
     u32 = pool.view(np.uint32)
     u64 = pool.view(np.uint64)
+    vw = vs & 7 == 0  # whole words: values are 8-aligned then (vo and pages are)
+    vwb = vbuf.reshape(-1).view(np.uint64) if vw else np.zeros(0, np.uint64)
+    nvw = vs >> 3
     m = 0
     for p in range(pages.shape[0]):
         base = fseq[pages[p]] * pb
         for s in range(S):
             if u8[base + HDR + s] >= 0x80:
                 ka = base + ko + s * ks
-                for j in range(ks):
-                    kbuf[m, j] = u8[ka + j]
+                if ks == 4:
+                    kwbuf[m, 0] = np.uint64(u32[ka >> 2])
+                elif ks == 8:
+                    kwbuf[m, 0] = u64[ka >> 3]
+                else:
+                    for j in range(ks):
+                        kbuf[m, j] = u8[ka + j]
                 va = base + vo + s * vs
-                for j in range(vs):
-                    vbuf[m, j] = u8[va + j]
+                if vw:
+                    for j in range(nvw):
+                        vwb[m * nvw + j] = u64[(va >> 3) + j]
+                else:
+                    for j in range(vs):
+                        vbuf[m, j] = u8[va + j]
                 m += 1
     spare = np.empty(pages.shape[0], np.int64)
     n_spare = 0
@@ -741,28 +762,45 @@ def rechain(pages: Any, targets: Any, primaries: Any, pool: Any, fseq: Any, next
             next_of[q] = nq
             last_seq[b] = nq
             base = nbase
-        home = _home(h, nb)
-        step = _step(h, nb)
-        g = home
+        g = _home(h, nb)
+        step = np.int64(-1)
         slot = np.int64(-1)
         for _ in range(nb):
             c0 = base + HDR + g * G
-            for j in range(G):
-                if u8[c0 + j] == 0:
-                    slot = g * G + j
-                    break
+            if G == 16:  # the first EMPTY byte of the group's two ctrl words
+                for half in range(2):
+                    e = _zero_bytes(u64[(c0 >> 3) + half])
+                    if e != 0:
+                        slot = g * G + 8 * half + (np.int64(trailing_zeros(e)) >> 3)
+                        break
+            else:
+                for j in range(G):
+                    if u8[c0 + j] == 0:
+                        slot = g * G + j
+                        break
             if slot >= 0:
                 break
+            if step < 0:
+                step = _step(h, nb)
             g += step
             if g >= nb:
                 g -= nb
         u8[base + HDR + slot] = _tag(h)
         ka = base + ko + slot * ks
-        for j in range(ks):
-            u8[ka + j] = kbuf[r, j]
+        if ks == 4:
+            u32[ka >> 2] = np.uint32(kwbuf[r, 0])
+        elif ks == 8:
+            u64[ka >> 3] = kwbuf[r, 0]
+        else:
+            for j in range(ks):
+                u8[ka + j] = kbuf[r, j]
         va = base + vo + slot * vs
-        for j in range(vs):
-            u8[va + j] = vbuf[r, j]
+        if vw:
+            for j in range(nvw):
+                u64[(va >> 3) + j] = vwb[r * nvw + j]
+        else:
+            for j in range(vs):
+                u8[va + j] = vbuf[r, j]
         a = (base + OFF_COUNT) >> 2
         u32[a] = np.uint32(np.int64(u32[a]) + 1)
         a = (base + OFF_START) >> 2

@@ -499,7 +499,7 @@ class HashMap(Structure):
                      if int(self._bucket_seq[b]) in old_primary] + new.tolist()
         assert len(primaries) == len(targets)
         allp = np.asarray(pages + new.tolist(), dtype=np.int64)
-        cap = len(allp) * self.S
+        cap = int(self._hdr["count"][self._ps.frames[np.asarray(pages, np.int64)]].sum())
         kw = np.zeros((cap, self._W), np.uint64)
         vbuf = np.empty((cap, self._vs), np.uint8)
         spare = np.empty(len(allp), np.int64)
