@@ -256,7 +256,7 @@ class HashMap(Structure):
     MAX_LOAD = 0.6
     MIN_LOAD = 0.15
     PAGE_FILL = 0.85
-    _BUFFER_LIMIT = 8192
+    _BUFFER_LIMIT = 65536
     GROUP = 16
 
     # -- construction ---------------------------------------------------------------------
@@ -323,6 +323,7 @@ class HashMap(Structure):
         self._buf_kind: Any = None
         self._buf_keys: Any = []
         self._buf_cols: list[Any] = []
+        self._buf_disarm: Callable[[], None] | None = None
         self._upserters: dict[int, Any] = {}
         self._spec_cache: dict[int, tuple[Mapping[str, Any], _Lanes]] = {}
         self._put_spec: _Lanes | None = None
@@ -977,7 +978,7 @@ class HashMap(Structure):
         ``inputs`` are the values of the spec's input columns in sorted name
         order (``add.inputs``). Each record is validated when ``add`` receives
         it (a bad key or value raises `RecordTypeError` there and is not
-        buffered), then buffered and applied as one batch of up to 8192
+        buffered), then buffered and applied as one batch of up to 65536
         records, or before any other operation on the map or a snapshot, so
         every read sees it. If applying the buffer fails (`PoolExhaustedError`
         at the ``add`` that filled it, or at the next read), the map is
@@ -1006,13 +1007,30 @@ class HashMap(Structure):
 
         if keys is not None and all(c is not None for c in cols) and len(names) == 1:
             # C-validated typed buffers: array.append refuses a non-integer or out-of-range
-            # value with TypeError / OverflowError, and nothing is appended
-            kappend, col = keys.append, cols[0]
-            vappend = col.append
+            # value with TypeError / OverflowError, and nothing is appended. While another
+            # writer's buffer is active, kappend / vappend are traps that switch buffers
+            # (applying the other's records first) and arm the real appends: the hot path
+            # checks nothing but the buffer's length.
+            col = cols[0]
+            kappend: Callable[[Any], None] = keys.append  # disarmed below
+            vappend: Callable[[Any], None] = col.append
+
+            def trap_k(key: Any) -> None:
+                this._switch_buffer(combine, keys, cols, disarm)
+                nonlocal kappend, vappend
+                kappend, vappend = keys.append, col.append
+                kappend(key)
+
+            def trap_v(value: Any) -> None:  # not reached: trap_k arms both first
+                raise AssertionError("per-record buffer used while disarmed")
+
+            def disarm() -> None:
+                nonlocal kappend, vappend
+                kappend, vappend = trap_k, trap_v
+
+            disarm()
 
             def add(key: Any, value: Any) -> None:
-                if this._buf_keys is not keys:
-                    this._switch_buffer(combine, keys, cols)
                 try:
                     kappend(key)
                 except (TypeError, OverflowError) as exc:
@@ -1058,16 +1076,23 @@ class HashMap(Structure):
         dts = {lanes.dtypes[j] for j, c in enumerate(lanes.spec) if c.input == name}
         return dts.pop() if len(dts) == 1 else None
 
-    def _switch_buffer(self, kind: Any, keys: Any, cols: list[Any]) -> None:
+    def _switch_buffer(self, kind: Any, keys: Any, cols: list[Any],
+                       disarm: Callable[[], None] | None = None) -> None:
+        """Make ``keys``/``cols`` the active per-record buffer (the old one applied first).
+        ``disarm`` is called when another buffer replaces this one (typed upserters arm
+        their appends while active)."""
         self._flush()
         if len(self._buf_keys):  # the old buffer could not be applied: keep it, refuse to mix
             raise PoolExhaustedError(f"hash map {self.name!r}: {len(self._buf_keys)} buffered "
                                      f"record(s) could not be applied yet")
         if self._gen != self._pm.generation:
             self._sync()
+        if self._buf_disarm is not None:
+            self._buf_disarm()
         self._buf_kind = kind
         self._buf_keys = keys
         self._buf_cols = cols
+        self._buf_disarm = disarm
 
     def __setitem__(self, key: Any, value: Any) -> None:
         kt, klo, khi, kslow = self._key_checker()
