@@ -328,6 +328,7 @@ class HashMap(Structure):
         self._spec_cache: dict[int, tuple[Mapping[str, Any], _Lanes]] = {}
         self._put_spec: _Lanes | None = None
         self._applying = False
+        self._scratch: list[Any] | None = None
         super().__init__(pm, name, schema, {"page_slots": slots})
         self.S = int(self._params["page_slots"])
         if self._ps.n_pages == 1:  # new: one empty bucket
@@ -501,8 +502,7 @@ class HashMap(Structure):
         assert len(primaries) == len(targets)
         allp = np.asarray(pages + new.tolist(), dtype=np.int64)
         cap = int(self._hdr["count"][self._ps.frames[np.asarray(pages, np.int64)]].sum())
-        kw = np.zeros((cap, self._W), np.uint64)
-        vbuf = np.empty((cap, self._vs), np.uint8)
+        kw, vbuf = self._gather_buffers(cap)
         spare = np.empty(len(allp), np.int64)
         geo = self._geo()
         geo[0], geo[1] = n_buckets, n_buckets.bit_length() - 1
@@ -519,6 +519,21 @@ class HashMap(Structure):
             rest = spare[used:n_spare]
             self._next_of[rest] = -1
             pm.release(self.psid, rest)
+
+    def _gather_buffers(self, cap: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint8]]:
+        """`K.rechain`'s record buffers for ``cap`` records (key words zeroed). Within one
+        batch (``_scratch`` not None) they are kept and reused from split to split: fresh
+        memory costs a page fault per 4 KiB."""
+        sc = self._scratch
+        if sc is None:
+            return np.zeros((cap, self._W), np.uint64), np.empty((cap, self._vs), np.uint8)
+        if len(sc[0]) < cap:
+            grow = max(cap, len(sc[0]) * 3 // 2)
+            sc[0] = np.zeros((grow, self._W), np.uint64)
+            sc[1] = np.empty((grow, self._vs), np.uint8)
+        kw = sc[0][:cap]
+        kw[:] = 0
+        return kw, sc[1][:cap]
 
     def _split(self, want: int) -> None:
         """Split up to ``want`` buckets (from the split pointer, within the level)."""
@@ -695,11 +710,21 @@ class HashMap(Structure):
         n = len(kc)
         ob = (out.view(np.uint8).reshape(n, self._vs) if out is not None
               else np.zeros((0, self._vs), np.uint8))
+        state = np.array([self._len, 0, 0], dtype=np.int64)
+        len0 = self._len
+        self._scratch = [np.zeros((0, self._W), np.uint64), np.empty((0, self._vs), np.uint8)]
+        try:
+            self._upsert_loop(kw, kb, lanes, cols, ob, state, len0)
+        finally:
+            self._scratch = None
+
+    def _upsert_loop(self, kw: npt.NDArray[np.uint64], kb: npt.NDArray[np.uint8], lanes: _Lanes,
+                     cols: tuple[Any, Any, Any, Any], ob: npt.NDArray[np.uint8],
+                     state: npt.NDArray[np.int64], len0: int) -> None:
         ic, uc, fc, bc = cols
         pm = self._pm
-        state = np.array([self._len, 0, 0], dtype=np.int64)
+        n = len(kw)
         i = 0
-        len0 = self._len
         while True:
             state[0] = self._len
             code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
@@ -716,10 +741,13 @@ class HashMap(Structure):
             elif code == K.NEED_PAGE:
                 self._add_overflow(int(state[2]))
             else:  # split ahead for the new keys the rest of the batch may bring (at the
-                # rate seen so far), at most doubling the buckets per pass
+                # rate seen so far, at most one per row): while the map is small that is
+                # several levels at once, each rechaining few records
                 new_rate = (self._len - len0 + 1) / (i + 1)
                 ahead = math.ceil((n - i) * new_rate / (self.MAX_LOAD * self.S))
-                self._split(max(1, min(ahead, self._n_buckets)))
+                target = self._n_buckets + max(1, ahead)
+                while self._n_buckets < target:
+                    self._split(target - self._n_buckets)
 
     def put(self, keys: npt.ArrayLike, values: Any) -> None:
         """Insert or overwrite ``keys[i] -> values[i]``; for a key repeated in the batch the last wins.
