@@ -144,8 +144,29 @@ def _typed_buffer(dt: np.dtype[Any] | None) -> "array.array[Any] | None":
     return array.array(tc) if tc is not None else None
 
 
+class _Filled:
+    """A per-record buffer column preallocated and filled by index (`HashMap.upserter`):
+    ``len`` is the writer's fill count, ``del buf[:]`` resets it."""
+
+    __slots__ = ("arr", "count", "reset")
+
+    def __init__(self, arr: "array.array[Any]", count: Callable[[], int],
+                 reset: Callable[[], None]) -> None:
+        self.arr = arr
+        self.count = count
+        self.reset = reset
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def __delitem__(self, _: slice) -> None:
+        self.reset()
+
+
 def _buffered(buf: Any) -> Any:
     """The buffered values as an array (a copy: the buffer is cleared afterwards)."""
+    if isinstance(buf, _Filled):
+        return np.frombuffer(buf.arr, dtype=buf.arr.typecode)[:len(buf)].copy()
     if isinstance(buf, array.array):
         return np.frombuffer(buf, dtype=buf.typecode).copy()
     return buf if buf and not isinstance(buf[0], (int, float)) else np.array(buf)
@@ -1009,8 +1030,9 @@ class HashMap(Structure):
         buffered), then buffered and applied as one batch of up to 65536
         records, or before any other operation on the map or a snapshot, so
         every read sees it. If applying the buffer fails (`PoolExhaustedError`
-        at the ``add`` that filled it, or at the next read), the map is
-        unchanged and the records stay buffered, to be applied by a later call.
+        at the ``add`` that meets a full buffer, or at the next read), the map
+        is unchanged and the records stay buffered, to be applied by a later
+        call; a record refused with `RecordTypeError` is never buffered.
 
         Examples
         --------
@@ -1034,43 +1056,67 @@ class HashMap(Structure):
         where = f"hash map {self.name!r}"
 
         if keys is not None and all(c is not None for c in cols) and len(names) == 1:
-            # C-validated typed buffers: array.append refuses a non-integer or out-of-range
-            # value with TypeError / OverflowError, and nothing is appended. While another
-            # writer's buffer is active, kappend / vappend are traps that switch buffers
-            # (applying the other's records first) and arm the real appends: the hot path
-            # checks nothing but the buffer's length.
-            col = cols[0]
-            kappend: Callable[[Any], None] = keys.append  # disarmed below
-            vappend: Callable[[Any], None] = col.append
+            # C-validated typed buffers filled by index: an array item assignment refuses a
+            # non-integer or out-of-range value (TypeError / OverflowError) and an index past
+            # the end (IndexError). While another writer's buffer is active, ka / va are
+            # empty arrays, so the first record raises IndexError and takes the slow path:
+            # switch buffers (the other's records are applied first) and arm the real ones;
+            # a full buffer takes it too (applied, then refilled from index 0). The hot path
+            # is two item assignments and a count.
+            tk, tv = keys.typecode, cols[0].typecode
+            kempty, vempty = array.array(tk), array.array(tv)
+            ka, va = kempty, vempty
+            i = 0
 
-            def trap_k(key: Any) -> None:
-                this._switch_buffer(combine, keys, cols, disarm)
-                nonlocal kappend, vappend
-                kappend, vappend = keys.append, col.append
-                kappend(key)
+            def count() -> int:
+                return i
 
-            def trap_v(value: Any) -> None:  # not reached: trap_k arms both first
-                raise AssertionError("per-record buffer used while disarmed")
+            def reset() -> None:
+                nonlocal i
+                i = 0
+
+            kbuf = _Filled(kempty, count, reset)  # filled arrays allocated when first armed
+            vbufs: list[Any] = [_Filled(vempty, count, reset)]
 
             def disarm() -> None:
-                nonlocal kappend, vappend
-                kappend, vappend = trap_k, trap_v
+                nonlocal ka, va
+                ka, va = kempty, vempty
 
-            disarm()
+            def refuse(key: Any, value: Any, exc: BaseException) -> RecordTypeError:
+                try:
+                    array.array(tk, [key])
+                except (TypeError, OverflowError) as kexc:
+                    return RecordTypeError(f"{where}: key {key!r}: {kexc}")
+                return RecordTypeError(f"{where}: input {names[0]!r} value {value!r}: {exc}")
+
+            def slow(key: Any, value: Any) -> None:
+                nonlocal ka, va, i
+                if this._buf_keys is not kbuf:
+                    this._switch_buffer(combine, kbuf, vbufs, disarm)
+                    if not len(kbuf.arr):
+                        kbuf.arr = array.array(tk, bytes(kempty.itemsize * limit))
+                        vbufs[0].arr = array.array(tv, bytes(vempty.itemsize * limit))
+                    ka, va = kbuf.arr, vbufs[0].arr
+                else:  # full
+                    this._flush()
+                try:
+                    ka[i] = key
+                    va[i] = value
+                except (TypeError, OverflowError) as exc:
+                    raise refuse(key, value, exc) from None
+                i += 1
 
             def add(key: Any, value: Any) -> None:
+                nonlocal i
                 try:
-                    kappend(key)
+                    ka[i] = key
+                    va[i] = value
+                except IndexError:
+                    slow(key, value)
+                    return
                 except (TypeError, OverflowError) as exc:
-                    raise RecordTypeError(f"{where}: key {key!r}: {exc}") from None
-                try:
-                    vappend(value)
-                except (TypeError, OverflowError) as exc:
-                    keys.pop()
-                    raise RecordTypeError(f"{where}: input {names[0]!r} value {value!r}: "
-                                          f"{exc}") from None
-                if len(keys) >= limit:
-                    this._flush()
+                    raise refuse(key, value, exc) from None
+                i += 1
         else:
             keys, cols = [], [[] for _ in names]
             kt, klo, khi, kslow = self._key_checker()

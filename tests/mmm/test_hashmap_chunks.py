@@ -139,3 +139,38 @@ def test_switched_away_upserter_refuses_bad_records_without_buffering() -> None:
         a(3, 2**40)
     a(1, 9)
     assert contents(m) == {1: (0, 9), 2: (1, 1)}
+
+
+def test_typed_upserter_full_buffer_applies_and_refills(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(HashMap, "_BUFFER_LIMIT", 8)
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    m = HashMap.create(pm, "m", key="<u4", value=[("n", "<i8"), ("hi", "<i8")])
+    add = m.upserter({"n": "count", "hi": ("max", "t")})
+    model: dict[int, tuple[int, int]] = {}
+    for j in range(50):
+        k, t = j % 11, (j * 37) % 23
+        add(k, t)
+        n, hi = model.get(k, (0, t))
+        model[k] = (n + 1, max(hi, t))
+        assert len(m._buf_keys) == j % 8 + 1  # applied each time the buffer was full
+    assert contents(m) == model
+
+
+def test_typed_upserter_pool_exhaustion_at_a_full_buffer(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """The add that meets a full buffer which cannot be applied raises PoolExhaustedError and
+    buffers nothing; the map is unchanged and the buffered records are applied later."""
+    monkeypatch.setattr(HashMap, "_BUFFER_LIMIT", 40)
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=30 * 4096)
+    m = HashMap.create(pm, "m", key="<u4", value=[("n", "<i8"), ("hi", "<i8")], page_slots=16)
+    filler = pm.create("filler")
+    blocks = pm.allocate(filler, pm.pool.free_frames - 2)
+    add = m.upserter({"n": "count", "hi": ("max", "t")})
+    for k in range(40):
+        add(k, k)
+    with pytest.raises(mmm.PoolExhaustedError):
+        add(99, 1)
+    assert len(m._buf_keys) == 40
+    pm.release(filler, blocks)
+    assert contents(m) == {k: (1, k) for k in range(40)}
+    m._check()
