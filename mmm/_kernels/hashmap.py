@@ -193,6 +193,8 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
     CH = CHUNK
     hs = np.empty(CH, np.uint64)   # per row of the chunk: hash,
     bk = np.empty(CH, np.int64)    # bucket,
+    q0s = np.empty(CH, np.int64)   # primary page,
+    homes = np.empty(CH, np.int64)  # home group,
     cand = np.empty(CH, np.int64)  # the home group's first tag match in the primary page (-1),
     vas = np.empty(CH, np.int64)   # the value's address once applied,
     isnew = np.empty(CH, np.bool_)  # and whether the row inserted its key
@@ -207,9 +209,13 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
             for j in range(1, W):
                 h = _mix(h ^ kw[i, j])
             b = _bucket(h, nbk, lvl)
+            q = bucket_seq[b]
+            gp = _home(h, nb)
             hs[i - c0] = h
             bk[i - c0] = b
-            _prefetch(u8, fseq[bucket_seq[b]] * pb + HDR + _home(h, nb) * G)
+            q0s[i - c0] = q
+            homes[i - c0] = gp
+            _prefetch(u8, fseq[q] * pb + HDR + gp * G)
         # -- pass 2: match the tag in the home group (its ctrl line is in flight or in cache),
         # prefetch the key and value of the first match, or of the first free slot (an insert)
         for i in range(c0, c1):
@@ -217,8 +223,8 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
             if not swar:
                 continue
             h = hs[i - c0]
-            bp = fseq[bucket_seq[bk[i - c0]]] * pb
-            gp = _home(h, nb)
+            bp = fseq[q0s[i - c0]] * pb
+            gp = homes[i - c0]
             cp = (bp + HDR + gp * G) >> 3
             rep = np.uint64(_tag(h)) * ONES
             w = u64[cp]
@@ -252,14 +258,14 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
             b = bk[i - c0]
             tag = _tag(h)
             rep = np.uint64(tag) * ONES
-            home = _home(h, nb)
+            home = homes[i - c0]
             step = np.int64(-1)  # computed when a probe leaves the home group
             k0 = kw[i, 0]
             fq = np.int64(-1)
             s = np.int64(-1)
             sl = cand[i - c0]
             if sl >= 0:  # the candidate first: most keys sit there
-                q = bucket_seq[b]
+                q = q0s[i - c0]
                 base = fseq[q] * pb
                 if u8[base + HDR + sl] == tag:
                     ka = base + ko + sl * ks
