@@ -249,8 +249,11 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
             else:
                 continue
             _prefetch(u8, bp + ko + sp * ks)
+            if ks & (ks - 1) != 0:  # a key may straddle two cache lines
+                _prefetch(u8, bp + ko + sp * ks + ks - 1)
             if mode != MODE_DELETE:
                 _prefetch(u8, bp + vo + sp * vs)
+                _prefetch(u8, bp + vo + sp * vs + vs - 1)  # and a value
         # -- pass 3: probe, in input order; insert new keys; get / delete act here -------------
         stop = c1
         for i in range(c0, c1):
