@@ -125,8 +125,7 @@ def _prefetch_impl(typingctx: Any, arr: Any, idx: Any) -> Any:
 
 _prefetch: Any = intrinsic(_prefetch_impl)
 trailing_zeros: Any = _tz  # count of trailing zero bits (an LLVM intrinsic)
-AHEAD = 8
-RING_MASK = 31  # > 2 * AHEAD
+CHUNK = 32  # rows per pass: enough misses in flight to hide the memory latency
 ONES = np.uint64(0x0101010101010101)
 LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
 
@@ -134,7 +133,7 @@ LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
 @_scalar
 def _zero_bytes(x: Any) -> Any:
     """0x80 in each byte of uint64 ``x`` that is zero, 0 elsewhere (exact: no borrows)."""
-    return ~(((x & LOW7) + LOW7) | x | LOW7)  # rows of lookahead: ctrl bytes at 2 * AHEAD, key and value at AHEAD
+    return ~(((x & LOW7) + LOW7) | x | LOW7)
 
 
 @jit
@@ -191,343 +190,485 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
     nops = ops.shape[0]
     want = out.shape[0] > 0
     swar = G == 16
-    ring = np.empty(RING_MASK + 1, np.uint64)
-    for i in range(i0, n):
-        # -- prefetch: the home group's ctrl bytes 2 * AHEAD rows ahead, then the key and
-        # value of its first tag match AHEAD rows ahead (the ctrl line is then in cache).
-        # Hashes are computed once, 2 * AHEAD rows ahead, into a ring.
-        r = i + 2 * AHEAD
-        if i == i0:  # fill the ring
-            for rr in range(i, min(r, n)):
-                hp = _mix(kw[rr, 0])
-                for j in range(1, W):
-                    hp = _mix(hp ^ kw[rr, j])
-                ring[rr & RING_MASK] = hp
-        if r < n:
-            hp = _mix(kw[r, 0])
+    CH = CHUNK
+    hs = np.empty(CH, np.uint64)   # per row of the chunk: hash,
+    bk = np.empty(CH, np.int64)    # bucket,
+    q0s = np.empty(CH, np.int64)   # primary page,
+    homes = np.empty(CH, np.int64)  # home group,
+    cand = np.empty(CH, np.int64)  # the home group's first tag match in the primary page (-1),
+    vas = np.empty(CH, np.int64)   # the value's address once applied,
+    isnew = np.empty(CH, np.bool_)  # and whether the row inserted its key
+    HIGH = np.uint64(0x8080808080808080)
+    code_out = DONE
+    c0 = i0
+    while c0 < n:
+        c1 = min(c0 + CH, n)
+        # -- pass 1: hash each row, prefetch its home group's ctrl bytes -------------------------
+        for i in range(c0, c1):
+            h = _mix(kw[i, 0])
             for j in range(1, W):
-                hp = _mix(hp ^ kw[r, j])
-            ring[r & RING_MASK] = hp
-            _prefetch(u8, fseq[bucket_seq[_bucket(hp, nbk, lvl)]] * pb + HDR
-                      + _home(hp, nb) * G)
-        r = i + AHEAD
-        if r < n and swar:
-            hp = ring[r & RING_MASK]
-            bp = fseq[bucket_seq[_bucket(hp, nbk, lvl)]] * pb
-            gp = _home(hp, nb)
+                h = _mix(h ^ kw[i, j])
+            b = _bucket(h, nbk, lvl)
+            q = bucket_seq[b]
+            gp = _home(h, nb)
+            hs[i - c0] = h
+            bk[i - c0] = b
+            q0s[i - c0] = q
+            homes[i - c0] = gp
+            _prefetch(u8, fseq[q] * pb + HDR + gp * G)
+        # -- pass 2: match the tag in the home group (its ctrl line is in flight or in cache),
+        # prefetch the key and value of the first match, or of the first free slot (an insert)
+        for i in range(c0, c1):
+            cand[i - c0] = -1
+            if not swar:
+                continue
+            h = hs[i - c0]
+            bp = fseq[q0s[i - c0]] * pb
+            gp = homes[i - c0]
             cp = (bp + HDR + gp * G) >> 3
-            rep = np.uint64(_tag(hp)) * ONES
-            m = _zero_bytes(u64[cp] ^ rep)
+            rep = np.uint64(_tag(h)) * ONES
+            w = u64[cp]
+            m = _zero_bytes(w ^ rep)
             off = 0
             if m == 0:
-                m = _zero_bytes(u64[cp + 1] ^ rep)
+                w = u64[cp + 1]
+                m = _zero_bytes(w ^ rep)
                 off = 8
             if m != 0:
                 sp = gp * G + off + (np.int64(trailing_zeros(m)) >> 3)
-                _prefetch(u8, bp + ko + sp * ks)
-                if mode != MODE_DELETE:
-                    _prefetch(u8, bp + vo + sp * vs)
-        # -- probe ----------------------------------------------------------------------------
-        h = ring[i & RING_MASK]
-        b = _bucket(h, nbk, lvl)
-        tag = _tag(h)
-        rep = np.uint64(tag) * ONES
-        home = _home(h, nb)
-        step = np.int64(-1)  # computed when a probe leaves the home group
-        k0 = kw[i, 0]
-        q = bucket_seq[b]
-        fq = np.int64(-1)
-        s = np.int64(-1)
-        while q >= 0:
-            base = fseq[q] * pb
-            g = home
-            for _ in range(nb):
-                c0 = base + HDR + g * G
-                empty = False
-                if swar:  # 16 ctrl bytes as two words: tag matches and EMPTY bytes at once
-                    for half in range(2):
-                        w = u64[(c0 >> 3) + half]
-                        if _zero_bytes(w) != 0:
-                            empty = True
-                        m = _zero_bytes(w ^ rep)
-                        while m != 0:
-                            sl = g * G + 8 * half + (np.int64(trailing_zeros(m)) >> 3)
-                            ka = base + ko + sl * ks
-                            if ks == 4:
-                                eq = np.uint64(u32[ka >> 2]) == k0
-                            elif ks == 8:
-                                eq = u64[ka >> 3] == k0
-                            elif ks == 2:
-                                eq = np.uint64(u16[ka >> 1]) == k0
-                            elif ks == 1:
-                                eq = np.uint64(u8[ka]) == k0
-                            else:
+                cand[i - c0] = sp
+            elif mode == MODE_UPSERT:
+                m = ~u64[cp] & HIGH
+                off = 0
+                if m == 0:
+                    m = ~u64[cp + 1] & HIGH
+                    off = 8
+                if m == 0:
+                    continue
+                sp = gp * G + off + (np.int64(trailing_zeros(m)) >> 3)
+            else:
+                continue
+            _prefetch(u8, bp + ko + sp * ks)
+            if ks & (ks - 1) != 0:  # a key may straddle two cache lines
+                _prefetch(u8, bp + ko + sp * ks + ks - 1)
+            if mode != MODE_DELETE:
+                _prefetch(u8, bp + vo + sp * vs)
+                _prefetch(u8, bp + vo + sp * vs + vs - 1)  # and a value
+        # -- pass 3: probe, in input order; insert new keys; get / delete act here -------------
+        stop = c1
+        for i in range(c0, c1):
+            h = hs[i - c0]
+            b = bk[i - c0]
+            tag = _tag(h)
+            rep = np.uint64(tag) * ONES
+            home = homes[i - c0]
+            step = np.int64(-1)  # computed when a probe leaves the home group
+            k0 = kw[i, 0]
+            fq = np.int64(-1)
+            s = np.int64(-1)
+            sl = cand[i - c0]
+            if sl >= 0:  # the candidate first: most keys sit there
+                q = q0s[i - c0]
+                base = fseq[q] * pb
+                if u8[base + HDR + sl] == tag:
+                    ka = base + ko + sl * ks
+                    if ks == 4:
+                        eq = np.uint64(u32[ka >> 2]) == k0
+                    elif ks == 8:
+                        eq = u64[ka >> 3] == k0
+                    elif ks == 2:
+                        eq = np.uint64(u16[ka >> 1]) == k0
+                    elif ks == 1:
+                        eq = np.uint64(u8[ka]) == k0
+                    else:
+                        eq = True
+                        for t in range(ks):
+                            if u8[ka + t] != kb[i, t]:
+                                eq = False
+                                break
+                    if eq:
+                        s = sl
+                        fq = q
+            q = bucket_seq[b] if s < 0 else np.int64(-1)
+            while q >= 0:
+                base = fseq[q] * pb
+                g = home
+                for _ in range(nb):
+                    cg = base + HDR + g * G
+                    empty = False
+                    if swar:  # 16 ctrl bytes as two words: tag matches and EMPTY bytes at once
+                        for half in range(2):
+                            w = u64[(cg >> 3) + half]
+                            if _zero_bytes(w) != 0:
+                                empty = True
+                            m = _zero_bytes(w ^ rep)
+                            while m != 0:
+                                sl = g * G + 8 * half + (np.int64(trailing_zeros(m)) >> 3)
+                                ka = base + ko + sl * ks
+                                if ks == 4:
+                                    eq = np.uint64(u32[ka >> 2]) == k0
+                                elif ks == 8:
+                                    eq = u64[ka >> 3] == k0
+                                elif ks == 2:
+                                    eq = np.uint64(u16[ka >> 1]) == k0
+                                elif ks == 1:
+                                    eq = np.uint64(u8[ka]) == k0
+                                else:
+                                    eq = True
+                                    for t in range(ks):
+                                        if u8[ka + t] != kb[i, t]:
+                                            eq = False
+                                            break
+                                if eq:
+                                    s = sl
+                                    break
+                                m &= m - np.uint64(1)
+                            if s >= 0:
+                                break
+                    else:
+                        for j in range(G):
+                            c = u8[cg + j]
+                            if c == tag:
+                                sl = g * G + j
+                                ka = base + ko + sl * ks
                                 eq = True
                                 for t in range(ks):
                                     if u8[ka + t] != kb[i, t]:
                                         eq = False
                                         break
-                            if eq:
-                                s = sl
-                                break
-                            m &= m - np.uint64(1)
-                        if s >= 0:
-                            break
-                else:
-                    for j in range(G):
-                        c = u8[c0 + j]
-                        if c == tag:
-                            sl = g * G + j
-                            ka = base + ko + sl * ks
-                            eq = True
-                            for t in range(ks):
-                                if u8[ka + t] != kb[i, t]:
-                                    eq = False
+                                if eq:
+                                    s = sl
                                     break
-                            if eq:
-                                s = sl
-                                break
-                        elif c == 0:
-                            empty = True
-                if s >= 0 or empty:
-                    break
-                if step < 0:
-                    step = _step(h, nb)
-                g += step
-                if g >= nb:
-                    g -= nb
-            if s >= 0:
-                fq = q
-                break
-            q = next_of[q]
-        # -- act ----------------------------------------------------------------------------
-        if mode == MODE_GET:
-            if fq >= 0:
-                found[i] = True
-                if want:
-                    va = fseq[fq] * pb + vo + s * vs
-                    for t in range(vs):
-                        out[i, t] = u8[va + t]
-            else:
-                found[i] = False
-            continue
-        if mode == MODE_DELETE:
-            if fq < 0:
-                found[i] = False
-                continue
-            f = fseq[fq]
-            if pins[f] > 0:
-                state[1] = i
-                state[2] = fq
-                return NEED_CLONE
-            mod[fq] = epoch
-            base = f * pb
-            u8[base + HDR + s] = 1
-            a = (base + OFF_COUNT) >> 2
-            u32[a] = np.uint32(np.int64(u32[a]) - 1)
-            state[0] -= 1
-            found[i] = True
-            continue
-        # upsert
-        if fq >= 0:
-            f = fseq[fq]
-            if pins[f] > 0:
-                state[1] = i
-                state[2] = fq
-                return NEED_CLONE
-            mod[fq] = epoch
-            base = f * pb
-            new = False
-        else:
-            if state[0] + 1 > limit:
-                state[1] = i
-                return NEED_SPLIT
-            q = last_seq[b]
-            f = fseq[q]
-            base = f * pb
-            if np.int64(u32[(base + OFF_START) >> 2]) >= max_fill:
-                state[1] = i
-                state[2] = b
-                return NEED_PAGE
-            if pins[f] > 0:
-                state[1] = i
-                state[2] = q
-                return NEED_CLONE
-            mod[q] = epoch
-            g = home
-            s = np.int64(-1)
-            for _ in range(nb):  # the first free (EMPTY or TOMB) slot on the probe sequence
-                c0 = base + HDR + g * G
-                for j in range(G):
-                    if u8[c0 + j] < 0x80:
-                        s = g * G + j
+                            elif c == 0:
+                                empty = True
+                    if s >= 0 or empty:
                         break
+                    if step < 0:
+                        step = _step(h, nb)
+                    g += step
+                    if g >= nb:
+                        g -= nb
                 if s >= 0:
+                    fq = q
                     break
-                if step < 0:
-                    step = _step(h, nb)
-                g += step
-                if g >= nb:
-                    g -= nb
-            was_empty = u8[base + HDR + s] == 0
-            u8[base + HDR + s] = tag
-            ka = base + ko + s * ks
-            for t in range(ks):
-                u8[ka + t] = kb[i, t]
-            va = base + vo + s * vs
-            for t in range(vs):
-                u8[va + t] = 0
-            a = (base + OFF_COUNT) >> 2
-            u32[a] = np.uint32(np.int64(u32[a]) + 1)
-            if was_empty:
-                a = (base + OFF_START) >> 2
+                q = next_of[q]
+            # -- act --------------------------------------------------------------------------
+            if mode == MODE_GET:
+                if fq >= 0:
+                    found[i] = True
+                    if want:
+                        va = fseq[fq] * pb + vo + s * vs
+                        for t in range(vs):
+                            out[i, t] = u8[va + t]
+                else:
+                    found[i] = False
+                continue
+            if mode == MODE_DELETE:
+                if fq < 0:
+                    found[i] = False
+                    continue
+                f = fseq[fq]
+                if pins[f] > 0:
+                    state[1] = i
+                    state[2] = fq
+                    return NEED_CLONE
+                mod[fq] = epoch
+                base = f * pb
+                u8[base + HDR + s] = 1
+                a = (base + OFF_COUNT) >> 2
+                u32[a] = np.uint32(np.int64(u32[a]) - 1)
+                state[0] -= 1
+                found[i] = True
+                continue
+            # upsert: find or insert; a request stops the chunk before this row
+            if fq >= 0:
+                f = fseq[fq]
+                if pins[f] > 0:
+                    state[2] = fq
+                    code_out = NEED_CLONE
+                    stop = i
+                    break
+                mod[fq] = epoch
+                base = f * pb
+                new = False
+            else:
+                if state[0] + 1 > limit:
+                    code_out = NEED_SPLIT
+                    stop = i
+                    break
+                q = last_seq[b]
+                f = fseq[q]
+                base = f * pb
+                if np.int64(u32[(base + OFF_START) >> 2]) >= max_fill:
+                    state[2] = b
+                    code_out = NEED_PAGE
+                    stop = i
+                    break
+                if pins[f] > 0:
+                    state[2] = q
+                    code_out = NEED_CLONE
+                    stop = i
+                    break
+                mod[q] = epoch
+                g = home
+                s = np.int64(-1)
+                for _ in range(nb):  # the first free (EMPTY or TOMB) slot on the probe sequence
+                    cg = base + HDR + g * G
+                    for j in range(G):
+                        if u8[cg + j] < 0x80:
+                            s = g * G + j
+                            break
+                    if s >= 0:
+                        break
+                    if step < 0:
+                        step = _step(h, nb)
+                    g += step
+                    if g >= nb:
+                        g -= nb
+                was_empty = u8[base + HDR + s] == 0
+                u8[base + HDR + s] = tag
+                ka = base + ko + s * ks
+                if ks == 4:
+                    u32[ka >> 2] = np.uint32(k0)
+                elif ks == 8:
+                    u64[ka >> 3] = k0
+                else:
+                    for t in range(ks):
+                        u8[ka + t] = kb[i, t]
+                va = base + vo + s * vs
+                if vs & 7 == 0:  # values are 8-aligned then (vo and pages are)
+                    for t in range(vs >> 3):
+                        u64[(va >> 3) + t] = 0
+                else:
+                    for t in range(vs):
+                        u8[va + t] = 0
+                a = (base + OFF_COUNT) >> 2
                 u32[a] = np.uint32(np.int64(u32[a]) + 1)
-            state[0] += 1
-            new = True
-        va = base + vo + s * vs
-        # -- combine ------------------------------------------------------------------------
+                if was_empty:
+                    a = (base + OFF_START) >> 2
+                    u32[a] = np.uint32(np.int64(u32[a]) + 1)
+                state[0] += 1
+                new = True
+            va = base + vo + s * vs
+            vas[i - c0] = va
+            isnew[i - c0] = new
+            if want:  # fields the spec does not write; the combine fills in the others
+                for t in range(vs):
+                    out[i, t] = u8[va + t]
+        if mode != MODE_UPSERT:
+            c0 = c1
+            continue
+        # -- pass 4: combine rows c0..stop-1, one value field at a time (the op and the field's
+        # type are fixed for a whole loop: common cases have their own loops) --------------------
+        kn = stop - c0
         for j in range(nops):
             op = ops[j]
-            a = va + offs[j]
+            off = offs[j]
             code = codes[j]
             al = aligned[j]
             lane = lanes[j]
             c = lidx[j]
             size = sizes[j]
-            if lane == L_INT:
-                x = np.int64(1) if op == COUNT else IC[c, i]
-                if new or op == LAST:
-                    v = x
-                elif op == FIRST:
-                    continue
-                else:
-                    if al:
-                        if code == I8:
-                            old = i64[a >> 3]
-                        elif code == I4:
-                            old = np.int64(i32[a >> 2])
-                        elif code == U4:
-                            old = np.int64(u32[a >> 2])
-                        elif code == I2:
-                            old = np.int64(i16[a >> 1])
-                        elif code == U2:
-                            old = np.int64(u16[a >> 1])
-                        elif code == I1:
-                            old = np.int64(i8a[a])
-                        else:
-                            old = np.int64(u8[a])
-                    else:
-                        raw = np.uint64(0)
-                        for t in range(size):
-                            raw |= np.uint64(u8[a + t]) << np.uint64(8 * t)
-                        if code == I8 or code == I4 or code == I2 or code == I1:
-                            old = _sext(raw, size)
-                        else:
-                            old = np.int64(raw)
-                    if op == COUNT or op == SUM:
-                        v = old + x
-                    elif op == MIN:
-                        if x >= old:
-                            continue
-                        v = x
-                    else:  # MAX
-                        if x <= old:
-                            continue
-                        v = x
-                if al:
-                    if code == I8:
-                        i64[a >> 3] = v
-                    elif code == I4:
-                        i32[a >> 2] = np.int32(v)
-                    elif code == U4:
-                        u32[a >> 2] = np.uint32(v)
-                    elif code == I2:
-                        i16[a >> 1] = np.int16(v)
-                    elif code == U2:
-                        u16[a >> 1] = np.uint16(v)
-                    elif code == I1:
-                        i8a[a] = np.int8(v)
-                    else:
-                        u8[a] = np.uint8(v)
-                else:
-                    raw = np.uint64(v)
-                    for t in range(size):
-                        u8[a + t] = np.uint8((raw >> np.uint64(8 * t)) & np.uint64(0xFF))
-            elif lane == L_FLOAT:
-                y = 1.0 if op == COUNT else FC[c, i]
-                if not new and op == FIRST:
-                    continue
-                if not new and op != LAST:
-                    if al:
-                        old_f = f64[a >> 3] if code == F8 else np.float64(f32[a >> 2])
-                    else:
-                        raw = np.uint64(0)
-                        for t in range(size):
-                            raw |= np.uint64(u8[a + t]) << np.uint64(8 * t)
-                        if code == F8:
-                            sc_u64[0] = raw
-                            old_f = sc_f64[0]
-                        else:
-                            sc_u32[0] = np.uint32(raw)
-                            old_f = np.float64(sc_f32[0])
-                    if op == COUNT or op == SUM:
-                        y = old_f + y
-                    elif old_f != old_f:  # NaN stays (np.minimum / np.maximum semantics)
-                        continue
-                    elif y == y and ((op == MIN and y >= old_f) or (op == MAX and y <= old_f)):
-                        continue
-                if al:
-                    if code == F8:
-                        f64[a >> 3] = y
-                    else:
-                        f32[a >> 2] = np.float32(y)
-                else:
-                    if code == F8:
-                        sc_f64[0] = y
-                        raw = sc_u64[0]
-                    else:
-                        sc_f32[0] = np.float32(y)
-                        raw = np.uint64(sc_u32[0])
-                    for t in range(size):
-                        u8[a + t] = np.uint8((raw >> np.uint64(8 * t)) & np.uint64(0xFF))
-            elif lane == L_UINT:
-                xu = np.uint64(1) if op == COUNT else UC[c, i]
-                if not new and op == FIRST:
-                    continue
-                if not new and op != LAST:
-                    if al:
-                        old_u = u64[a >> 3]
-                    else:
-                        old_u = np.uint64(0)
+            if lane == L_INT and al and code == I8:
+                if op == COUNT:
+                    for k in range(kn):
+                        a = (vas[k] + off) >> 3
+                        i64[a] = 1 if isnew[k] else i64[a] + 1
+                        if want:
+                            for t in range(8):
+                                out[c0 + k, off + t] = u8[8 * a + t]
+                elif op == SUM:
+                    for k in range(kn):
+                        a = (vas[k] + off) >> 3
+                        x = IC[c, c0 + k]
+                        i64[a] = x if isnew[k] else i64[a] + x
+                        if want:
+                            for t in range(8):
+                                out[c0 + k, off + t] = u8[8 * a + t]
+                elif op == MIN:
+                    for k in range(kn):
+                        a = (vas[k] + off) >> 3
+                        x = IC[c, c0 + k]
+                        if isnew[k] or x < i64[a]:
+                            i64[a] = x
+                        if want:
+                            for t in range(8):
+                                out[c0 + k, off + t] = u8[8 * a + t]
+                elif op == MAX:
+                    for k in range(kn):
+                        a = (vas[k] + off) >> 3
+                        x = IC[c, c0 + k]
+                        if isnew[k] or x > i64[a]:
+                            i64[a] = x
+                        if want:
+                            for t in range(8):
+                                out[c0 + k, off + t] = u8[8 * a + t]
+                else:  # LAST, FIRST
+                    for k in range(kn):
+                        a = (vas[k] + off) >> 3
+                        if isnew[k] or op == LAST:
+                            i64[a] = IC[c, c0 + k]
+                        if want:
+                            for t in range(8):
+                                out[c0 + k, off + t] = u8[8 * a + t]
+                continue
+            if lane == L_FLOAT and al and code == F8:
+                for k in range(kn):
+                    a = (vas[k] + off) >> 3
+                    y = 1.0 if op == COUNT else FC[c, c0 + k]
+                    if isnew[k] or op == LAST:
+                        f64[a] = y
+                    elif op == COUNT or op == SUM:
+                        f64[a] = f64[a] + y
+                    elif op == MIN or op == MAX:
+                        old_f = f64[a]  # NaN stays (np.minimum / np.maximum semantics)
+                        if old_f == old_f and not (y == y and ((op == MIN and y >= old_f)
+                                                               or (op == MAX and y <= old_f))):
+                            f64[a] = y
+                    if want:
                         for t in range(8):
-                            old_u |= np.uint64(u8[a + t]) << np.uint64(8 * t)
-                    if op == COUNT or op == SUM:
-                        xu = old_u + xu
-                    elif (op == MIN and xu >= old_u) or (op == MAX and xu <= old_u):
-                        continue
-                if al:
-                    u64[a >> 3] = xu
-                else:
-                    for t in range(8):
-                        u8[a + t] = np.uint8((xu >> np.uint64(8 * t)) & np.uint64(0xFF))
-            else:  # bytes: first / last copy; min / max compare lexicographically
-                if not new and op == FIRST:
-                    continue
-                if not new and (op == MIN or op == MAX):
-                    cmp = 0
+                            out[c0 + k, off + t] = u8[8 * a + t]
+                continue
+            for k in range(kn):  # any field: the general case
+                i = c0 + k
+                new = isnew[k]
+                a = vas[k] + off
+                if lane == L_INT:
+                    x = np.int64(1) if op == COUNT else IC[c, i]
+                    write = new or op == LAST
+                    if not write and op != FIRST:
+                        if al:
+                            if code == I8:
+                                old = i64[a >> 3]
+                            elif code == I4:
+                                old = np.int64(i32[a >> 2])
+                            elif code == U4:
+                                old = np.int64(u32[a >> 2])
+                            elif code == I2:
+                                old = np.int64(i16[a >> 1])
+                            elif code == U2:
+                                old = np.int64(u16[a >> 1])
+                            elif code == I1:
+                                old = np.int64(i8a[a])
+                            else:
+                                old = np.int64(u8[a])
+                        else:
+                            raw = np.uint64(0)
+                            for t in range(size):
+                                raw |= np.uint64(u8[a + t]) << np.uint64(8 * t)
+                            if code == I8 or code == I4 or code == I2 or code == I1:
+                                old = _sext(raw, size)
+                            else:
+                                old = np.int64(raw)
+                        if op == COUNT or op == SUM:
+                            x = old + x
+                            write = True
+                        elif op == MIN:
+                            write = x < old
+                        else:  # MAX
+                            write = x > old
+                    if write:
+                        if al:
+                            if code == I8:
+                                i64[a >> 3] = x
+                            elif code == I4:
+                                i32[a >> 2] = np.int32(x)
+                            elif code == U4:
+                                u32[a >> 2] = np.uint32(x)
+                            elif code == I2:
+                                i16[a >> 1] = np.int16(x)
+                            elif code == U2:
+                                u16[a >> 1] = np.uint16(x)
+                            elif code == I1:
+                                i8a[a] = np.int8(x)
+                            else:
+                                u8[a] = np.uint8(x)
+                        else:
+                            raw = np.uint64(x)
+                            for t in range(size):
+                                u8[a + t] = np.uint8((raw >> np.uint64(8 * t)) & np.uint64(0xFF))
+                elif lane == L_FLOAT:
+                    y = 1.0 if op == COUNT else FC[c, i]
+                    write = new or op == LAST
+                    if not write and op != FIRST:
+                        if al:
+                            old_f = f64[a >> 3] if code == F8 else np.float64(f32[a >> 2])
+                        else:
+                            raw = np.uint64(0)
+                            for t in range(size):
+                                raw |= np.uint64(u8[a + t]) << np.uint64(8 * t)
+                            if code == F8:
+                                sc_u64[0] = raw
+                                old_f = sc_f64[0]
+                            else:
+                                sc_u32[0] = np.uint32(raw)
+                                old_f = np.float64(sc_f32[0])
+                        if op == COUNT or op == SUM:
+                            y = old_f + y
+                            write = True
+                        else:  # NaN stays (np.minimum / np.maximum semantics)
+                            write = old_f == old_f and not (
+                                y == y and ((op == MIN and y >= old_f)
+                                            or (op == MAX and y <= old_f)))
+                    if write:
+                        if al:
+                            if code == F8:
+                                f64[a >> 3] = y
+                            else:
+                                f32[a >> 2] = np.float32(y)
+                        else:
+                            if code == F8:
+                                sc_f64[0] = y
+                                raw = sc_u64[0]
+                            else:
+                                sc_f32[0] = np.float32(y)
+                                raw = np.uint64(sc_u32[0])
+                            for t in range(size):
+                                u8[a + t] = np.uint8((raw >> np.uint64(8 * t)) & np.uint64(0xFF))
+                elif lane == L_UINT:
+                    xu = np.uint64(1) if op == COUNT else UC[c, i]
+                    write = new or op == LAST
+                    if not write and op != FIRST:
+                        if al:
+                            old_u = u64[a >> 3]
+                        else:
+                            old_u = np.uint64(0)
+                            for t in range(8):
+                                old_u |= np.uint64(u8[a + t]) << np.uint64(8 * t)
+                        if op == COUNT or op == SUM:
+                            xu = old_u + xu
+                            write = True
+                        elif op == MIN:
+                            write = xu < old_u
+                        else:
+                            write = xu > old_u
+                    if write:
+                        if al:
+                            u64[a >> 3] = xu
+                        else:
+                            for t in range(8):
+                                u8[a + t] = np.uint8((xu >> np.uint64(8 * t)) & np.uint64(0xFF))
+                else:  # bytes: first / last copy; min / max compare lexicographically
+                    write = new or op == LAST
+                    if not write and (op == MIN or op == MAX):
+                        cmp = 0
+                        for t in range(size):
+                            xb = BC[i, c + t]
+                            yb = u8[a + t]
+                            if xb != yb:
+                                cmp = -1 if xb < yb else 1
+                                break
+                        write = (op == MIN and cmp < 0) or (op == MAX and cmp > 0)
+                    if write:
+                        for t in range(size):
+                            u8[a + t] = BC[i, c + t]
+                if want:
                     for t in range(size):
-                        xb = BC[i, c + t]
-                        yb = u8[a + t]
-                        if xb != yb:
-                            cmp = -1 if xb < yb else 1
-                            break
-                    if (op == MIN and cmp >= 0) or (op == MAX and cmp <= 0):
-                        continue
-                for t in range(size):
-                    u8[a + t] = BC[i, c + t]
-        if want:
-            for t in range(vs):
-                out[i, t] = u8[va + t]
+                        out[i, off + t] = u8[a + t]
+        if code_out != DONE:
+            state[1] = stop
+            return code_out
+        c0 = c1
     state[1] = n
     return DONE
 
@@ -559,17 +700,29 @@ def rechain(pages: Any, targets: Any, primaries: Any, pool: Any, fseq: Any, next
     u16 = pool.view(np.uint16)
     u32 = pool.view(np.uint32)
     u64 = pool.view(np.uint64)
+    vw = vs & 7 == 0  # whole words: values are 8-aligned then (vo and pages are)
+    vwb = vbuf.reshape(-1).view(np.uint64) if vw else np.zeros(0, np.uint64)
+    nvw = vs >> 3
     m = 0
     for p in range(pages.shape[0]):
         base = fseq[pages[p]] * pb
         for s in range(S):
             if u8[base + HDR + s] >= 0x80:
                 ka = base + ko + s * ks
-                for j in range(ks):
-                    kbuf[m, j] = u8[ka + j]
+                if ks == 4:
+                    kwbuf[m, 0] = np.uint64(u32[ka >> 2])
+                elif ks == 8:
+                    kwbuf[m, 0] = u64[ka >> 3]
+                else:
+                    for j in range(ks):
+                        kbuf[m, j] = u8[ka + j]
                 va = base + vo + s * vs
-                for j in range(vs):
-                    vbuf[m, j] = u8[va + j]
+                if vw:
+                    for j in range(nvw):
+                        vwb[m * nvw + j] = u64[(va >> 3) + j]
+                else:
+                    for j in range(vs):
+                        vbuf[m, j] = u8[va + j]
                 m += 1
     spare = np.empty(pages.shape[0], np.int64)
     n_spare = 0
@@ -618,28 +771,45 @@ def rechain(pages: Any, targets: Any, primaries: Any, pool: Any, fseq: Any, next
             next_of[q] = nq
             last_seq[b] = nq
             base = nbase
-        home = _home(h, nb)
-        step = _step(h, nb)
-        g = home
+        g = _home(h, nb)
+        step = np.int64(-1)
         slot = np.int64(-1)
         for _ in range(nb):
             c0 = base + HDR + g * G
-            for j in range(G):
-                if u8[c0 + j] == 0:
-                    slot = g * G + j
-                    break
+            if G == 16:  # the first EMPTY byte of the group's two ctrl words
+                for half in range(2):
+                    e = _zero_bytes(u64[(c0 >> 3) + half])
+                    if e != 0:
+                        slot = g * G + 8 * half + (np.int64(trailing_zeros(e)) >> 3)
+                        break
+            else:
+                for j in range(G):
+                    if u8[c0 + j] == 0:
+                        slot = g * G + j
+                        break
             if slot >= 0:
                 break
+            if step < 0:
+                step = _step(h, nb)
             g += step
             if g >= nb:
                 g -= nb
         u8[base + HDR + slot] = _tag(h)
         ka = base + ko + slot * ks
-        for j in range(ks):
-            u8[ka + j] = kbuf[r, j]
+        if ks == 4:
+            u32[ka >> 2] = np.uint32(kwbuf[r, 0])
+        elif ks == 8:
+            u64[ka >> 3] = kwbuf[r, 0]
+        else:
+            for j in range(ks):
+                u8[ka + j] = kbuf[r, j]
         va = base + vo + slot * vs
-        for j in range(vs):
-            u8[va + j] = vbuf[r, j]
+        if vw:
+            for j in range(nvw):
+                u64[(va >> 3) + j] = vwb[r * nvw + j]
+        else:
+            for j in range(vs):
+                u8[va + j] = vbuf[r, j]
         a = (base + OFF_COUNT) >> 2
         u32[a] = np.uint32(np.int64(u32[a]) + 1)
         a = (base + OFF_START) >> 2

@@ -144,8 +144,29 @@ def _typed_buffer(dt: np.dtype[Any] | None) -> "array.array[Any] | None":
     return array.array(tc) if tc is not None else None
 
 
+class _Filled:
+    """A per-record buffer column preallocated and filled by index (`HashMap.upserter`):
+    ``len`` is the writer's fill count, ``del buf[:]`` resets it."""
+
+    __slots__ = ("arr", "count", "reset")
+
+    def __init__(self, arr: "array.array[Any]", count: Callable[[], int],
+                 reset: Callable[[], None]) -> None:
+        self.arr = arr
+        self.count = count
+        self.reset = reset
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def __delitem__(self, _: slice) -> None:
+        self.reset()
+
+
 def _buffered(buf: Any) -> Any:
     """The buffered values as an array (a copy: the buffer is cleared afterwards)."""
+    if isinstance(buf, _Filled):
+        return np.frombuffer(buf.arr, dtype=buf.arr.typecode)[:len(buf)].copy()
     if isinstance(buf, array.array):
         return np.frombuffer(buf, dtype=buf.typecode).copy()
     return buf if buf and not isinstance(buf[0], (int, float)) else np.array(buf)
@@ -256,7 +277,7 @@ class HashMap(Structure):
     MAX_LOAD = 0.6
     MIN_LOAD = 0.15
     PAGE_FILL = 0.85
-    _BUFFER_LIMIT = 8192
+    _BUFFER_LIMIT = 65536
     GROUP = 16
 
     # -- construction ---------------------------------------------------------------------
@@ -323,10 +344,12 @@ class HashMap(Structure):
         self._buf_kind: Any = None
         self._buf_keys: Any = []
         self._buf_cols: list[Any] = []
+        self._buf_disarm: Callable[[], None] | None = None
         self._upserters: dict[int, Any] = {}
         self._spec_cache: dict[int, tuple[Mapping[str, Any], _Lanes]] = {}
         self._put_spec: _Lanes | None = None
         self._applying = False
+        self._scratch: list[Any] | None = None
         super().__init__(pm, name, schema, {"page_slots": slots})
         self.S = int(self._params["page_slots"])
         if self._ps.n_pages == 1:  # new: one empty bucket
@@ -499,9 +522,8 @@ class HashMap(Structure):
                      if int(self._bucket_seq[b]) in old_primary] + new.tolist()
         assert len(primaries) == len(targets)
         allp = np.asarray(pages + new.tolist(), dtype=np.int64)
-        cap = len(allp) * self.S
-        kw = np.zeros((cap, self._W), np.uint64)
-        vbuf = np.empty((cap, self._vs), np.uint8)
+        cap = int(self._hdr["count"][self._ps.frames[np.asarray(pages, np.int64)]].sum())
+        kw, vbuf = self._gather_buffers(cap)
         spare = np.empty(len(allp), np.int64)
         geo = self._geo()
         geo[0], geo[1] = n_buckets, n_buckets.bit_length() - 1
@@ -518,6 +540,21 @@ class HashMap(Structure):
             rest = spare[used:n_spare]
             self._next_of[rest] = -1
             pm.release(self.psid, rest)
+
+    def _gather_buffers(self, cap: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint8]]:
+        """`K.rechain`'s record buffers for ``cap`` records (key words zeroed). Within one
+        batch (``_scratch`` not None) they are kept and reused from split to split: fresh
+        memory costs a page fault per 4 KiB."""
+        sc = self._scratch
+        if sc is None:
+            return np.zeros((cap, self._W), np.uint64), np.empty((cap, self._vs), np.uint8)
+        if len(sc[0]) < cap:
+            grow = max(cap, len(sc[0]) * 3 // 2)
+            sc[0] = np.zeros((grow, self._W), np.uint64)
+            sc[1] = np.empty((grow, self._vs), np.uint8)
+        kw = sc[0][:cap]
+        kw[:] = 0
+        return kw, sc[1][:cap]
 
     def _split(self, want: int) -> None:
         """Split up to ``want`` buckets (from the split pointer, within the level)."""
@@ -694,11 +731,21 @@ class HashMap(Structure):
         n = len(kc)
         ob = (out.view(np.uint8).reshape(n, self._vs) if out is not None
               else np.zeros((0, self._vs), np.uint8))
+        state = np.array([self._len, 0, 0], dtype=np.int64)
+        len0 = self._len
+        self._scratch = [np.zeros((0, self._W), np.uint64), np.empty((0, self._vs), np.uint8)]
+        try:
+            self._upsert_loop(kw, kb, lanes, cols, ob, state, len0)
+        finally:
+            self._scratch = None
+
+    def _upsert_loop(self, kw: npt.NDArray[np.uint64], kb: npt.NDArray[np.uint8], lanes: _Lanes,
+                     cols: tuple[Any, Any, Any, Any], ob: npt.NDArray[np.uint8],
+                     state: npt.NDArray[np.int64], len0: int) -> None:
         ic, uc, fc, bc = cols
         pm = self._pm
-        state = np.array([self._len, 0, 0], dtype=np.int64)
+        n = len(kw)
         i = 0
-        len0 = self._len
         while True:
             state[0] = self._len
             code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
@@ -715,10 +762,13 @@ class HashMap(Structure):
             elif code == K.NEED_PAGE:
                 self._add_overflow(int(state[2]))
             else:  # split ahead for the new keys the rest of the batch may bring (at the
-                # rate seen so far), at most doubling the buckets per pass
+                # rate seen so far, at most one per row): while the map is small that is
+                # several levels at once, each rechaining few records
                 new_rate = (self._len - len0 + 1) / (i + 1)
                 ahead = math.ceil((n - i) * new_rate / (self.MAX_LOAD * self.S))
-                self._split(max(1, min(ahead, self._n_buckets)))
+                target = self._n_buckets + max(1, ahead)
+                while self._n_buckets < target:
+                    self._split(target - self._n_buckets)
 
     def put(self, keys: npt.ArrayLike, values: Any) -> None:
         """Insert or overwrite ``keys[i] -> values[i]``; for a key repeated in the batch the last wins.
@@ -986,11 +1036,12 @@ class HashMap(Structure):
         ``inputs`` are the values of the spec's input columns in sorted name
         order (``add.inputs``). Each record is validated when ``add`` receives
         it (a bad key or value raises `RecordTypeError` there and is not
-        buffered), then buffered and applied as one batch of up to 8192
+        buffered), then buffered and applied as one batch of up to 65536
         records, or before any other operation on the map or a snapshot, so
         every read sees it. If applying the buffer fails (`PoolExhaustedError`
-        at the ``add`` that filled it, or at the next read), the map is
-        unchanged and the records stay buffered, to be applied by a later call.
+        at the ``add`` that meets a full buffer, or at the next read), the map
+        is unchanged and the records stay buffered, to be applied by a later
+        call; a record refused with `RecordTypeError` is never buffered.
 
         Examples
         --------
@@ -1014,26 +1065,67 @@ class HashMap(Structure):
         where = f"hash map {self.name!r}"
 
         if keys is not None and all(c is not None for c in cols) and len(names) == 1:
-            # C-validated typed buffers: array.append refuses a non-integer or out-of-range
-            # value with TypeError / OverflowError, and nothing is appended
-            kappend, col = keys.append, cols[0]
-            vappend = col.append
+            # C-validated typed buffers filled by index: an array item assignment refuses a
+            # non-integer or out-of-range value (TypeError / OverflowError) and an index past
+            # the end (IndexError). While another writer's buffer is active, ka / va are
+            # empty arrays, so the first record raises IndexError and takes the slow path:
+            # switch buffers (the other's records are applied first) and arm the real ones;
+            # a full buffer takes it too (applied, then refilled from index 0). The hot path
+            # is two item assignments and a count.
+            tk, tv = keys.typecode, cols[0].typecode
+            kempty, vempty = array.array(tk), array.array(tv)
+            ka, va = kempty, vempty
+            i = 0
+
+            def count() -> int:
+                return i
+
+            def reset() -> None:
+                nonlocal i
+                i = 0
+
+            kbuf = _Filled(kempty, count, reset)  # filled arrays allocated when first armed
+            vbufs: list[Any] = [_Filled(vempty, count, reset)]
+
+            def disarm() -> None:
+                nonlocal ka, va
+                ka, va = kempty, vempty
+
+            def refuse(key: Any, value: Any, exc: BaseException) -> RecordTypeError:
+                try:
+                    array.array(tk, [key])
+                except (TypeError, OverflowError) as kexc:
+                    return RecordTypeError(f"{where}: key {key!r}: {kexc}")
+                return RecordTypeError(f"{where}: input {names[0]!r} value {value!r}: {exc}")
+
+            def slow(key: Any, value: Any) -> None:
+                nonlocal ka, va, i
+                if this._buf_keys is not kbuf:
+                    this._switch_buffer(combine, kbuf, vbufs, disarm)
+                    if not len(kbuf.arr):
+                        kbuf.arr = array.array(tk, bytes(kempty.itemsize * limit))
+                        vbufs[0].arr = array.array(tv, bytes(vempty.itemsize * limit))
+                    ka, va = kbuf.arr, vbufs[0].arr
+                else:  # full
+                    this._flush()
+                try:
+                    ka[i] = key
+                    va[i] = value
+                except (TypeError, OverflowError) as exc:
+                    raise refuse(key, value, exc) from None
+                i += 1
 
             def add(key: Any, value: Any) -> None:
-                if this._buf_keys is not keys:
-                    this._switch_buffer(combine, keys, cols)
+                nonlocal i
                 try:
-                    kappend(key)
+                    ka[i] = key
+                    va[i] = value
+                except IndexError:
+                    slow(key, value)
+                    return
                 except (TypeError, OverflowError) as exc:
-                    raise RecordTypeError(f"{where}: key {key!r}: {exc}") from None
-                try:
-                    vappend(value)
-                except (TypeError, OverflowError) as exc:
-                    keys.pop()
-                    raise RecordTypeError(f"{where}: input {names[0]!r} value {value!r}: "
-                                          f"{exc}") from None
-                if len(keys) >= limit:
-                    this._flush()
+                    raise refuse(key, value, exc) from None
+                i += 1
         else:
             keys, cols = [], [[] for _ in names]
             kt, klo, khi, kslow = self._key_checker()
@@ -1067,16 +1159,23 @@ class HashMap(Structure):
         dts = {lanes.dtypes[j] for j, c in enumerate(lanes.spec) if c.input == name}
         return dts.pop() if len(dts) == 1 else None
 
-    def _switch_buffer(self, kind: Any, keys: Any, cols: list[Any]) -> None:
+    def _switch_buffer(self, kind: Any, keys: Any, cols: list[Any],
+                       disarm: Callable[[], None] | None = None) -> None:
+        """Make ``keys``/``cols`` the active per-record buffer (the old one applied first).
+        ``disarm`` is called when another buffer replaces this one (typed upserters arm
+        their appends while active)."""
         self._flush()
         if len(self._buf_keys):  # the old buffer could not be applied: keep it, refuse to mix
             raise PoolExhaustedError(f"hash map {self.name!r}: {len(self._buf_keys)} buffered "
                                      f"record(s) could not be applied yet")
         if self._gen != self._pm.generation:
             self._sync()
+        if self._buf_disarm is not None:
+            self._buf_disarm()
         self._buf_kind = kind
         self._buf_keys = keys
         self._buf_cols = cols
+        self._buf_disarm = disarm
 
     def __setitem__(self, key: Any, value: Any) -> None:
         kt, klo, khi, kslow = self._key_checker()
