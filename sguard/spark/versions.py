@@ -24,8 +24,6 @@ into one of the actions of `Action`.
 from __future__ import annotations
 
 import enum
-import errno
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +32,7 @@ import numpy.typing as npt
 
 from mmm import PageManager, PagePool
 from mmm.page import PAGE_MAGIC
-from mmm.pool import FREE, LIVE, ORPHAN
+from mmm.pool import FREE, LIVE
 from sguard.spark.placement import Marker, boot_id
 
 __all__ = ["Action", "Decision", "decide", "attach_at", "LocalStateDamaged"]
@@ -90,63 +88,35 @@ def decide(marker: Marker | None, batch: int, cached_token: str | None, has_pool
 class _RollbackPool(PagePool):
     """A pool attach that first makes exactly the given frames the live ones.
 
-    Frames it drops (and, without a rollback point, the ORPHAN frames a dead
-    snapshot left) are zeroed entirely, not only their header's magic:
-    `PagePool.attach` treats frames above the highest live frame as never
-    used, hence already zero, and hands them out unzeroed (mmm/pool.py,
-    ``_rebuild_allocation``); stale bytes there would leak into new pages.
+    With a rollback point (``_keep``: its page ids and frames), every other used
+    frame (the pages the interrupted batch cloned or allocated) is dropped: its
+    header's magic is cleared and it becomes FREE; without one, the ORPHAN
+    frames a dead snapshot left are freed by `PagePool._rebuild_allocation`.
+    Nothing else is written: dropped frames keep their bytes, and
+    `PagePool.attach` treats every frame of an attached file as possibly dirty,
+    so ``allocate(zero=True)`` zeroes whatever it hands out (a clone or a loaded
+    page is overwritten whole). The work is O(frames) over the one-byte state
+    table plus one header field per dropped frame; no page bytes are touched.
     """
 
     _keep: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None = None
 
     def _rebuild_allocation(self) -> None:
-        h = self.headers
         if self._keep is not None:
+            h = self.headers
             page_ids, frames = self._keep
             if len(frames) and (frames.min() < 0 or frames.max() >= self.n_frames):
                 raise LocalStateDamaged("rollback point names frames outside the pool")
             if not (np.all(h["magic"][frames] == PAGE_MAGIC)
                     and np.array_equal(h["page_id"][frames], page_ids)):
                 raise LocalStateDamaged("rollback point's frames no longer hold its pages")
-            used = np.flatnonzero(self.state != FREE)
-            drop = used[~np.isin(used, frames)]
+            keep = np.zeros(self.n_frames, dtype=bool)
+            keep[frames] = True
+            drop = np.flatnonzero((self.state != FREE) & ~keep)
+            h["magic"][drop] = 0
+            self.state[drop] = FREE
             self.state[frames] = LIVE
-        else:
-            drop = np.flatnonzero(self.state == ORPHAN)
-        self.frames[drop] = 0
-        self.state[drop] = FREE
         super()._rebuild_allocation()
-        # frames above the new watermark that held pages once (released ones keep
-        # their bytes) are zeroed: the pool hands them out as never used
-        assert self.path is not None
-        hi = min(self.n_frames, -(-max(0, _data_end(self.path) - self._frames_offset())
-                                  // self.page_bytes))
-        if hi > self._watermark:
-            cand = np.arange(self._watermark, hi)
-            dirty = cand[(h["version"][cand] != 0) | (h["page_id"][cand] != 0)
-                         | (h["magic"][cand] != 0)]
-            if len(dirty):
-                self.frames[dirty] = 0
-
-    def _frames_offset(self) -> int:
-        return self.page_bytes * (1 + self._state_pages(self.n_frames))
-
-
-def _data_end(path: str) -> int:
-    """The end of the last data extent of a (sparse) file: bytes past it were never written."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        end, off = 0, 0
-        while True:
-            try:
-                d = os.lseek(fd, off, os.SEEK_DATA)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:
-                    return end
-                return os.fstat(fd).st_size  # no SEEK_DATA support: assume all of it
-            end = off = os.lseek(fd, d, os.SEEK_HOLE)
-    finally:
-        os.close(fd)
 
 
 def attach_at(path: str, page_bytes: int,
