@@ -99,6 +99,12 @@ class _RollbackPool(PagePool):
     so ``allocate(zero=True)`` zeroes whatever it hands out (a clone or a loaded
     page is overwritten whole). The work is O(frames) over the one-byte state
     table plus one header field per dropped frame; no page bytes are touched.
+
+    A worker keeps its shared mapping of each pool file it attached (`_MAPS`,
+    keyed by path and checked against the file's device, inode and size), so
+    getting a partition back costs no ``mmap`` and no page faults on the frames
+    it touched before: under Spark's ``local[2]`` partitions alternate between
+    the two Python workers every batch.
     """
 
     _keep: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None = None
@@ -172,9 +178,10 @@ _MADV_POPULATE_WRITE = 23  # Linux >= 5.14; not in Python's mmap module before 3
 
 
 def _populate(pool: PagePool) -> None:
-    """Map the used frames of a freshly mapped pool file in one call (`MADV_POPULATE_WRITE`)
-    instead of a page fault per 4 KiB the attach and the next batch touch; a no-op where the
-    kernel lacks it."""
+    """Map the header page of every used frame of a freshly mapped pool file up front
+    (one `MADV_POPULATE_WRITE` each, about 3x cheaper here than the page fault the attach
+    would take on it); a no-op where the kernel lacks it. Populating whole frames instead
+    costs more than the faults it saves."""
     mm = getattr(pool._raw, "_mmap", None)
     used = np.flatnonzero(pool.state)
     if mm is None or not len(used):
