@@ -265,8 +265,8 @@ class PartitionCheckpointer:
     def _write_record(self, man: Manifest) -> None:
         """Record the durable checkpoint's page versions next to the pool file."""
         got = self._versions.pop(man.seq, None)
-        for s in [s for s in self._versions if s < man.seq]:
-            del self._versions[s]
+        for s in [s for s in list(self._versions) if s < man.seq]:
+            self._versions.pop(s, None)
         if got is None or self._record is None or self._pm.pool.path is None:
             return
         ids, vers = got
