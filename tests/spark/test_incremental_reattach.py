@@ -36,17 +36,17 @@ def _config(tmp: Path, every: int) -> RuntimeConfig:
     return RuntimeConfig(state_uri=uri, state_key=root_key(open_root(uri)), layout=lay,
                          operator=op, key="k", input_schema=SCHEMA,
                          output_schema=op.output_schema(SCHEMA, "k"),
-                         local_dir=str(tmp / "local"), page_bytes=4096, capacity_bytes=1 << 24,
+                         local_dir=str(tmp / "local"), capacity_bytes=1 << 28,
                          checkpoint=CheckpointConfig(every_n_batches=every, full_every=100),
                          metrics=False)
 
 
 def _batches(n: int) -> list[pa.Table]:
     rng = np.random.default_rng(5)
-    out = [pa.table({"k": np.arange(20_000, dtype=np.int64),  # many pages
-                     "v": rng.integers(0, 100, 20_000, dtype=np.int64)})]
+    out = [pa.table({"k": np.arange(200_000, dtype=np.int64),  # many pages
+                     "v": rng.integers(0, 100, 200_000, dtype=np.int64)})]
     for _ in range(n - 1):  # then a few keys per batch: a few pages change
-        k = rng.integers(0, 20_000, 3, dtype=np.int64)
+        k = rng.integers(0, 200_000, 3, dtype=np.int64)
         out.append(pa.table({"k": k, "v": rng.integers(0, 100, 3, dtype=np.int64)}))
     return out
 
@@ -90,7 +90,7 @@ def test_checkpoints_after_a_reattach_are_incremental_and_exact(tmp_path: Path,
     _run(oracle, tables, move=False)
     got, _ = read_durable_state(cfg.state_uri, upto_batch=len(tables) - 1)
     want, _ = read_durable_state(oracle.state_uri, upto_batch=len(tables) - 1)
-    assert got.num_rows == 20_000 and got.equals(want)
+    assert got.num_rows == 200_000 and got.equals(want)
 
 
 def _restored(cfg: RuntimeConfig, m: Manifest) -> pa.Table:
@@ -112,10 +112,10 @@ def test_adopted_bases_stay_exact_under_moves_and_failures(tmp_path: Path, seed:
     from sguard.spark import Fault, FaultPlan, InjectedFault
     rng = np.random.default_rng(seed)
     n = 12
-    tables = [pa.table({"k": np.arange(5_000, dtype=np.int64),
-                        "v": rng.integers(0, 100, 5_000, dtype=np.int64)})]
+    tables = [pa.table({"k": np.arange(50_000, dtype=np.int64),
+                        "v": rng.integers(0, 100, 50_000, dtype=np.int64)})]
     for _ in range(n - 1):
-        k = rng.integers(0, 5_000, int(rng.integers(1, 40)), dtype=np.int64)
+        k = rng.integers(0, 50_000, int(rng.integers(1, 40)), dtype=np.int64)
         tables.append(pa.table({"k": k, "v": rng.integers(0, 100, len(k), dtype=np.int64)}))
     (tmp_path / "faults").mkdir()
     acts = {b: str(rng.choice(["move", "stay", "die", "retry", "replay"])) for b in range(1, n)}
