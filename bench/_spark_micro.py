@@ -145,18 +145,25 @@ def state_work_direct(n_keys: int = 100_000, partitions: int = 2, warm_batches: 
 
 def rollback_file_1m_keys(n_keys: int = 1_000_000, rows: int = 50_000, repeats: int = 5,
                           local_dir: str | None = None) -> dict[str, Any]:
-    """The other rollback path of the runtime: another process rolls a partly applied batch
-    back in the pool *file* while attaching it (`sguard.spark.versions.attach_at` with the
-    rollback point's page table), then the map's first access rebuilds its index."""
+    """The other rollback path of the runtime: a worker that did not apply the batch rolls
+    it back in the pool *file* while attaching it (`sguard.spark.versions.attach_at` with
+    the rollback point's page table), then the map's first access rebuilds its index.
+
+    Two cases, alternating: ``warm``, the worker still maps the file because it held the
+    partition before (what Spark's ``local[2]`` does: partitions alternate between the two
+    Python workers), and ``cold``, a worker mapping the file for the first time (a new
+    Python worker after a crash: `sguard.spark.versions.forget_mappings` before the attach).
+    The previous manager is dropped before the clock starts in both."""
+    import gc
     import os
     import shutil
     import tempfile
 
-    from sguard.spark.versions import attach_at
+    from sguard.spark.versions import attach_at, forget_mappings
 
     d = tempfile.mkdtemp(prefix="sguard-bench-rb-", dir=local_dir)
     path = os.path.join(d, "pool")
-    pm = mmm.PageManager(capacity_bytes=1 << 30, path=path)
+    pm = attach_at(_new_pool(path), 1 << 16, None)
     m = mmm.HashMap.create(pm, "agg", key="<i8", value=AGG_VALUE)
     keys = np.arange(n_keys, dtype=np.int64)
     for lo in range(0, n_keys, 200_000):
@@ -164,16 +171,20 @@ def rollback_file_1m_keys(n_keys: int = 1_000_000, rows: int = 50_000, repeats: 
         m.upsert(k, {"ts": k}, SPEC)
     rng = np.random.default_rng(11)
     probe = np.arange(0, n_keys, 997, dtype=np.int64)
-    att, first = [], []
+    res: dict[str, tuple[list[float], list[float]]] = {"warm": ([], []), "cold": ([], [])}
     try:
-        for r in range(repeats + 1):
+        for r in range(2 * (repeats + 1)):
+            case = "cold" if r % 2 else "warm"
             before = m.get(probe)
             snap = pm.chkpt()
             base = (snap.page_ids.copy(), snap._frames.copy())
             bk = rng.integers(0, n_keys + n_keys // 20, size=rows, dtype=np.int64)
             m.upsert(bk, {"ts": np.full(rows, 10**9 + r, np.int64)}, SPEC)
             pm.flush()
-            pm.close()  # the process that applied the batch is gone
+            del m, snap, pm  # the process that applied the batch is gone
+            gc.collect()
+            if case == "cold":
+                forget_mappings()
             t0 = time.perf_counter()
             pm = attach_at(path, 1 << 16, base)
             t1 = time.perf_counter()
@@ -182,12 +193,21 @@ def rollback_file_1m_keys(n_keys: int = 1_000_000, rows: int = 50_000, repeats: 
             t2 = time.perf_counter()
             if not np.array_equal(before, m.get(probe)) or len(m) != n_keys:
                 raise AssertionError("file rollback did not restore the state")
-            if r > 0:
-                att.append((t1 - t0) * 1e3)
-                first.append((t2 - t1) * 1e3)
+            if r > 1:
+                res[case][0].append((t1 - t0) * 1e3)
+                res[case][1].append((t2 - t1) * 1e3)
     finally:
         pm.close()
+        forget_mappings()
         shutil.rmtree(d, ignore_errors=True)
-    return {"n_keys": n_keys, "rows": rows, "attach_rollback_ms": _st(att),
-            "first_access_after_ms": _st(first),
-            "total_ms": _st([a + b for a, b in zip(att, first)])}
+    out: dict[str, Any] = {"n_keys": n_keys, "rows": rows}
+    for case, (att, first) in res.items():
+        out[case] = {"attach_rollback_ms": _st(att), "first_access_after_ms": _st(first),
+                     "total_ms": _st([a + b for a, b in zip(att, first)])}
+    out["total_ms"] = out["warm"]["total_ms"]
+    return out
+
+
+def _new_pool(path: str) -> str:
+    mmm.PagePool(1 << 16, 1 << 30, path).flush()
+    return path

@@ -50,9 +50,13 @@ Summary fields (issue 9), with the sguard variant's definitions:
   ``spark_commit_ms_per_partition_*`` (``commitTimeMs`` per partition);
 * ``rollback_ms_1m_keys`` (<= 1): in memory, `mmm.PageManager.rollback` of one 50k-row
   batch on a 1M-key `HashMap` plus the first access after it (the lazy index rebuild);
-  ``rollback_file_ms_1m_keys``: the runtime's other path, another process rolling back in
-  the pool file while attaching it (`sguard.spark.versions.attach_at`) plus the first
-  access;
+  ``rollback_file_ms_1m_keys``: the runtime's other path, another Python worker rolling
+  back in the pool file while attaching it (`sguard.spark.versions.attach_at`) plus the
+  first access, when that worker still maps the file (it held the partition before, as
+  under ``local[2]``); ``rollback_file_cold_ms_1m_keys`` the same in a worker mapping the
+  file for the first time (a new worker after a crash);
+* ``checkpoints_incremental_{10k,100k}``: how many of the sguard runs' checkpoints were
+  incremental (each run's first one is full);
 * ``recovery_s_100k``: restore plus replay after the executor's local state is lost
   (slowest partition), with ``recovery_replay_batches`` / ``recovery_replay_rows``
   (`bench._spark_sguard.recovery`);
@@ -256,7 +260,9 @@ def summarize_variant(runs: list[dict[str, Any]]) -> dict[str, Any]:
         v = mean_of(f)
         if v is not None:
             breakdown[f] = v
+    ck = [c for r in runs for c in r.get("checkpoints", [])]
     return {"runs": len(runs), "measured_batches": len(bs),
+           "checkpoints": len(ck), "checkpoints_incremental": sum(1 for c in ck if not c["full"]),
            "rows_per_s": float(np.median(rates)), "rows_per_s_min": float(np.min(rates)),
            "rows_per_s_max": float(np.max(rates)), "rows_per_s_runs": rates,
            "latency_p50_ms": float(np.percentile(dur, 50)),
@@ -294,6 +300,10 @@ def build_summary(per: dict[int, dict[str, dict[str, Any]]], micro: dict[str, An
             s[f"checkpoint_ms_on_critical_path_{tag}"] = bd.get("checkpoint")
             s[f"checkpoint_ms_on_critical_path_{tag}_median"] = vs["sguard"]["checkpoint_ms_median"]
             s[f"attach_ms_per_batch_{tag}"] = bd.get("placement")
+            # after the first of a run, checkpoints should be incremental although every
+            # batch re-attaches the partition in the other Python worker
+            s[f"checkpoints_incremental_{tag}"] = (f"{vs['sguard']['checkpoints_incremental']}"
+                                                   f" of {vs['sguard']['checkpoints']}")
         for v in ("sql", "tws", "aipws"):
             if v in vs and "breakdown_ms" in vs[v]:
                 s[f"spark_commit_ms_per_partition_{v}_{tag}"] = vs[v]["breakdown_ms"]["checkpoint"]
@@ -304,7 +314,8 @@ def build_summary(per: dict[int, dict[str, dict[str, Any]]], micro: dict[str, An
     s["rollback_ms_1m_keys"] = rb["rollback_plus_rebuild_ms"]["median"]
     s["rollback_call_ms_1m_keys"] = rb["rollback_ms"]["median"]
     if "rollback_file" in micro:
-        s["rollback_file_ms_1m_keys"] = micro["rollback_file"]["total_ms"]["median"]
+        s["rollback_file_ms_1m_keys"] = micro["rollback_file"]["warm"]["total_ms"]["median"]
+        s["rollback_file_cold_ms_1m_keys"] = micro["rollback_file"]["cold"]["total_ms"]["median"]
     if "state_direct" in micro:
         sd = micro["state_direct"]
         s["state_ms_per_partition_100k_direct"] = sd["kept_ms"]["median"]
@@ -413,8 +424,9 @@ def _run(a: argparse.Namespace, pl: dict[str, Any], work: Path, t_start: float) 
         try:
             micro["rollback_file"] = M.rollback_file_1m_keys(repeats=3 if a.quick else 7,
                                                              local_dir=str(work))
-            log(f"  in the pool file (another process): "
-                f"{micro['rollback_file']['total_ms']['median']:.3f} ms")
+            rf = micro["rollback_file"]
+            log(f"  in the pool file (another worker): {rf['warm']['total_ms']['median']:.3f} ms"
+                f" (file mapped before), {rf['cold']['total_ms']['median']:.3f} ms (first map)")
             log("sguard state work without Spark (100k keys, one partition) ...")
             micro["state_direct"] = M.state_work_direct(repeats=3 if a.quick else 7,
                                                         local_dir=str(work))

@@ -15,10 +15,32 @@ The policy: a checkpoint when `CheckpointConfig.every_n_batches` batches or
 (either; None disables that rule), skipped when nothing changed; the last
 `CheckpointConfig.keep` checkpoints are kept; a full one at least every
 `CheckpointConfig.full_every`.
+
+Incremental across re-attaches. A partition moves between Python workers; the
+worker that gets it re-attaches the pool file with a fresh page manager and
+checkpoint manager, which know neither the last checkpoint nor which pages
+changed since. So when a checkpoint is durable, its page ids and the
+``version`` each page's header had in it are recorded next to the pool file
+(``ckpt.npz``, `record_path`, with the pool file's device and inode). The
+first checkpoint of a worker that holds no checkpoint of its own adopts the
+latest committed one as its base when the record names exactly it (same
+name, same page ids) and the pool file is the one recorded; a page is then
+"unchanged" only when its header still carries the recorded version and the
+worker has not written it. That is exact because, after a checkpoint's
+snapshot, every write to a page clones it first (the runtime keeps its
+rollback snapshot of "after b-1" while applying b, so every page is pinned),
+and a clone takes a version above every live one (`mmm.PagePool.clock`
+starts above the highest live version on attach): a page's version only
+grows, and a rollback in the file only returns pages to versions they had.
+A restore replays batches in place, so it deletes the record with the rest of
+the local state (`sguard.spark.placement.PartitionSlot.wipe`). Any mismatch,
+and any error reading the record, means a full checkpoint, as before.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +49,11 @@ from typing import Any
 
 from ioservice import (CheckpointManager, CheckpointPolicy, IOService, Manifest,
                        PendingCheckpoint, StorageRoot, list_checkpoints, read_manifest)
+import numpy as np
+import numpy.typing as npt
+
 from mmm import PageManager
+from sguard.spark.placement import record_path
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +102,19 @@ class CheckpointConfig:
             raise ValueError(f"full_every must be >= 1, got {self.full_every}")
         if self.io_workers < 1:
             raise ValueError(f"io_workers must be >= 1, got {self.io_workers}")
+
+
+def _page_versions(pm: PageManager) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """Page ids and header versions of every live page."""
+    ids, vers = [], []
+    h = pm.pool.headers
+    for psid, ps in pm._sets.items():
+        seqs = ps.seqs()
+        ids.append((np.uint64(psid) << np.uint64(32)) | seqs.astype(np.uint64))
+        vers.append(h["version"][ps.frames[seqs]])
+    if not ids:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    return np.concatenate(ids), np.concatenate(vers).astype(np.uint64)
 
 
 def latest_checkpoint_batch(root: StorageRoot, haunit: str) -> int:
@@ -127,11 +166,23 @@ class PartitionCheckpointer:
             policy=CheckpointPolicy(keep=config.keep, full_every=config.full_every), **kwargs)
         self._lock = threading.Lock()
         self.last: dict[str, Any] = {}
+        self._pm = pm
+        self._root, self._haunit = root, haunit
+        self._record = record_path(pm.pool.path) if pm.pool.path is not None else None
+        self._adopt = False
+        self._versions: dict[int, tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]] = {}
+        #: how the last checkpoint's base was found: "own", "adopted", or why none was
+        self.base_source = "none"
 
     def seed(self, durable_batch: int, last_batch: int) -> None:
-        """Start the policy from what is already durable (after a restore or re-attach)."""
+        """Start the policy from what is already durable (after a restore or re-attach).
+
+        Until this manager has a checkpoint of its own, its next checkpoint may adopt the
+        recorded latest one as its base (``durable_batch`` may lag behind it: the marker
+        is written before an asynchronous checkpoint ends)."""
         self.durable_batch = durable_batch
         self.last_batch = last_batch
+        self._adopt = self.mgr.base is None and self._record is not None
 
     def restore(self) -> Manifest | None:
         """Load the latest restorable checkpoint into the page manager (None: there is none)."""
@@ -153,15 +204,84 @@ class PartitionCheckpointer:
     def checkpoint(self, state_batch: int, force: bool = False) -> PendingCheckpoint | None:
         """Start a checkpoint of the state after `state_batch` (steps 1-2 here); `force`
         writes one even when nothing changed."""
+        if self._adopt and not force and self.mgr.base is None:
+            self._adopt = False
+            self.base_source = self._adopt_recorded_base()
+        elif self.mgr.base is not None:
+            self.base_source = "own"
         p = self.mgr.checkpoint(user_meta={**self.meta, "batch_id": state_batch},
                                 full=True if force else None)
+        if p is not None and self._record is not None:
+            # nothing was written since the snapshot: the live headers are its versions
+            self._versions[p.seq] = _page_versions(self._pm)
         self._last_t = time.monotonic()
         self.last_batch = state_batch
         if p is None:  # nothing changed since the previous one: it covers this batch too
             self.durable_batch = max(self.durable_batch, state_batch)
         return p
 
+    def _adopt_recorded_base(self) -> str:
+        """Make the latest committed checkpoint the base of the next one when the record
+        proves which live pages it holds unchanged; returns what happened (for metrics)."""
+        assert self._record is not None and self._pm.pool.path is not None
+        try:
+            with np.load(self._record, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                ids, vers = z["page_id"], z["version"]
+            st = os.stat(self._pm.pool.path)
+            if [st.st_dev, st.st_ino] != meta["pool"]:
+                return "record of another pool file"
+            # the manager listed the HA unit's checkpoint directories when it was made
+            # (under the partition's lock): the record's must be the newest of them
+            if int(meta["seq"]) != self.mgr._next_seq - 1:
+                return "record is not of the latest checkpoint"
+            man = read_manifest(self._root, meta["name"])
+            if man.seq != int(meta["seq"]):
+                return "record and manifest disagree"
+            if not np.array_equal(np.sort(ids), np.sort(man.pages.page_id)):
+                return "record and manifest name other pages"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return f"no usable record ({type(exc).__name__})"
+        except Exception as exc:  # noqa: BLE001 - storage errors: a full checkpoint instead
+            logger.warning("checkpoint base of %s not adopted: %s", self._haunit, exc)
+            return f"no usable record ({type(exc).__name__})"
+        pm = self._pm
+        order = np.argsort(ids)
+        ids, vers = ids[order], vers[order]
+        for psid, ps in pm._sets.items():
+            seqs = ps.seqs()
+            pid = (np.uint64(psid) << np.uint64(32)) | seqs.astype(np.uint64)
+            pos = np.minimum(np.searchsorted(ids, pid), max(len(ids) - 1, 0))
+            same = ((ids[pos] == pid) & (vers[pos] == pm.pool.headers["version"][ps.frames[seqs]])
+                    if len(ids) else np.zeros(len(seqs), bool))
+            ps.durable_epoch = 0
+            # unchanged: recorded version and not written here; written pages keep their epoch
+            ps.mod[seqs] = np.where(same & (ps.mod[seqs] <= 0), 0,
+                                    np.maximum(ps.mod[seqs], pm.epoch))
+        self.mgr._base = man          # the manager's base and the page manager's notion
+        self.mgr._manifests[man.name] = man  # of "unchanged" agree (module doc)
+        return "adopted"
+
+    def _write_record(self, man: Manifest) -> None:
+        """Record the durable checkpoint's page versions next to the pool file."""
+        got = self._versions.pop(man.seq, None)
+        for s in [s for s in list(self._versions) if s < man.seq]:
+            self._versions.pop(s, None)
+        if got is None or self._record is None or self._pm.pool.path is None:
+            return
+        ids, vers = got
+        st = os.stat(self._pm.pool.path)
+        meta = json.dumps({"name": man.name, "seq": man.seq,
+                           "pool": [st.st_dev, st.st_ino]}).encode()
+        tmp = f"{self._record}.{os.getpid()}.tmp.npz"
+        np.savez(tmp, page_id=ids, version=vers, meta=np.frombuffer(meta, np.uint8))
+        os.replace(tmp, self._record)
+
     def _done(self, man: Manifest) -> None:
+        try:
+            self._write_record(man)
+        except OSError as exc:  # the next attach then starts with a full checkpoint
+            logger.warning("checkpoint record of %s failed: %s", self._haunit, exc)
         b = int(man.user_meta.get("batch_id", -1))
         with self._lock:
             prev, self.durable_batch = self.durable_batch, max(self.durable_batch, b)

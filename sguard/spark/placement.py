@@ -11,6 +11,7 @@ or Spark's local dir)::
         lock        flock()ed by the process that owns the partition
         marker.json the version marker (`Marker`), replaced atomically
         base.npy    the rollback point: page ids and frames of "after b-1"
+        ckpt.npz    page versions of the latest durable checkpoint (`record_path`)
 
 ``<state-id>`` is derived from the state URI, operator name and generation,
 so two queries (or two generations after a repartitioning) never share files.
@@ -38,7 +39,8 @@ import numpy.typing as npt
 
 from sguard.spark.errors import PartitionLockTimeout
 
-__all__ = ["Marker", "PartitionSlot", "default_local_dir", "state_id", "root_key", "boot_id"]
+__all__ = ["Marker", "PartitionSlot", "default_local_dir", "state_id", "root_key", "boot_id",
+           "record_path"]
 
 _SHM = "/dev/shm"
 
@@ -47,6 +49,11 @@ def default_local_dir() -> str:
     """``/dev/shm/sguard-<uid>`` when /dev/shm is writable, else under the temp dir."""
     base = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else tempfile.gettempdir()
     return os.path.join(base, f"sguard-{os.getuid()}")
+
+
+def record_path(pool_path: str) -> str:
+    """The checkpoint record beside a partition's pool file (`sguard.spark.checkpointing`)."""
+    return os.path.join(os.path.dirname(pool_path), "ckpt.npz")
 
 
 def root_key(root: Any) -> str:
@@ -213,7 +220,8 @@ class PartitionSlot:
 
     def wipe(self) -> None:
         """Delete the local state files (not the lock): the state is rebuilt from the DFS."""
-        for p in (self.marker_path, self.base_path, self.pool_path):
+        for p in (record_path(self.pool_path), self.marker_path, self.base_path,
+                  self.pool_path):
             try:
                 os.unlink(p)
             except FileNotFoundError:

@@ -28,7 +28,7 @@ __all__ = ["read_local_state", "read_durable_state", "load_layout"]
 
 class _PrivateRollbackPool(_RollbackPool):
     def _open_file(self, path: str) -> Any:
-        super()._open_file(path)
+        PagePool._open_file(self, path)  # validates the file (never the shared cached mapping)
         import os
         return np.memmap(path, dtype=np.uint8, mode="c", shape=(os.path.getsize(path),))
 

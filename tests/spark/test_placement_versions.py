@@ -109,3 +109,78 @@ def test_file_rollback_restores_snapshot_and_zeroes_dropped_frames(tmp_path: Pat
     bad = (base[0], base[1] + 1)
     with pytest.raises(LocalStateDamaged):
         attach_at(path, 4096, bad)
+
+
+_APPLY_AND_DIE = """
+import os, signal, sys
+import numpy as np
+import mmm
+from sguard.spark.versions import attach_at
+path, base_path = sys.argv[1], sys.argv[2]
+pm = attach_at(path, 4096, None)
+a = mmm.HashMap.create(pm, "a", key="<i8", value=[("n", "<i8")])
+snap = pm.chkpt()                                   # the rollback point "after b-1"
+np.save(base_path, np.stack([snap.page_ids.view(np.int64), snap._frames]))
+a.upsert(np.arange(0, 3000, 2), None, {"n": "count"})   # batch b: clones and new pages
+b = mmm.HashMap.create(pm, "b", key="<i8", value=[("n", "<i8")])
+b.upsert(np.arange(2000), None, {"n": "count"})
+pm.pool.frames[pm.pool.state == 0] = 0xEE           # and garbage in every free frame
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("mapped_before", [True, False])
+def test_file_rollback_after_another_process_died_mid_batch(tmp_path: Path,
+                                                            mapped_before: bool) -> None:
+    """A worker that held the partition before (its mapping of the pool file is reused) or
+    a new one rolls back what a killed worker applied: the state is exactly the rollback
+    point, and no frame handed out later carries the dead worker's bytes."""
+    import subprocess
+    import sys
+
+    from sguard.spark.versions import forget_mappings
+    path, base_path = str(tmp_path / "pool"), str(tmp_path / "base.npy")
+    mmm.PagePool(4096, 1 << 22, path).flush()
+    pm = attach_at(path, 4096, None)
+    a = mmm.HashMap.create(pm, "a", key="<i8", value=[("n", "<i8")])
+    a.upsert(np.arange(1000), None, {"n": "count"})
+    pm.flush()
+    del pm, a
+    if not mapped_before:
+        forget_mappings()
+    r = subprocess.run([sys.executable, "-c", _APPLY_AND_DIE, path, base_path], timeout=120)
+    assert r.returncode == -9
+    arr = np.load(base_path)
+    pm2 = attach_at(path, 4096, (arr[0].view(np.uint64).copy(), arr[1].copy()))
+    assert pm2.names() == ["a"]
+    a2 = mmm.HashMap.create(pm2, "a", key="<i8", value=[("n", "<i8")])
+    k, v = a2.items()
+    assert np.array_equal(np.sort(k), np.arange(1000)) and np.all(v["n"] == 1)
+    pm2._check()
+    used = np.flatnonzero(pm2.pool.state)
+    fresh = pm2.pool.allocate(pm2.pool.free_frames // 2)
+    assert not pm2.pool.frames[fresh].any(), "a frame of the dead worker leaked into a new page"
+    assert not np.isin(used, fresh).any()
+    forget_mappings()
+
+
+def test_replaced_pool_file_is_not_served_from_an_old_mapping(tmp_path: Path) -> None:
+    """A worker keeps its mapping of a partition's pool file between attaches; once the
+    file is deleted and recreated (a restore), the next attach maps the new file."""
+    from sguard.spark import versions
+    path = str(tmp_path / "pool")
+    mmm.PagePool(4096, 1 << 20, path).flush()
+    pm = attach_at(path, 4096, None)
+    mmm.HashMap.create(pm, "old", key="<i8", value=[("n", "<i8")]).upsert(
+        np.arange(10), None, {"n": "count"})
+    pm.flush()
+    assert attach_at(path, 4096, None).pool._raw is pm.pool._raw  # the same mapping, reused
+    del pm
+    os.unlink(path)
+    pm_new = mmm.PageManager(4096, 1 << 20, path=path)
+    mmm.HashMap.create(pm_new, "new", key="<i8", value=[("n", "<i8")])
+    pm_new.flush()
+    again = attach_at(path, 4096, None)
+    assert again.names() == ["new"]
+    assert all(p == path for p in versions._MAPS) and len(versions._MAPS) == 1
+    versions.forget_mappings()
