@@ -35,7 +35,7 @@ from numba.core import cgutils, types
 from numba.cpython.unsafe.numbers import trailing_zeros as _tz
 from numba.extending import intrinsic
 
-from mmm._kernels import jit
+from mmm._kernels import cacheable, jit
 
 __all__ = ["hash_keys", "rows", "rechain", "DONE", "NEED_CLONE", "NEED_PAGE", "NEED_SPLIT",
            "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
@@ -45,7 +45,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _scalar(fn: F) -> F:
     """A scalar helper, compiled into its callers."""
-    out: F = numba.njit(inline="always", cache=True, nogil=True)(fn)  # type: ignore[assignment]
+    out: F = numba.njit(inline="always", cache=cacheable(fn), nogil=True)(fn)  # type: ignore[assignment]
     return out
 
 

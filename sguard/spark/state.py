@@ -104,9 +104,9 @@ def read_durable_state(state_uri: str, *, upto_batch: int | None = None,
     parts, batches = [], {}
     logged = inputlog.logged_batches(root)
     for p in range(lay.num_partitions):
-        pm = PageManager(1 << 16, 1 << 30)
         hu = lay.haunit(p)
         c = latest_checkpoint_batch(root, hu)
+        pm = PageManager(_checkpoint_page_bytes(root, hu), 1 << 30)
         positions = None
         if c >= 0 or lay.generation > 0:  # a repartitioned checkpoint may be at batch -1
             try:
@@ -128,6 +128,17 @@ def read_durable_state(state_uri: str, *, upto_batch: int | None = None,
         parts.append(st.dump())
         batches[p] = last
     return _concat(parts), batches
+
+
+def _checkpoint_page_bytes(root: Any, haunit: str) -> int:
+    """The page size of the HA unit's latest readable checkpoint (64 KiB without one)."""
+    from ioservice import list_checkpoints, read_manifest
+    for c in reversed([c for c in list_checkpoints(root, haunit) if c.has_manifest]):
+        try:
+            return int(read_manifest(root, c.name).page_bytes)
+        except Exception:  # noqa: BLE001 - a damaged one: restore looks further back too
+            continue
+    return 1 << 16
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table:

@@ -154,3 +154,20 @@ def test_adopted_bases_stay_exact_under_moves_and_failures(tmp_path: Path, seed:
     got, _ = read_durable_state(cfg.state_uri, upto_batch=n - 1)
     want, _ = read_durable_state(oracle.state_uri, upto_batch=n - 1)
     assert got.equals(want), (seed, acts)
+
+
+def test_durable_state_reads_checkpoints_of_any_page_size(tmp_path: Path) -> None:
+    """read_durable_state restores with the checkpoint's own page size (here 16 KiB)."""
+    from dataclasses import replace
+    tables = _batches(4)
+    cfg = replace(_config(tmp_path, every=1), page_bytes=1 << 14)
+    _run(cfg, tables, move=False)
+    assert {m.page_bytes for m in _manifests(cfg)} == {1 << 14}
+    got, batches = read_durable_state(cfg.state_uri, upto_batch=len(tables) - 1)
+    allk = np.concatenate([t.column("k").to_numpy() for t in tables])
+    allv = np.concatenate([t.column("v").to_numpy() for t in tables])
+    want = np.bincount(allk, weights=allv, minlength=200_000).astype(np.int64)
+    g = got.sort_by("k")
+    assert batches == {0: len(tables) - 1}
+    assert np.array_equal(g.column("k").to_numpy(), np.arange(200_000))
+    assert np.array_equal(g.column("sum_v").to_numpy(), want)
