@@ -147,18 +147,49 @@ def _duration_units(d: float | int | _dt.timedelta, per_s: int, what: str) -> in
 
 def upsert_returning(m: HashMap, keys: npt.NDArray[Any], values: Any,
                      combine: dict[str, Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-    """Upsert, then return ``(distinct keys, their values after the upsert)``, keys sorted.
+    """Upsert, then return ``(distinct keys, their values after the upsert)``.
 
-    Uses the values `HashMap.upsert` returns per input row when it does (the
-    value of a key's last row is its final value either way); otherwise looks
-    the distinct keys up once more.
+    Keys come in the order of their first row in the batch. The value of a
+    key's last row (`HashMap.upsert` returns one per input row) is its final
+    value; the last rows are found by one compiled pass (`_last_rows`), not a
+    sort. Integer keys only (the operators' key types).
     """
     res = m.upsert(keys, values, combine, returning=True)
-    rev_u, rev_first = np.unique(keys[::-1], return_index=True)
+    k64 = keys.view(np.int64) if keys.dtype.itemsize == 8 else keys.astype(np.int64)
+    rows = _last_rows(np.ascontiguousarray(k64))
     if res is not None and len(res) == len(keys):
-        return rev_u, np.asarray(res)[len(keys) - 1 - rev_first]
-    found, vals = m.get(rev_u)
-    return rev_u, vals
+        return keys[rows], np.asarray(res)[rows]
+    uk = keys[rows]
+    found, vals = m.get(uk)
+    return uk, vals
+
+
+@jit
+def _last_rows(keys: Any) -> Any:  # pragma: no cover - compiled
+    """Index of the last row of each distinct key, keys in order of first appearance."""
+    n = keys.shape[0]
+    cap = 16
+    while cap < 2 * n:
+        cap <<= 1
+    mask = np.uint64(cap - 1)
+    slot = np.full(cap, -1, np.int64)
+    last = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        k = keys[i]
+        h = (np.uint64(k) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+        while True:
+            j = slot[h & mask]
+            if j < 0:
+                slot[h & mask] = m
+                last[m] = i
+                m += 1
+                break
+            if keys[last[j]] == k:
+                last[j] = i
+                break
+            h += np.uint64(1)
+    return last[:m]
 
 
 class OperatorState(abc.ABC):
