@@ -167,6 +167,13 @@ class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships n
     latency_s : float
         Seconds slept at the start of every operation (metadata calls, opens,
         each ``write`` and each ``read`` call).
+    write_gate : threading.Event or None
+        When given, every ``write`` call waits until the event is set: storage
+        that does not move at all, so a test can check by ordering (not by a
+        clock) that nothing waits for it.
+    on_write : callable or None
+        Called with the path before every ``write`` call (after the gate); a test
+        hook, e.g. to kill the process in the middle of a page file.
 
     Attributes may be changed between operations (e.g. arm a failure after a
     first, healthy checkpoint); `reset_counters` restarts the write count.
@@ -199,6 +206,8 @@ class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships n
         fail_path_glob: str = "*",
         truncate_after: int | None = None,
         latency_s: float = 0.0,
+        write_gate: threading.Event | None = None,
+        on_write: Any = None,
     ) -> None:
         if fail_on_nth_write is not None and fail_on_nth_write < 1:
             raise ValueError(f"fail_on_nth_write must be >= 1 or None, got {fail_on_nth_write}")
@@ -211,6 +220,8 @@ class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships n
         self.fail_path_glob = fail_path_glob
         self.truncate_after = truncate_after
         self.latency_s = latency_s
+        self.write_gate = write_gate
+        self.on_write = on_write
         self._lock = threading.Lock()
         self._counters: collections.Counter[str] = collections.Counter()
         self._matching_writes = 0
@@ -241,6 +252,10 @@ class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships n
 
     def _before_write(self, path: str, nbytes: int) -> None:
         """Count one write call; raise the injected OSError when it is the n-th."""
+        if self.write_gate is not None:
+            self.write_gate.wait()
+        if self.on_write is not None:
+            self.on_write(path)
         self._op("write")
         with self._lock:
             self._counters["written_bytes"] += nbytes

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,20 @@ def recover_in_subprocess(uri: str, haunit: str, out: Path, env: dict[str, str] 
     return result
 
 
+def _die_on_nth(n: int) -> Any:
+    """A FaultyFS write hook that SIGKILLs this process on the n-th write call to a page file
+    after it is set (so the kill lands inside a page file, never in a manifest)."""
+    count = [0]
+
+    def hook(path: str) -> None:
+        if not path.endswith(".pages"):
+            return
+        count[0] += 1
+        if count[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+
+
 def _main(argv: list[str]) -> int:
     cmd, uri, haunit = argv[:3]
     root = open_root(uri)
@@ -142,8 +157,10 @@ def _main(argv: list[str]) -> int:
         return 0
     if cmd == "loop":
         latency_s = float(os.environ.get("SGUARD_TEST_LATENCY_S", "0"))
-        if latency_s:  # widen the checkpoint window the parent's SIGKILL should hit
-            root, _ = faulty_root(root.filesystem, root.base_path, latency_s=latency_s)
+        die_on = int(os.environ.get("SGUARD_TEST_DIE_ON_WRITE", "0"))
+        handler = None
+        if latency_s or die_on:  # widen the checkpoint window the parent's SIGKILL should hit
+            root, handler = faulty_root(root.filesystem, root.base_path, latency_s=latency_s)
         pm = new_pm()
         policy = CheckpointPolicy(full_every=3, keep=2)
         mgr = CheckpointManager(pm, root, haunit, policy=policy, n_workers=2)
@@ -153,9 +170,15 @@ def _main(argv: list[str]) -> int:
         if man is not None:
             step = int(man.user_meta["step"]) + 1
             assert step_of(s) == step - 1, (step_of(s), man.user_meta)
+        first = True
         while True:
             mutate(s, step)
             mgr.checkpoint({"step": step}).result()
+            if first:  # tells the parent this run is past start-up (it times its kill from here)
+                print("committed", flush=True)
+                first = False
+                if die_on and handler is not None:  # SIGKILL itself inside its die_on-th write
+                    handler.on_write = _die_on_nth(die_on)
             step += 1
     raise SystemExit(f"unknown command {cmd!r}")
 

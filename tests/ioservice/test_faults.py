@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -47,20 +47,19 @@ def test_failed_write_cancels_checkpoint_cleanly(tmp_path: Path, fault: dict) ->
         mgr.checkpoint().result()
         first = state_of(s)
         mutate(s, 4)
-        faulty.latency_s = 0.02
+        faulty.write_gate = threading.Event()  # storage stands still until the gate opens
         faulty.reset_counters()
         for k, v in fault.items():
             setattr(faulty, k, v)
         pending = mgr.checkpoint()
-        t0 = time.perf_counter()
-        mutate(s, 5)  # the operator keeps running during the (failing) write
-        mutate_s = time.perf_counter() - t0
+        mutate(s, 5)  # the operator keeps running during the (failing) write...
+        assert not pending.done()  # ...which has not got anywhere yet: nothing waited for it
         live = state_of(s)
+        faulty.write_gate.set()
         with pytest.raises(CheckpointWriteError, match="f-2") as err:
             pending.result(timeout_s=60)
         assert pending.state.name == "FAILED"
         assert failures and failures[0][0] == 2 and failures[0][1] is err.value
-        assert mutate_s < 1.0
         assert pm.stats()["pinned_frames"] == 0 and pm.stats()["active_snapshots"] == 0
         _assert_absent(root, "f-2")
         assert state_of(s) == live  # live state untouched by the cancel
@@ -68,29 +67,34 @@ def test_failed_write_cancels_checkpoint_cleanly(tmp_path: Path, fault: dict) ->
         # heal: the next checkpoint is incremental on f-1 and carries all changes since
         faulty.fail_on_nth_write = None
         faulty.truncate_after = None
-        faulty.latency_s = 0.0
+        faulty.write_gate = None
         man = mgr.checkpoint().result()
         assert man.name == "f-3" and man.base == "f-1"
     _restores(open_root(str(tmp_path)), "f", live, "f-3")
 
 
 def test_latency_never_blocks_the_operator(tmp_path: Path) -> None:
-    """With slow storage the pause stays short and mutations run at full speed."""
-    root, faulty = faulty_root(pafs.LocalFileSystem(), str(tmp_path), latency_s=0.05)
+    """With storage that does not move at all, checkpoint() returns and mutations run on: the
+    operator never waits for a write (checked by ordering, not by a clock)."""
+    gate = threading.Event()
+    root, faulty = faulty_root(pafs.LocalFileSystem(), str(tmp_path), write_gate=gate)
     pm = new_pm()
     s = open_structures(pm)
     for step in range(4):
         mutate(s, step)
+    frozen = state_of(s)
     with CheckpointManager(pm, root, "slow", n_workers=2) as mgr:
-        t0 = time.perf_counter()
-        pending = mgr.checkpoint()
-        pause = time.perf_counter() - t0
+        pending = mgr.checkpoint()  # returns although no byte can be written
         for step in range(4, 8):
-            mutate(s, step)
+            mutate(s, step)  # copy-on-write under the frozen pages, storage still blocked
         assert not pending.done()
-        assert pause < 0.05 and pending.prepare_s < 0.05
-        pending.result(timeout_s=60)
+        assert faulty.stats().get("written_bytes", 0) == 0
+        live = state_of(s)
+        gate.set()
+        man = pending.result(timeout_s=120)
     assert faulty.stats()["write"] >= 2
+    assert state_of(s) == live
+    _restores(open_root(str(tmp_path)), "slow", frozen, man.name)  # the freeze point, exactly
 
 
 def _two_checkpoints(tmp_path: Path, full_every: int = 10):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -61,10 +60,9 @@ def test_lock_excludes_other_processes_and_dies_with_them(tmp_path: Path) -> Non
     with pytest.raises(PartitionLockTimeout, match="partition 0"):
         slot.acquire(0.2)
     go.set()
-    p.join(10)
-    t0 = time.monotonic()
-    slot.acquire(5)
-    assert time.monotonic() - t0 < 5
+    p.join(120)
+    assert p.exitcode == 0  # it died holding the lock...
+    slot.acquire(60)  # ...and the kernel dropped it: free at once (the bound only catches a hang)
     slot.release()
 
 
