@@ -76,14 +76,15 @@ def test_failed_write_cancels_checkpoint_cleanly(tmp_path: Path, fault: dict) ->
 def test_latency_never_blocks_the_operator(tmp_path: Path) -> None:
     """With storage that does not move at all, checkpoint() returns and mutations run on: the
     operator never waits for a write (checked by ordering, not by a clock)."""
-    gate = threading.Event()
-    root, faulty = faulty_root(pafs.LocalFileSystem(), str(tmp_path), write_gate=gate)
+    root, faulty = faulty_root(pafs.LocalFileSystem(), str(tmp_path))
     pm = new_pm()
     s = open_structures(pm)
     for step in range(4):
         mutate(s, step)
     frozen = state_of(s)
-    with CheckpointManager(pm, root, "slow", n_workers=2) as mgr:
+    with CheckpointManager(pm, root, "slow", n_workers=2) as mgr:  # probes the root: writes
+        gate = faulty.write_gate = threading.Event()
+        faulty.reset_counters()
         pending = mgr.checkpoint()  # returns although no byte can be written
         for step in range(4, 8):
             mutate(s, step)  # copy-on-write under the frozen pages, storage still blocked
