@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,19 +21,22 @@ from tests.ioservice.ckpt_helpers import (faulty_root, mutate, new_pm, open_stru
                                           recover_in_subprocess, state_of, step_of)
 
 
-def _roundtrip_while_mutating(root, recover_uri: str, tmp_path: Path, env=None) -> None:
-    """Checkpoint, mutate while the write is held open, recover in a new process."""
+def _roundtrip_while_mutating(root, faulty, recover_uri: str, tmp_path: Path, env=None) -> None:
+    """Checkpoint, mutate while the write is held open (storage gated shut), recover in a new
+    process."""
     pm = new_pm()
     s = open_structures(pm)
     for step in range(6):
         mutate(s, step)
     with CheckpointManager(pm, root, "rt", n_workers=3) as mgr:
         oracle = state_of(s)
+        faulty.write_gate = threading.Event()  # holds the write open during the mutations
         pending = mgr.checkpoint({"step": 5})
         for step in range(6, 9):  # the operator keeps running while pages are written
             mutate(s, step)
-        assert not pending.done(), "latency should hold the write open during the mutations"
+        assert not pending.done()
         live = state_of(s)
+        faulty.write_gate.set()
         man = pending.result(timeout_s=60)
     assert man.full and man.n_pages == pending.n_pages_written > 20
     assert state_of(s) == live != oracle
@@ -44,9 +48,9 @@ def _roundtrip_while_mutating(root, recover_uri: str, tmp_path: Path, env=None) 
 
 def test_roundtrip_every_structure_local_while_mutating(tmp_path: Path) -> None:
     """All four structures round-trip through file:// into a new process, bit-exact."""
-    root, _ = faulty_root(pafs.LocalFileSystem(), str(tmp_path / "r"), latency_s=0.03)
+    root, faulty = faulty_root(pafs.LocalFileSystem(), str(tmp_path / "r"), latency_s=0.003)
     (tmp_path / "r").mkdir()
-    _roundtrip_while_mutating(root, f"file://{tmp_path / 'r'}", tmp_path)
+    _roundtrip_while_mutating(root, faulty, f"file://{tmp_path / 'r'}", tmp_path)
 
 
 @pytest.mark.seaweedfs
@@ -54,8 +58,8 @@ def test_roundtrip_every_structure_seaweedfs_while_mutating(
         seaweed: SeaweedCluster, seaweed_uri: str, tmp_path: Path) -> None:
     """The same round trip through the replicated SeaweedFS cluster (S3)."""
     base = seaweed_uri[len("s3://"):]
-    root, _ = faulty_root(seaweed.filesystem(), base, latency_s=0.03)
-    _roundtrip_while_mutating(root, seaweed_uri, tmp_path, env=seaweed.env())
+    root, faulty = faulty_root(seaweed.filesystem(), base, latency_s=0.003)
+    _roundtrip_while_mutating(root, faulty, seaweed_uri, tmp_path, env=seaweed.env())
 
 
 @pytest.mark.seaweedfs
@@ -153,17 +157,19 @@ def test_skip_when_nothing_changed_and_destroy_is_a_change(tmp_path: Path) -> No
 def test_policies_interval_and_tuple_count(tmp_path: Path) -> None:
     """maybe_checkpoint fires on the tuple count and on the time interval, one at a time."""
     now = [0.0]
-    root, _ = faulty_root(pafs.LocalFileSystem(), str(tmp_path), latency_s=0.02)
+    root, faulty = faulty_root(pafs.LocalFileSystem(), str(tmp_path))
     pm = new_pm()
     s = open_structures(pm)
     policy = CheckpointPolicy(interval_s=10.0, every_n_tuples=1000)
     with CheckpointManager(pm, root, "pol", policy=policy, clock=lambda: now[0]) as mgr:
         mutate(s, 0)
         assert mgr.maybe_checkpoint(999) is None
+        faulty.write_gate = gate = threading.Event()  # keeps the first one in flight
         p = mgr.maybe_checkpoint(1)
         assert p is not None and not p.done()
         mutate(s, 1)
         assert mgr.maybe_checkpoint(5000) is None  # one in flight: counted, not started
+        gate.set()
         p.result()
         q = mgr.maybe_checkpoint(0)  # the 5000 tuples counted meanwhile make it due
         assert q is not None and q.result().name == "pol-2"
@@ -182,14 +188,16 @@ def test_policies_interval_and_tuple_count(tmp_path: Path) -> None:
 
 def test_at_most_one_checkpoint_in_flight(tmp_path: Path) -> None:
     """A second checkpoint while one is being written raises; the first still commits."""
-    root, _ = faulty_root(pafs.LocalFileSystem(), str(tmp_path), latency_s=0.05)
+    root, faulty = faulty_root(pafs.LocalFileSystem(), str(tmp_path))
     pm = new_pm()
     mutate(open_structures(pm), 0)
     with CheckpointManager(pm, root, "one") as mgr:
+        faulty.write_gate = gate = threading.Event()  # the first stays in flight
         p = mgr.checkpoint()
         with pytest.raises(CheckpointInProgressError, match="one-1"):
             mgr.checkpoint()
         assert mgr.maybe_checkpoint(10**9) is None
+        gate.set()
         assert p.result().name == "one-1"
 
 
