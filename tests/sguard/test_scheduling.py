@@ -123,7 +123,7 @@ def test_dead_or_hung_coordinator_falls_back_without_blocking_or_losing(
     try:
         blocker = _block_writer(coord.address, "a1")
         pm, m = _state(7)
-        uri = coord.uri + "?writer=a1&replication=2&chunk_mb=0.03125&timeout_s=2"
+        uri = coord.uri + "?writer=a1&replication=2&chunk_mb=0.03125&timeout_s=6"  # a starved coordinator still answers in time
         with caplog.at_level(logging.WARNING, logger="ioservice.service"):
             with CheckpointManager(pm, str(tmp_path), "unit", scheduler=uri) as mgr:
                 p = mgr.checkpoint()
