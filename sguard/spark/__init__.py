@@ -13,7 +13,7 @@ operator contract and the shipped operators), `runtime` (what a task does),
 `placement` (local state files and locks), `versions` (batch versions and
 rollback), `checkpointing` (asynchronous DFS checkpoints), `inputlog`
 (the HAInput log), `metrics` (JSON-lines metrics), `state` (reading state
-back), `rescaling` (repartitioning at start-up), `cli` (``sguard spark
+back), `reader` (the durable state as a DataFrame: `read_state`), `rescaling` (repartitioning at start-up), `cli` (``sguard spark
 demo|status``), `demo` (the main job).
 """
 from sguard.spark.api import local_session, stateful, stream_join
@@ -24,9 +24,10 @@ from sguard.spark.errors import (InputLogGapError, NotStreamingError, OperatorMi
 from sguard.spark.operators import (Operator, OperatorState, RunningAggregate, WindowAggregate,
                                     WindowJoin)
 from sguard.spark.runtime import Fault, FaultPlan, InjectedFault
+from sguard.spark.reader import BatchNotAvailableError, read_state
 
 __all__ = ["stateful", "stream_join", "local_session", "CheckpointConfig", "Operator",
            "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin", "Fault",
-           "FaultPlan", "InjectedFault", "SparkStateError", "UnsupportedKeyTypeError",
+           "FaultPlan", "InjectedFault", "read_state", "BatchNotAvailableError", "SparkStateError", "UnsupportedKeyTypeError",
            "SchemaChangedError", "OperatorMismatchError",
            "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]
