@@ -181,6 +181,7 @@ class KeyExpiry:
         self.clock_map = (HashMap.create(pm, "ttl.meta", "<u1", _CLOCK)
                           if ttl.mode == "event" else None)
         self.now = _NO_CLOCK
+        self._handles: dict[int, HashMap] = {}
 
     # -- the clock ------------------------------------------------------------------------
     def _clock(self, table: pa.Table) -> int:
@@ -208,7 +209,10 @@ class KeyExpiry:
         return sorted(int(n[6:]) for n in self.pm.names() if n.startswith("ttl.b."))
 
     def _bucket(self, j: int) -> HashMap:
-        return HashMap.create(self.pm, f"ttl.b.{j}", self.kdt, _STAMP)
+        b = self._handles.get(j)
+        if b is None:  # recovering a map by name costs ~ms: keep the handles of this state
+            b = self._handles[j] = HashMap.create(self.pm, f"ttl.b.{j}", self.kdt, _STAMP)
+        return b
 
     def begin(self, table: pa.Table, maps: list[HashMap]) -> npt.NDArray[Any]:
         """Advance the clock to this batch's and evict expired keys from `maps`; returns
@@ -227,6 +231,7 @@ class KeyExpiry:
             if (j + 1) * self.width - 1 + self.span <= now:  # every entry expired
                 gone.append(b.keys())
                 self.pm.destroy(self.pm.recover(b.name))
+                del self._handles[j]
                 continue
             bk, bv = b.items()
             exp = bv["t"] + self.span <= now
