@@ -208,3 +208,62 @@ def test_event_time_ttl_on_spark_with_a_worker_killed(spark: Any, tmp_path: Path
     with pytest.raises(ss.SchemaChangedError, match="ttl"):  # another TTL: refused
         ss.stateful(stream(spark, inp), "k",
                     ss.RunningAggregate(value="v", ttl=ss.TTL(60, "event", "ts")), uri, P)
+
+
+def test_processing_time_ttl_on_spark_through_a_kill_and_a_restore(spark: Any,
+                                                                   tmp_path: Path) -> None:
+    """Processing-time TTL on Spark: a worker killed mid-batch (the retry rolls back and reuses
+    the recorded time) and the local state deleted (restore from the checkpoint plus the log,
+    replayed at the recorded times). The oracle runs on the times the input log recorded (one
+    checkpoint only, so the log is never trimmed). The TTL is 1 ms, so every batch starts from
+an empty state (eviction comes first: a key of the batch is evicted too); how the recorded
+time decides which keys go is tested with a controlled clock in test_ttl.py."""
+    from ioservice import open_root
+    from sguard.spark import inputlog
+    (tmp_path / "in").mkdir()
+    inp = _ttl_input(tmp_path / "in", 6, seed=8)
+    (tmp_path / "faults").mkdir()
+    plan = ss.FaultPlan((ss.Fault("kill", 2, 0, "mid"), ss.Fault("delete_local", 4, 1, "start")),
+                        str(tmp_path / "faults"))
+    uri = f"file://{tmp_path}/state"
+    op = ss.RunningAggregate(value="v", ttl=ss.TTL(dt.timedelta(milliseconds=1)))
+    out = ss.stateful(stream(spark, inp), "k", op, uri, P, faults=plan,
+                      local_dir=str(tmp_path / "local"),
+                      checkpoint=ss.CheckpointConfig(every_n_batches=3))
+    q = (out.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+         .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    assert len(list((tmp_path / "faults").glob("fired-*"))) == 2
+    root = open_root(uri)
+    times = [[inputlog.recorded_batch_time_ms(root, b, 0, p) for p in range(P)]
+             for b in range(len(inp.tables))]
+    assert all(t is not None for row in times for t in row), times
+    assert all(times[b][p] > times[b - 1][p]  # type: ignore[operator]
+               for b in range(1, len(times)) for p in range(P)), times
+    want_out, want_state, evicted = [], [], 0
+    for p in range(P):  # the oracle at the recorded times (any TTL)
+        state: dict[int, list[int]] = {}
+        last: dict[int, int] = {}
+        for b, t in enumerate(inp.tables):
+            now = times[b][p]
+            assert now is not None
+            for k in [k for k, s in last.items() if s + 1 <= now]:
+                del state[k], last[k]
+                evicted += 1
+            part = _split(t)[p]
+            for k, v in zip(part["k"].to_pylist(), part["v"].to_pylist()):
+                s = state.setdefault(k, [0, 0, v, v])
+                s[0] += 1
+                s[1] += v
+                s[2] = min(s[2], v)
+                s[3] = max(s[3], v)
+                last[k] = now
+            want_out += [(k, *state[k]) for k in set(part["k"].to_pylist())]
+        want_state += [(k, *s, p) for k, s in state.items()]
+    assert evicted > 30
+    assert sorted(tuple(r) for r in spark.read.parquet(str(tmp_path / "out")).collect()) \
+        == sorted(want_out)
+    assert _canon(ss.read_state(spark, uri).toArrow()) == sorted(want_state)
