@@ -47,8 +47,8 @@ Example (a per-key row counter; tests/spark/test_custom_operator.py runs it)::
 
     out = sguard.spark.stateful(df, "k", CountRows(), "file:///tmp/cr", 4)
 
-Operators shipped here: `RunningAggregate` (count/sum/min/max per key),
-`WindowAggregate` (tumbling event-time windows, evicted by watermark, closed
+Operators shipped here: `RunningAggregate` (count/sum/min/max per key;
+``ttl=`` evicts idle keys, `sguard.spark.ttl`), `WindowAggregate` (tumbling event-time windows, evicted by watermark, closed
 windows emitted) and `WindowJoin` (the SGuard paper's windowed stream join:
 deque buffers plus per-key maps).
 """

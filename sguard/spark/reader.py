@@ -101,19 +101,19 @@ def _logged(root: StorageRoot, layout: OperatorLayout, batches: list[int]) -> di
 
 def _partition_range(points: list[_Point], logged: dict[int, set[int]], p: int
                      ) -> tuple[int, int] | None:
-    """``(oldest, newest)`` batch whose state partition `p` can be rebuilt, or None."""
-    lo = hi = None
+    """``(oldest, newest)`` batch whose state partition `p` can be rebuilt (every batch in
+    between too), or None."""
+    covered: set[int] = set()
     for pt in points:
         b = pt.batch
         while p in logged.get(b + 1, ()):
             b += 1
-        if b < 0:
-            continue
-        first = max(pt.batch, 0)
-        lo = first if lo is None else min(lo, first)
-        hi = b if hi is None else max(hi, b)
-    if lo is None or hi is None:
+        covered.update(range(max(pt.batch, 0), b + 1))
+    if not covered:
         return None
+    hi = lo = max(covered)
+    while lo - 1 in covered:
+        lo -= 1
     return lo, hi
 
 
@@ -244,7 +244,7 @@ def read_partition_at(root: StorageRoot, layout: OperatorLayout, partition: int,
             return _read_once(root, layout, partition, batch)
         except BatchNotAvailableError:
             raise
-        except (InputLogGapError, FileNotFoundError, OSError) as exc:
+        except (InputLogGapError, FileNotFoundError) as exc:
             last = exc  # a checkpoint or log file removed under us: list again
             time.sleep(0.05 * (attempt + 1))
     raise BatchNotAvailableError(

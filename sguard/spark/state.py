@@ -4,7 +4,8 @@
 local directory (this host) through a *private* copy-on-write mapping of the
 pool file, so the file, including the rollback point a replay may still need,
 is never modified. `read_durable_state` rebuilds it from the state URI alone:
-the latest checkpoint of each partition plus the input log.
+the latest checkpoint of each partition plus the input log (per partition:
+`read_partition_state`; `sguard.spark.reader` picks the checkpoint for a given batch).
 """
 from __future__ import annotations
 

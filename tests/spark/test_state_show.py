@@ -99,3 +99,24 @@ def test_state_show_without_state(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert "no sguard operator state" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_durable_range_stops_at_a_gap() -> None:
+    """A partition's range is the newest unbroken run: batches 0..1 from the empty start,
+    batch 2's log gone, 4..6 from the checkpoint of batch 4."""
+    from sguard.spark.reader import _partition_range, _Point
+    logged = {0: {0, 1}, 1: {0, 1}, 3: {1}, 5: {0, 1}, 6: {0}}
+    pts = [_Point(-1, None), _Point(4, 7)]
+    assert _partition_range(pts, logged, 0) == (4, 6)
+    assert _partition_range(pts, logged, 1) == (4, 5)
+    assert _partition_range([_Point(-1, None)], {}, 0) is None
+
+
+def test_nothing_durable_yet(tmp_path: Path) -> None:
+    from sguard.statelayout import OperatorLayout, write_layout
+    uri = str(tmp_path / "state")
+    write_layout(open_root(uri), OperatorLayout(operator="running_aggregate", name="op",
+                                                key="k", num_partitions=2,
+                                                schema={"params": {"value": "v"}}))
+    with pytest.raises(BatchNotAvailableError, match="partition 0 has no durable batch yet"):
+        available_batches(uri)
