@@ -66,11 +66,11 @@ def _listing(*dirs: Path) -> dict[str, tuple[int, int]]:
 
 
 def _quiet_listing(*dirs: Path) -> dict[str, tuple[int, int]]:
-    """The listing once it stops changing (checkpoint and metrics writes of batches the
-    query already ran finish in the background)."""
+    """The listing once it stopped changing for 3 s (checkpoint and metrics writes of batches
+    the query already ran finish in the background, slowly on a loaded machine)."""
     prev = _listing(*dirs)
-    for _ in range(120):
-        time.sleep(1.0)
+    for _ in range(100):
+        time.sleep(3.0)
         cur = _listing(*dirs)
         if cur == prev:
             return cur
@@ -112,6 +112,10 @@ def test_read_state_while_the_query_runs(spark: Any, stream_input: StreamInput, 
          .option("checkpointLocation", str(tmp_path / "ckpt")).start())
     try:
         _wait_for(tmp_path / "faults" / "paused-b3-p0", "the pause in batch 3")
+        # partition 1's batch 3 is over once its metrics record (written last, by an I/O
+        # thread) is there
+        _wait_for(tmp_path / "state" / "metrics" / "p0001" / "b000000000003.json",
+                  "partition 1's batch 3")
         before = _quiet_listing(tmp_path / "state", tmp_path / "local")
         assert (tmp_path / "state" / "inputlog" / "b000000000003" / "g0-p0001.arrow").exists()
         assert available_batches(uri)[1] == 2  # partition 1 logged batch 3, partition 0 not
