@@ -371,6 +371,7 @@ _WATERMARK: Final = {"replicate": {"max_ts": "max", "seen": "sum", "late": "sum"
 DEFAULT_ROUTING: Final[dict[str, dict[str, dict[str, Any]]]] = {
     "window_aggregate": {"meta": _WATERMARK},
     "window_join": {"buf.*": {"key": "k", "order": "t"}, "meta": _WATERMARK},
+    "running_aggregate": {"ttl.meta": {"replicate": {"clock": "max"}}},  # event-time TTL clock
 }
 """Routing rules of the `sguard.spark` operators, used when the layout gives none.
 

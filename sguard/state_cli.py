@@ -1,4 +1,5 @@
 """``sguard state repartition <state-uri> --partitions N``: scale an operator's state out or in.
+``sguard state show <state-uri> [--batch-id B] [--limit N]``: print its first rows.
 
 Rewrites the checkpointed state of the operator under ``<state-uri>`` (see
 `sguard.statelayout`) as N partitions placed the way Spark's
@@ -11,6 +12,13 @@ num_partitions=N)`` does the same at start-up).
 
 Exit status: 0 done (or nothing to do), 1 storage failure mid-way (rerun),
 2 bad input (nothing written).
+
+``state show`` reads the durable state (`sguard.spark.reader`: the newest
+checkpoint at or below the batch, plus the input log) with pyarrow only, one
+partition after the other, without Spark and without disturbing a query
+running on the same URI; it prints the rows of the first partitions until
+``--limit`` rows (partition by partition, each in the operator's order).
+Exit status: 0 shown, 1 storage failure, 2 bad argument or batch not available.
 """
 from __future__ import annotations
 
@@ -40,6 +48,19 @@ def register(subparsers: Any) -> None:
                     help="write a new generation even if the state already has N partitions")
     rp.add_argument("--s3-endpoint", help="S3 endpoint (default $SGUARD_S3_ENDPOINT)")
     rp.set_defaults(func=_cmd_repartition)
+    from sguard.cliargs import nonnegative_int, positive_int
+    sh = sub.add_parser("show", help="print the first rows of the durable state",
+                        description="Print the first rows of the state at the newest durable "
+                                    "batch (or --batch-id), one row per key (per key and "
+                                    "window for window operators) plus partition_id.")
+    sh.add_argument("uri", metavar="state-uri",
+                    help="state URI: a path, file:///..., s3://bucket/prefix, hdfs://host:port/path")
+    sh.add_argument("--batch-id", type=nonnegative_int, default=None, metavar="B",
+                    help="the batch whose state to show (default: the newest durable one)")
+    sh.add_argument("--limit", type=positive_int, default=20, metavar="N",
+                    help="rows to print (default 20)")
+    sh.add_argument("--s3-endpoint", help="S3 endpoint (default $SGUARD_S3_ENDPOINT)")
+    sh.set_defaults(func=_cmd_show)
 
 
 def _partitions(root: Any) -> int | None:
@@ -92,3 +113,58 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
           f"{res.generation}; {res.rows} rows, {res.bytes_read / 1e6:.1f} MB read, "
           f"{res.bytes_written / 1e6:.1f} MB written in {res.seconds:.2f} s")
     return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from ioservice import open_root
+    from sguard.spark.reader import (BatchNotAvailableError, _available, _check_batch,
+                                     read_partition_at)
+    from sguard.statelayout import LayoutError, read_layout
+
+    prog = "sguard state show"
+    try:
+        root = open_root(args.uri, create=False, s3_endpoint=args.s3_endpoint)
+        layout = read_layout(root) if root.exists("") else None
+        if layout is None:
+            print(f"{prog}: error: no sguard operator state at {args.uri} "
+                  f"(no sguard-operator.json)", file=sys.stderr)
+            return 2
+        rng = _available(root, layout)
+        batch = rng[1] if args.batch_id is None else _check_batch(args.batch_id, rng, args.uri)
+    except (BatchNotAvailableError, LayoutError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except (IOServiceError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    import pyarrow as pa
+    parts, rows, total = [], 0, 0
+    try:
+        for p in range(layout.num_partitions):
+            t = read_partition_at(root, layout, p, batch)
+            total += t.num_rows
+            if rows < args.limit:
+                parts.append(t.slice(0, args.limit - rows))
+                rows += parts[-1].num_rows
+    except BatchNotAvailableError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except (IOServiceError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    table = pa.concat_tables(parts)
+    print(f"{layout.operator} {layout.name!r} at {root.uri}: batch {batch} (durable "
+          f"{rng[0]}..{rng[1]}), {layout.num_partitions} partition(s), {total} row(s); "
+          f"first {table.num_rows}:")
+    _print_table(table)
+    return 0
+
+
+def _print_table(table: Any) -> None:
+    """Rows as aligned text columns."""
+    names = table.column_names
+    cols = [[str(v) for v in table.column(n).to_pylist()] for n in names]
+    widths = [max([len(n)] + [len(v) for v in c]) for n, c in zip(names, cols)]
+    print("  ".join(n.rjust(w) for n, w in zip(names, widths)))
+    for i in range(table.num_rows):
+        print("  ".join(c[i].rjust(w) for c, w in zip(cols, widths)))

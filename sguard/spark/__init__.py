@@ -13,8 +13,9 @@ operator contract and the shipped operators), `runtime` (what a task does),
 `placement` (local state files and locks), `versions` (batch versions and
 rollback), `checkpointing` (asynchronous DFS checkpoints), `inputlog`
 (the HAInput log), `metrics` (JSON-lines metrics), `state` (reading state
-back), `rescaling` (repartitioning at start-up), `cli` (``sguard spark
-demo|status``), `demo` (the main job).
+back), `reader` (the durable state as a DataFrame: `read_state`), `ttl`
+(state time-to-live), `rescaling` (repartitioning at start-up), `cli`
+(``sguard spark demo|status``), `demo` (the main job).
 """
 from sguard.spark.api import local_session, stateful, stream_join
 from sguard.spark.checkpointing import CheckpointConfig
@@ -24,9 +25,11 @@ from sguard.spark.errors import (InputLogGapError, NotStreamingError, OperatorMi
 from sguard.spark.operators import (Operator, OperatorState, RunningAggregate, WindowAggregate,
                                     WindowJoin)
 from sguard.spark.runtime import Fault, FaultPlan, InjectedFault
+from sguard.spark.reader import BatchNotAvailableError, read_state
+from sguard.spark.ttl import TTL
 
 __all__ = ["stateful", "stream_join", "local_session", "CheckpointConfig", "Operator",
            "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin", "Fault",
-           "FaultPlan", "InjectedFault", "SparkStateError", "UnsupportedKeyTypeError",
-           "SchemaChangedError", "OperatorMismatchError",
+           "FaultPlan", "InjectedFault", "read_state", "BatchNotAvailableError", "TTL",
+           "SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError", "OperatorMismatchError",
            "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 __all__ = ["SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError",
            "OperatorMismatchError", "StateAheadError",
-           "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]
+           "InputLogGapError", "PartitionLockTimeout", "NotStreamingError", "BatchTimeMissingError"]
 
 
 class SparkStateError(Exception):
@@ -36,3 +36,7 @@ class PartitionLockTimeout(SparkStateError, TimeoutError):
 
 class NotStreamingError(SparkStateError, RuntimeError):
     """The operator ran outside a streaming micro-batch (no batch id)."""
+
+
+class BatchTimeMissingError(SparkStateError, KeyError):
+    """A processing-time TTL got a batch without its recorded processing time."""

@@ -11,7 +11,11 @@ what the operator consumed) before it reports success::
 
 One file per (batch, generation, partition), written even when empty, so a
 replay can tell "no rows" from "missing" (`InputLogGapError`). The schema
-metadata records the key column, the generation and the partition count.
+metadata records the key column, the generation and the partition count, and
+for an operator with a processing-time TTL the batch's processing time
+(``sguard.batch_time_ms``, `sguard.spark.ttl`): taken when the partition's
+batch is first run, read back by a retry (`recorded_batch_time_ms`) and by a
+replay, so every run of the batch evicts the same keys.
 
 Replay for partition ``q`` of a generation with ``P`` partitions reads its own
 file when one exists; otherwise (a repartitioning moved keys, see
@@ -37,7 +41,8 @@ import pyarrow.ipc as ipc
 from ioservice import StorageRoot
 from sguard.spark.errors import InputLogGapError
 
-__all__ = ["INPUTLOG_DIR", "log_path", "write_input", "read_input", "trim", "logged_batches"]
+__all__ = ["INPUTLOG_DIR", "log_path", "write_input", "read_input", "trim", "logged_batches",
+           "recorded_batch_time_ms"]
 
 INPUTLOG_DIR = "inputlog"
 _FILE_RE = re.compile(r"^g(?P<gen>\d+)-p(?P<part>\d{4,})\.arrow$")
@@ -104,11 +109,29 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
             f"input log of batch {batch} is missing at {root.full_path(batch_dir(batch))}: "
             f"partition {partition} cannot be rebuilt past its last durable checkpoint")
     from sguard import partitioning
+    from sguard.spark.ttl import BATCH_TIME_KEY
     tables = [_read(root, e.relpath) for e in other]
     table = pa.concat_tables(tables)
+    times = [m[BATCH_TIME_KEY] for t in tables if BATCH_TIME_KEY in (m := t.schema.metadata or {})]
+    if times:  # the sources ran the batch at their own times: the latest, whatever the order
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               BATCH_TIME_KEY: max(times, key=int)})
     keys = table.column(key).to_numpy()
     part = np.asarray(partitioning.partition_of(keys, num_partitions))
     return table.filter(pa.array(part == partition))
+
+
+def recorded_batch_time_ms(root: StorageRoot, batch: int, generation: int, partition: int
+                           ) -> int | None:
+    """The processing time an earlier run of this batch recorded in its log file, if any
+    (`sguard.spark.ttl`)."""
+    from sguard.spark.ttl import BATCH_TIME_KEY
+    rel = log_path(batch, generation, partition)
+    if not root.exists(rel):
+        return None
+    meta = ipc.open_file(pa.py_buffer(root.read_bytes(rel))).schema.metadata or {}
+    v = meta.get(BATCH_TIME_KEY)
+    return None if v is None else int(v)
 
 
 def logged_batches(root: StorageRoot) -> list[int]:

@@ -47,8 +47,8 @@ Example (a per-key row counter; tests/spark/test_custom_operator.py runs it)::
 
     out = sguard.spark.stateful(df, "k", CountRows(), "file:///tmp/cr", 4)
 
-Operators shipped here: `RunningAggregate` (count/sum/min/max per key),
-`WindowAggregate` (tumbling event-time windows, evicted by watermark, closed
+Operators shipped here: `RunningAggregate` (count/sum/min/max per key;
+``ttl=`` evicts idle keys, `sguard.spark.ttl`), `WindowAggregate` (tumbling event-time windows, evicted by watermark, closed
 windows emitted) and `WindowJoin` (the SGuard paper's windowed stream join:
 deque buffers plus per-key maps).
 """
@@ -65,6 +65,7 @@ import pyarrow as pa
 
 from mmm import HashMap, PageManager, PagedDeque
 from mmm._kernels import jit
+from sguard.spark import ttl as _ttl
 from sguard.spark.errors import SchemaChangedError, UnsupportedKeyTypeError
 
 __all__ = ["Operator", "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin",
@@ -251,11 +252,15 @@ class RunningAggregate(Operator):
         The numeric column to aggregate (needed for sum/min/max).
     aggs : sequence of str
         Any of ``"count"``, ``"sum"``, ``"min"``, ``"max"``.
+    ttl : sguard.spark.TTL or timedelta, optional
+        Evict keys not updated for this long (a timedelta: processing time);
+        see `sguard.spark.ttl`. Evicted keys emit nothing.
     """
 
     kind = "running_aggregate"
 
-    def __init__(self, value: str | None = None, aggs: Sequence[str] = _AGGS) -> None:
+    def __init__(self, value: str | None = None, aggs: Sequence[str] = _AGGS,
+                 ttl: Any = None) -> None:
         aggs = tuple(aggs)
         bad = [a for a in aggs if a not in _AGGS]
         if bad or not aggs:
@@ -264,14 +269,20 @@ class RunningAggregate(Operator):
             raise ValueError(f"aggs {aggs!r} need a value column (value=...)")
         self.value = value
         self.aggs = aggs
+        self.ttl = _ttl.TTL.coerce(ttl)
 
     def params(self) -> dict[str, Any]:
-        return {"value": self.value, "aggs": list(self.aggs)}
+        p: dict[str, Any] = {"value": self.value, "aggs": list(self.aggs)}
+        if self.ttl is not None:  # absent without one: layouts written before TTL stay equal
+            p["ttl"] = self.ttl.to_json()
+        return p
 
     def check_input(self, schema: pa.Schema, key: str) -> None:
         check_key_type(schema, key)
         if self.value is not None:
             _value_kind(schema, self.value, "value")
+        if self.ttl is not None:
+            self.ttl.check(schema)
 
     def _fields(self, schema: pa.Schema) -> list[tuple[str, str]]:
         vk = _value_kind(schema, self.value, "value") if self.value is not None else "<i8"
@@ -298,8 +309,12 @@ class _RunningAggregateState(OperatorState):
         self.map = HashMap.create(pm, "aggregate", key_dtype(schema, key), fields)
         self.spec: dict[str, Any] = {a: "count" if a == "count" else (a, "v") for a, _ in fields}
         self.val_kind = next((dt for a, dt in fields if a != "count"), "<i8")
+        self.expiry = (None if op.ttl is None else
+                       _ttl.KeyExpiry(pm, key_dtype(schema, key), op.ttl, schema))
 
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
+        if self.expiry is not None:
+            self.expiry.begin(table, [self.map])  # evict first: an expired key starts afresh
         if table.num_rows == 0:
             return self.out_schema.empty_table()
         keys = column_numpy(table, self.key)
@@ -307,6 +322,8 @@ class _RunningAggregateState(OperatorState):
         if self.value is not None:
             cols = {"v": column_numpy(table, self.value).astype(self.val_kind, copy=False)}
         uk, vals = upsert_returning(self.map, keys, cols, self.spec)
+        if self.expiry is not None:
+            self.expiry.touch(uk)
         return self._table(uk, vals)
 
     def _table(self, keys: npt.NDArray[Any], vals: npt.NDArray[Any]) -> pa.Table:

@@ -40,6 +40,7 @@ import pyarrow as pa
 from ioservice import IOService, Manifest, StorageRoot, open_root
 from mmm import PageManager, PoolFileError, Snapshot
 from sguard.spark import inputlog, metrics
+from sguard.spark import ttl as _ttl
 from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
 from sguard.spark.operators import Operator, OperatorState
@@ -285,10 +286,14 @@ class _Partition:
     def run(self, b: int, table: pa.Table) -> pa.Table:
         cfg, slot = self.cfg, self.slot
         t0 = time.perf_counter()
+        log_fut: cf.Future[int] | None = None
         with self._mu:
             self._task = True
         try:
             waited = slot.acquire(cfg.lock_timeout_s)
+            if _ttl.needs_batch_time(cfg.operator):  # the time an earlier run of b recorded
+                table = _ttl.with_batch_time(table, inputlog.recorded_batch_time_ms(
+                    self.rt.root, b, cfg.layout.generation, self.p))
             self._fault(b, "start", table)
             marker = slot.read_marker()
             d = decide(marker, b, self.token if self.pm is not None else None, slot.has_pool(),
@@ -375,6 +380,8 @@ class _Partition:
                     "pid": os.getpid()})
             return out
         finally:
+            if log_fut is not None and not log_fut.done():
+                cf.wait([log_fut])  # a retry must find the log (and its recorded time) final
             with self._mu:
                 self._task = False
             self._maybe_release()

@@ -4,7 +4,8 @@
 local directory (this host) through a *private* copy-on-write mapping of the
 pool file, so the file, including the rollback point a replay may still need,
 is never modified. `read_durable_state` rebuilds it from the state URI alone:
-the latest checkpoint of each partition plus the input log.
+the latest checkpoint of each partition plus the input log (per partition:
+`read_partition_state`; `sguard.spark.reader` picks the checkpoint for a given batch).
 """
 from __future__ import annotations
 
@@ -13,17 +14,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ioservice import open_root
+from ioservice import StorageRoot, open_root
 from mmm import PageManager, PagePool
 from sguard.spark import inputlog
 from sguard.spark.api import schema_from_layout
 from sguard.spark.checkpointing import latest_checkpoint_batch
-from sguard.spark.operators import operator_from_params
+from sguard.spark.operators import OperatorState, operator_from_params
 from sguard.spark.placement import PartitionSlot, default_local_dir, root_key, state_id
 from sguard.spark.versions import _RollbackPool
 from sguard.statelayout import OperatorLayout, read_layout
 
-__all__ = ["read_local_state", "read_durable_state", "load_layout"]
+__all__ = ["read_local_state", "read_durable_state", "read_partition_state", "replay_log",
+           "load_layout"]
 
 
 class _PrivateRollbackPool(_RollbackPool):
@@ -94,40 +96,69 @@ def read_durable_state(state_uri: str, *, upto_batch: int | None = None,
     """The state rebuilt from the state URI alone (checkpoints plus input log).
 
     Replays each partition's log up to `upto_batch` (default: the last batch
-    logged for it). Returns ``(table, {partition: batch})``.
+    logged for it; see `read_partition_state`). Returns ``(table, {partition: batch})``.
     """
     root = open_root(state_uri, create=False, **(storage_options or {}))
     lay = load_layout(state_uri, storage_options)
-    op = operator_from_params(lay.operator, lay.schema["params"])
-    schema = schema_from_layout(lay)
-    from ioservice import restore
     parts, batches = [], {}
-    logged = inputlog.logged_batches(root)
     for p in range(lay.num_partitions):
-        hu = lay.haunit(p)
-        c = latest_checkpoint_batch(root, hu)
-        pm = PageManager(_checkpoint_page_bytes(root, hu), 1 << 30)
-        positions = None
-        if c >= 0 or lay.generation > 0:  # a repartitioned checkpoint may be at batch -1
-            try:
-                man = restore(pm, root, hu)
-            except FileNotFoundError:
-                man = None
-            if man is not None and man.user_meta.get("sources"):
-                from sguard.rescale import ReplayPositions  # keys at different batches
-                positions = ReplayPositions.from_user_meta(man.user_meta)
-        st = op.open(pm, schema, lay.key)
-        last = upto_batch if upto_batch is not None else max(
-            [b for b in logged if root.exists(inputlog.log_path(b, lay.generation, p))],
-            default=c)
-        for b in range(c + 1, last + 1):
-            t = inputlog.read_input(root, b, lay.generation, p, lay.num_partitions, lay.key)
-            if positions is not None:
-                t = t.filter(pa.array(positions.needs(t.column(lay.key).to_numpy(), b)))
-            st.apply(t, b)
-        parts.append(st.dump())
-        batches[p] = last
+        t, batches[p] = read_partition_state(root, lay, p, upto_batch)
+        parts.append(t)
     return _concat(parts), batches
+
+
+def read_partition_state(root: StorageRoot, layout: OperatorLayout, partition: int,
+                         upto_batch: int | None = None) -> tuple[pa.Table, int]:
+    """One partition's state rebuilt from `root` alone: ``(dump table, last batch)``.
+
+    Restores the partition's latest checkpoint into a private, in-memory page
+    manager and replays its input log up to `upto_batch` (default: the last
+    batch logged for it). Read-only: nothing under `root` is written, no lock
+    is taken.
+    """
+    op = operator_from_params(layout.operator, layout.schema["params"])
+    schema = schema_from_layout(layout)
+    from ioservice import restore
+    logged = inputlog.logged_batches(root)
+    p = partition
+    hu = layout.haunit(p)
+    c = latest_checkpoint_batch(root, hu)
+    pm = PageManager(_checkpoint_page_bytes(root, hu), 1 << 30)
+    positions = None
+    if c >= 0 or layout.generation > 0:  # a repartitioned checkpoint may be at batch -1
+        try:
+            man = restore(pm, root, hu)
+        except FileNotFoundError:
+            man = None
+        if man is not None and man.user_meta.get("sources"):
+            from sguard.rescale import ReplayPositions  # keys at different batches
+            positions = ReplayPositions.from_user_meta(man.user_meta)
+    st = op.open(pm, schema, layout.key)
+    last = upto_batch if upto_batch is not None else max(
+        [b for b in logged if root.exists(inputlog.log_path(b, layout.generation, p))],
+        default=c)
+    replay_log(st, root, layout, p, c + 1, last, positions)
+    return st.dump(), last
+
+
+def replay_log(st: OperatorState, root: StorageRoot, layout: OperatorLayout, partition: int,
+               first: int, last: int, positions: Any = None) -> None:
+    """Apply the partition's logged input of batches ``first..last`` to `st`.
+
+    `positions` (a `sguard.rescale.ReplayPositions`, for a repartitioned
+    checkpoint) keeps only the rows whose key had not seen the batch yet.
+
+    Raises
+    ------
+    InputLogGapError
+        If a batch's input is not in the log.
+    """
+    for b in range(first, last + 1):
+        t = inputlog.read_input(root, b, layout.generation, partition, layout.num_partitions,
+                                layout.key)
+        if positions is not None:
+            t = t.filter(pa.array(positions.needs(t.column(layout.key).to_numpy(), b)))
+        st.apply(t, b)
 
 
 def _checkpoint_page_bytes(root: Any, haunit: str) -> int:
