@@ -38,6 +38,7 @@ import collections
 import concurrent.futures as cf
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from ioservice._checksum import verify_rows
 from ioservice.errors import (
     CheckpointDamagedError,
     CheckpointWriteError,
@@ -461,8 +463,12 @@ class IOService:
         bounds = np.flatnonzero(np.diff(files_sorted)) + 1
         groups = np.split(order, bounds) if total else []
         groups.sort(key=len, reverse=True)
+        # Readers that cannot keep every core busy hand verification to verifier threads
+        # and read on; as many readers as cores already overlap one's verification with
+        # the others' reads, and a hand-off per chunk would only add CPU.
+        pipelined = min(self.n_workers, len(groups)) < _cpus()
         futs = [self._pool.submit(self._read_file, root, manifest, g, sink, verify, stop,
-                                  progress) for g in groups]
+                                  progress, pipelined) for g in groups]
         first: BaseException | None = None
         for fut in futs:
             try:
@@ -497,14 +503,16 @@ class IOService:
 
     def _read_file(self, root: StorageRoot, manifest: Manifest, rows: npt.NDArray[np.intp],
                    sink: Callable[[npt.NDArray[np.uint8]], None], verify: bool,
-                   stop: threading.Event, progress: Callable[[int], None]) -> None:
+                   stop: threading.Event, progress: Callable[[int], None],
+                   pipelined: bool = True) -> None:
         """Read the pages `rows` (all in one file, sorted by offset), pipelined.
 
-        This (reader) thread only reads: each chunk goes straight into frames the
-        loader reserves (or into a bounce buffer of a ring) and is handed to a
-        verifier thread, which checks checksums and PageIDs and commits (places,
-        sinks) it while this thread reads the next chunks; at most
-        `READ_AHEAD_CHUNKS` chunks wait for their verification. On any failure
+        Each chunk goes straight into frames the loader reserves (or into a
+        bounce buffer of a ring). When `pipelined`, this (reader) thread only
+        reads: each chunk is handed to a verifier thread, which checks checksums
+        and PageIDs and commits (places, sinks) it while this thread reads the
+        next chunks; at most `READ_AHEAD_CHUNKS` chunks wait for their
+        verification. Otherwise this thread verifies each chunk itself. On any failure
         (this thread's or a verifier's) the chunks still in flight are waited
         for, so no thread touches the sink after this returns; a chunk that
         fails, or whose verification starts after `stop`, gives its reserved
@@ -525,7 +533,7 @@ class IOService:
         breaks = np.flatnonzero(np.diff(offs) != np.uint64(pb)) + 1
         starts = np.concatenate(([0], breaks))
         ends = np.concatenate((breaks, [len(rows)]))
-        verifier = self._verifier()
+        verifier = self._verifier() if pipelined else None
         pending: collections.deque[cf.Future[None]] = collections.deque()
         n_bounce = 0  # bounce buffers handed out (ring slot = n_bounce % len(ring))
 
@@ -572,9 +580,12 @@ class IOService:
                             assert loader is not None  # frames come only from `loader.reserve`
                             loader.unreserve(frames)
                         raise
-                    pending.append(verifier.submit(
-                        _settle_chunk, target, frames, dest is not None, loader, sink,
-                        rows[a:b], offs[a:b], t, verify, stop, where, progress))
+                    args = (target, frames, dest is not None, loader, sink, rows[a:b],
+                            offs[a:b], t, verify, stop, where, progress)
+                    if verifier is None:
+                        _settle_chunk(*args)
+                        continue
+                    pending.append(verifier.submit(_settle_chunk, *args))
                     # a bounce buffer is reused READ_AHEAD_CHUNKS + 1 chunks later: by then
                     # its chunk has been verified and placed
                     while len(pending) > READ_AHEAD_CHUNKS:
@@ -585,6 +596,14 @@ class IOService:
             # whatever happened, no verifier may touch the sink or frames after we return
             cf.wait(pending)
             f.close()
+
+
+def _cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _settle_chunk(target: npt.NDArray[np.uint8], frames: npt.NDArray[np.int64] | None,
@@ -744,20 +763,18 @@ def _dispatch_loop(scheduler: WriteScheduler, intent: WriteIntent, sched: _Sched
 
 def _verify(pages: npt.NDArray[np.uint8], page_ids: npt.NDArray[np.uint64],
             checksums: npt.NDArray[np.uint64], offsets: npt.NDArray[np.uint64], where: str) -> None:
-    """Raise CheckpointDamagedError unless every page matches its checksum and PageID."""
-    bad = np.flatnonzero(page_checksums(pages) != checksums)
-    if len(bad):
-        i = int(bad[0])
+    """Raise CheckpointDamagedError unless every page matches its checksum and PageID
+    (one compiled call without the GIL, `ioservice._checksum.verify_rows`)."""
+    n_bad, i, j = verify_rows(pages, checksums, page_ids, _PAGE_ID_AT)
+    if n_bad:
         raise CheckpointDamagedError(
             f"{where}: page {int(page_ids[i]):#x} at offset {int(offsets[i])} fails its "
-            f"xxh3_64 checksum ({len(bad)} damaged page(s) in this chunk)")
-    hdr_ids = pages[:, _PAGE_ID_AT:_PAGE_ID_AT + 8].copy().view("<u8")[:, 0]
-    bad = np.flatnonzero(hdr_ids != page_ids)
-    if len(bad):
-        i = int(bad[0])
+            f"xxh3_64 checksum ({n_bad} damaged page(s) in this chunk)")
+    if j >= 0:
+        hdr = int(pages[j, _PAGE_ID_AT:_PAGE_ID_AT + 8].copy().view("<u8")[0])
         raise CheckpointDamagedError(
-            f"{where}: the page at offset {int(offsets[i])} has PageID "
-            f"{int(hdr_ids[i]):#x} in its header, the manifest says {int(page_ids[i]):#x}")
+            f"{where}: the page at offset {int(offsets[j])} has PageID "
+            f"{hdr:#x} in its header, the manifest says {int(page_ids[j]):#x}")
 
 
 def _close_quietly(out: Any) -> None:
