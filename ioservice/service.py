@@ -17,10 +17,14 @@ the pages are split into chunks of the scheduler's size, one file each, and a
 dispatcher thread starts each chunk when the scheduler grants it and reports it
 when written; a failing, dead or hung scheduler makes the rest unscheduled.
 
-Reading: one task per page file; each reads runs of contiguous pages in
-chunks of ``chunk_bytes`` into a reusable buffer, verifies every page's
-checksum and header PageID against the manifest, and hands the verified pages
-to a sink (e.g. `mmm.Loader.add`) as they arrive, in any order.
+Reading: one reader task per page file; each reads runs of contiguous pages
+in chunks of ``chunk_bytes`` straight into page frames when the sink is an
+`mmm.Loader` (else into a small ring of reusable buffers), verifies every
+page's checksum and header PageID against the manifest in one compiled call
+without the GIL, and hands the verified pages to the sink (e.g.
+`mmm.Loader.add`) as they arrive, in any order. With fewer readers than CPUs
+the read is pipelined: a reader hands each chunk to a verifier thread and reads
+the next ones (up to `READ_AHEAD_CHUNKS` ahead) while it is verified and placed.
 
 Notes
 -----
