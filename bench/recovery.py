@@ -8,10 +8,12 @@ read (``posix_fadvise(DONTNEED)``):
 
 * **read**: the same number of threads read the page files, one file each, in
   4 MiB ``readinto`` calls: the time to just read the bytes;
-* **recovery**: `ioservice.recovery.restore` (list, manifest, parallel reads,
-  checksum and PageID checks, pages copied into frames as they arrive,
-  `mmm.Loader.finish`) plus reopening the operator (``Aggregate(pm)``), whose
-  `HashMap` rebuilds its in-memory index on first access;
+* **recovery**: `ioservice.recovery.restore` (list, manifest, parallel reads
+  straight into frames, checksum and PageID checks of each chunk as it arrives,
+  overlapped with the other readers' reads or, with fewer readers than CPUs,
+  handed to verifier threads while the reader reads on; `mmm.Loader.finish`)
+  plus reopening the operator (``Aggregate(pm)``), whose `HashMap` rebuilds its
+  in-memory index on first access;
 * **rebuild** (the part Figure 9 plots): the same load done pass by pass,
   timing only `mmm.Loader.finish` (page tables and catalog from the page
   headers) plus the structure's lazy index rebuild. The pass-by-pass load also

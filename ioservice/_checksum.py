@@ -27,7 +27,7 @@ from numba import types as _nbt
 
 from mmm._kernels import jit
 
-__all__ = ["xxh3_rows"]
+__all__ = ["verify_rows", "xxh3_rows"]
 
 _SYMBOL = "sguard_ioservice_xxh3_64bits"
 
@@ -78,3 +78,47 @@ def xxh3_rows(pages: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
     if len(rows):
         _rows_kernel(rows, out)
     return out
+
+
+@jit
+def _verify_kernel(pages: Any, sums: Any, ids: Any, id_at: int) -> Any:  # pragma: no cover
+    n, pb = pages.shape
+    base = pages.ctypes.data
+    n_bad = 0
+    first_sum = -1
+    for i in range(n):
+        if _xxh3_64bits(base + i * pb, pb) != sums[i]:
+            n_bad += 1
+            if first_sum < 0:
+                first_sum = i
+    first_id = -1
+    for i in range(n):
+        got = np.uint64(0)
+        for b in range(8):  # little-endian u64 at id_at, whatever its alignment
+            got |= np.uint64(pages[i, id_at + b]) << np.uint64(8 * b)
+        if got != ids[i]:
+            first_id = i
+            break
+    return n_bad, first_sum, first_id
+
+
+def verify_rows(pages: npt.NDArray[np.uint8], sums: npt.NDArray[np.uint64],
+                ids: npt.NDArray[np.uint64], id_at: int) -> tuple[int, int, int]:
+    """Check each row of a C-contiguous ``(n, page_bytes)`` uint8 array against its
+    expected xxh3_64 (`sums`) and the little-endian uint64 at byte `id_at` against
+    `ids`, in one compiled call without the GIL.
+
+    Returns ``(rows failing their checksum, first such row, first row whose id
+    differs)``, -1 for none. Runtime complexity: O(bytes).
+    """
+    if pages.ndim != 2 or pages.dtype != np.uint8 or not pages.flags.c_contiguous:
+        raise ValueError(f"expected a C-contiguous 2-D uint8 array of pages, got "
+                         f"{pages.ndim}-D {pages.dtype}")
+    if not (len(sums) == len(ids) == len(pages)) or not 0 <= id_at <= pages.shape[1] - 8:
+        raise ValueError(f"{len(pages)} pages of {pages.shape[1]} bytes, {len(sums)} checksums, "
+                         f"{len(ids)} ids, id at byte {id_at}")
+    if not len(pages):
+        return 0, -1, -1
+    n_bad, first_sum, first_id = _verify_kernel(pages, np.asarray(sums, np.uint64),
+                                                np.asarray(ids, np.uint64), id_at)
+    return int(n_bad), int(first_sum), int(first_id)

@@ -17,10 +17,14 @@ the pages are split into chunks of the scheduler's size, one file each, and a
 dispatcher thread starts each chunk when the scheduler grants it and reports it
 when written; a failing, dead or hung scheduler makes the rest unscheduled.
 
-Reading: one task per page file; each reads runs of contiguous pages in
-chunks of ``chunk_bytes`` into a reusable buffer, verifies every page's
-checksum and header PageID against the manifest, and hands the verified pages
-to a sink (e.g. `mmm.Loader.add`) as they arrive, in any order.
+Reading: one reader task per page file; each reads runs of contiguous pages
+in chunks of ``chunk_bytes`` straight into page frames when the sink is an
+`mmm.Loader` (else into a small ring of reusable buffers), verifies every
+page's checksum and header PageID against the manifest in one compiled call
+without the GIL, and hands the verified pages to the sink (e.g.
+`mmm.Loader.add`) as they arrive, in any order. With fewer readers than CPUs
+the read is pipelined: a reader hands each chunk to a verifier thread and reads
+the next ones (up to `READ_AHEAD_CHUNKS` ahead) while it is verified and placed.
 
 Notes
 -----
@@ -34,9 +38,11 @@ fsynced on local filesystems) and its size checked.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from ioservice._checksum import verify_rows
 from ioservice.errors import (
     CheckpointDamagedError,
     CheckpointWriteError,
@@ -70,6 +77,9 @@ __all__ = ["DEFAULT_CHUNK_BYTES", "IOService", "ReadResult", "WriteResult"]
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Bytes per write or read call (a few MiB: small writes collapse when the
 operator thread competes for the GIL)."""
+
+READ_AHEAD_CHUNKS = 2
+"""Chunks a reader thread reads ahead of their verification (`IOService.read_pages`)."""
 
 ProgressFn = Callable[[int, int], None]
 
@@ -161,6 +171,8 @@ class IOService:
         self.chunk_bytes = chunk_bytes
         self._pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="sguard-io")
         self._local = threading.local()
+        self._verify_pool: cf.ThreadPoolExecutor | None = None
+        self._verify_lock = threading.Lock()
         self._closed = False
 
     def __enter__(self) -> IOService:
@@ -173,6 +185,10 @@ class IOService:
         """Stop the workers (after the queued work when `wait`). Idempotent."""
         self._closed = True
         self._pool.shutdown(wait=wait)
+        with self._verify_lock:
+            verifier = self._verify_pool
+        if verifier is not None:  # after the readers, which wait for their verifications
+            verifier.shutdown(wait=wait)
 
     def _buffer(self, nbytes: int) -> npt.NDArray[np.uint8]:
         """This thread's reusable I/O buffer of at least `nbytes`."""
@@ -451,8 +467,12 @@ class IOService:
         bounds = np.flatnonzero(np.diff(files_sorted)) + 1
         groups = np.split(order, bounds) if total else []
         groups.sort(key=len, reverse=True)
+        # Readers that cannot keep every core busy hand verification to verifier threads
+        # and read on; as many readers as cores already overlap one's verification with
+        # the others' reads, and a hand-off per chunk would only add CPU.
+        pipelined = min(self.n_workers, len(groups)) < _cpus()
         futs = [self._pool.submit(self._read_file, root, manifest, g, sink, verify, stop,
-                                  progress) for g in groups]
+                                  progress, pipelined) for g in groups]
         first: BaseException | None = None
         for fut in futs:
             try:
@@ -468,10 +488,40 @@ class IOService:
         secs = time.perf_counter() - start
         return ReadResult(total, total * manifest.page_bytes, secs)
 
+    def _verifier(self) -> cf.ThreadPoolExecutor:
+        """The threads that verify and place chunks while the readers read on (lazily made)."""
+        with self._verify_lock:
+            if self._verify_pool is None:
+                self._verify_pool = cf.ThreadPoolExecutor(
+                    max_workers=max(2, self.n_workers), thread_name_prefix="sguard-verify")
+            return self._verify_pool
+
+    def _ring(self, nbytes: int) -> list[npt.NDArray[np.uint8]]:
+        """This reader thread's `READ_AHEAD_CHUNKS` + 1 bounce buffers of `nbytes` (for
+        chunks that cannot be read straight into frames)."""
+        ring: list[npt.NDArray[np.uint8]] | None = getattr(self._local, "ring", None)
+        if ring is None or len(ring[0]) < nbytes:
+            ring = [np.empty(nbytes, dtype=np.uint8) for _ in range(READ_AHEAD_CHUNKS + 1)]
+            self._local.ring = ring
+        return ring
+
     def _read_file(self, root: StorageRoot, manifest: Manifest, rows: npt.NDArray[np.intp],
                    sink: Callable[[npt.NDArray[np.uint8]], None], verify: bool,
-                   stop: threading.Event, progress: Callable[[int], None]) -> None:
-        """Read the pages `rows` (all in one file, sorted by offset)."""
+                   stop: threading.Event, progress: Callable[[int], None],
+                   pipelined: bool = True) -> None:
+        """Read the pages `rows` (all in one file, sorted by offset), pipelined.
+
+        Each chunk goes straight into frames the loader reserves (or into a
+        bounce buffer of a ring). When `pipelined`, this (reader) thread only
+        reads: each chunk is handed to a verifier thread, which checks checksums
+        and PageIDs and commits (places, sinks) it while this thread reads the
+        next chunks; at most `READ_AHEAD_CHUNKS` chunks wait for their
+        verification. Otherwise this thread verifies each chunk itself. On any failure
+        (this thread's or a verifier's) the chunks still in flight are waited
+        for, so no thread touches the sink after this returns; a chunk that
+        fails, or whose verification starts after `stop`, gives its reserved
+        frames back.
+        """
         if stop.is_set():
             raise _Stop()
         t = manifest.pages
@@ -479,14 +529,25 @@ class IOService:
         pf = manifest.files[int(t.file[rows[0]])]
         where = (f"checkpoint {manifest.name}: {pf.path} on {root.backend} root {root.uri}")
         per = self._chunk_pages(pb)
-        buf = self._buffer(per * pb)
         owner = getattr(sink, "__self__", None)  # a bound `mmm.Loader.add`: zero-copy reads
         loader = owner if isinstance(owner, Loader) else None
         reserve = loader.reserve if loader is not None else None
+        ring: list[npt.NDArray[np.uint8]] | None = None
         offs = t.offset[rows]
         breaks = np.flatnonzero(np.diff(offs) != np.uint64(pb)) + 1
         starts = np.concatenate(([0], breaks))
         ends = np.concatenate((breaks, [len(rows)]))
+        verifier = self._verifier() if pipelined else None
+        pending: collections.deque[cf.Future[None]] = collections.deque()
+        n_bounce = 0  # bounce buffers handed out (ring slot = n_bounce % len(ring))
+
+        def settle(fut: cf.Future[None]) -> None:
+            try:
+                fut.result()
+            except BaseException:
+                stop.set()  # the other readers stop at their next chunk
+                raise
+
         try:
             f = root.open_input_file(pf.path)
         except StorageNotFoundError as exc:
@@ -501,7 +562,13 @@ class IOService:
                     # read straight into page frames when the sink can lend them
                     frames, dest = reserve(n) if reserve is not None else (None, None)
                     try:
-                        target = dest if dest is not None else buf[:n * pb].reshape(n, pb)
+                        if dest is not None:
+                            target = dest
+                        else:
+                            if ring is None:
+                                ring = self._ring(per * pb)
+                            target = ring[n_bounce % len(ring)][:n * pb].reshape(n, pb)
+                            n_bounce += 1
                         view = target.reshape(-1).data  # memoryview of the frame bytes
                         off = int(offs[a])
                         try:
@@ -512,25 +579,64 @@ class IOService:
                         if got != n * pb:
                             raise CheckpointDamagedError(
                                 f"{where}: short file: {got} of {n * pb} bytes at offset {off}")
-                        sel = rows[a:b]
-                        if verify:
-                            _verify(target, t.page_id[sel], t.checksum[sel], offs[a:b], where)
                     except BaseException:
                         if frames is not None:
                             assert loader is not None  # frames come only from `loader.reserve`
                             loader.unreserve(frames)
                         raise
-                    if dest is not None:
-                        assert loader is not None and frames is not None  # lent by `reserve`
-                        loader.commit(frames)
-                    elif frames is not None:
-                        assert loader is not None
-                        loader.place(frames, target)
-                    else:
-                        sink(target)
-                    progress(n)
+                    args = (target, frames, dest is not None, loader, sink, rows[a:b],
+                            offs[a:b], t, verify, stop, where, progress)
+                    if verifier is None:
+                        _settle_chunk(*args)
+                        continue
+                    pending.append(verifier.submit(_settle_chunk, *args))
+                    # a bounce buffer is reused READ_AHEAD_CHUNKS + 1 chunks later: by then
+                    # its chunk has been verified and placed
+                    while len(pending) > READ_AHEAD_CHUNKS:
+                        settle(pending.popleft())
+            while pending:
+                settle(pending.popleft())
         finally:
+            # whatever happened, no verifier may touch the sink or frames after we return
+            cf.wait(pending)
             f.close()
+
+
+def _cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _settle_chunk(target: npt.NDArray[np.uint8], frames: npt.NDArray[np.int64] | None,
+                  in_frames: bool, loader: Loader | None,
+                  sink: Callable[[npt.NDArray[np.uint8]], None], sel: npt.NDArray[np.intp],
+                  offs: npt.NDArray[np.uint64], t: PageTable, verify: bool,
+                  stop: threading.Event, where: str, progress: Callable[[int], None]) -> None:
+    """Verifier side of `IOService._read_file`: check one chunk read into `target` and
+    commit it (frames read into), place it (reserved frames elsewhere) or hand it to
+    `sink`; reserved frames go back to the pool on any failure or after `stop`."""
+    try:
+        if stop.is_set():
+            raise _Stop()
+        if verify:
+            _verify(target, t.page_id[sel], t.checksum[sel], offs, where)
+    except BaseException:
+        if frames is not None:
+            assert loader is not None  # frames come only from `loader.reserve`
+            loader.unreserve(frames)
+        raise
+    if in_frames:
+        assert loader is not None and frames is not None  # lent by `reserve`
+        loader.commit(frames)
+    elif frames is not None:
+        assert loader is not None
+        loader.place(frames, target)
+    else:
+        sink(target)
+    progress(len(sel))
 
 
 class _SchedState:
@@ -661,20 +767,18 @@ def _dispatch_loop(scheduler: WriteScheduler, intent: WriteIntent, sched: _Sched
 
 def _verify(pages: npt.NDArray[np.uint8], page_ids: npt.NDArray[np.uint64],
             checksums: npt.NDArray[np.uint64], offsets: npt.NDArray[np.uint64], where: str) -> None:
-    """Raise CheckpointDamagedError unless every page matches its checksum and PageID."""
-    bad = np.flatnonzero(page_checksums(pages) != checksums)
-    if len(bad):
-        i = int(bad[0])
+    """Raise CheckpointDamagedError unless every page matches its checksum and PageID
+    (one compiled call without the GIL, `ioservice._checksum.verify_rows`)."""
+    n_bad, i, j = verify_rows(pages, checksums, page_ids, _PAGE_ID_AT)
+    if n_bad:
         raise CheckpointDamagedError(
             f"{where}: page {int(page_ids[i]):#x} at offset {int(offsets[i])} fails its "
-            f"xxh3_64 checksum ({len(bad)} damaged page(s) in this chunk)")
-    hdr_ids = pages[:, _PAGE_ID_AT:_PAGE_ID_AT + 8].copy().view("<u8")[:, 0]
-    bad = np.flatnonzero(hdr_ids != page_ids)
-    if len(bad):
-        i = int(bad[0])
+            f"xxh3_64 checksum ({n_bad} damaged page(s) in this chunk)")
+    if j >= 0:
+        hdr = int(pages[j, _PAGE_ID_AT:_PAGE_ID_AT + 8].copy().view("<u8")[0])
         raise CheckpointDamagedError(
-            f"{where}: the page at offset {int(offsets[i])} has PageID "
-            f"{int(hdr_ids[i]):#x} in its header, the manifest says {int(page_ids[i]):#x}")
+            f"{where}: the page at offset {int(offsets[j])} has PageID "
+            f"{hdr:#x} in its header, the manifest says {int(page_ids[j]):#x}")
 
 
 def _close_quietly(out: Any) -> None:

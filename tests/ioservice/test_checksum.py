@@ -67,3 +67,27 @@ def test_rejects_wrong_shape_or_dtype() -> None:
         page_checksums(np.zeros(8192, np.uint8))
     with pytest.raises(ValueError, match="2-D uint8"):
         page_checksums(np.zeros((2, 8), np.int32))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("width", [MIN_PAGE_BYTES, 8192, 65536])
+def test_verify_rows_finds_every_kind_of_damage(width: int) -> None:
+    """`verify_rows` (the read path's fused check) counts the rows failing their checksum,
+    names the first one, and finds the first row whose id (at any byte offset) differs."""
+    from ioservice._checksum import verify_rows
+    rng = np.random.default_rng(width)
+    pages = rng.integers(0, 256, size=(9, width), dtype=np.uint8)
+    at = 13  # unaligned on purpose
+    ids = pages[:, at:at + 8].copy().view("<u8")[:, 0].copy()
+    sums = _reference(pages)
+    assert verify_rows(pages, sums, ids, at) == (0, -1, -1)
+    bad = sums.copy()
+    bad[[2, 7]] ^= np.uint64(1)
+    assert verify_rows(pages, bad, ids, at) == (2, 2, -1)
+    wrong = ids.copy()
+    wrong[5] += np.uint64(1 << 56)  # differs only in the id's last byte
+    assert verify_rows(pages, sums, wrong, at) == (0, -1, 5)
+    assert verify_rows(pages[:0], sums[:0], ids[:0], at) == (0, -1, -1)
+    with pytest.raises(ValueError):
+        verify_rows(pages, sums[:3], ids, at)
+    with pytest.raises(ValueError):
+        verify_rows(pages, sums, ids, width - 7)
