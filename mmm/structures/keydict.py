@@ -155,6 +155,7 @@ class KeyDict(Structure):
         ctl = seqs[role == R_CONTROL]
         self._ctl_seq = int(ctl[0]) if len(ctl) else -1
         self._pb = self._pm.page_bytes
+        self._flat = self._pm.pool.frames.reshape(-1)
         room = self._pb - HEADER_BYTES
         self._rpp = room // K.REC
         self._cpp = room // K.CHUNK
@@ -181,8 +182,8 @@ class KeyDict(Structure):
         m = self._mask
         return np.array([self._pb, self._rpp, self._cpp, self._spp, cap,
                          m - (1 << 64) if m >= 1 << 63 else m, self._pm.epoch, self._ctl_seq,
-                         int(cap * self.MAX_LOAD), len(self._rseqs), len(self._cseqs)],
-                        np.int64)
+                         int(cap * self.MAX_LOAD), len(self._rseqs), len(self._cseqs),
+                         K.magic(self._rpp), K.magic(self._cpp), K.magic(self._spp)], np.int64)
 
     def _add_pages(self, role: int, n: int) -> None:
         pm = self._pm
@@ -214,7 +215,7 @@ class KeyDict(Structure):
         h["flags"][fr] = R_INDEX
         h["aux0"][fr] = np.arange(n_pages)
         h["aux1"][fr] = gen
-        used = K.rebuild_index(pm.pool.frames.reshape(-1), self._ps.frames, self._rseqs, new,
+        used = K.rebuild_index(self._flat, self._ps.frames, self._rseqs, new,
                                int(c[K.C_HIGH]), self._geo())
         old = np.concatenate([self._iseqs, self._stale_index])
         cw[K.C_IGEN] = gen
@@ -273,16 +274,15 @@ class KeyDict(Structure):
             vmask = np.ascontiguousarray(valid)
         if n == 0:
             return data, offsets, vmask, valid is not None, 0, 0
-        lo, hi = int(offsets[0]), int(offsets[-1])
-        if lo < 0 or hi > len(data):
-            raise KeyFormatError(f"{where}: offsets span [{lo}, {hi}], outside the "
-                                 f"{len(data)} bytes of data")
-        lens = np.diff(offsets)
-        longest = int(lens.max())
-        if int(lens.min()) < 0:
-            bad = int(np.flatnonzero(lens < 0)[0])
+        res = np.zeros(1, np.int64)
+        bad = int(K.scan_offsets(offsets, len(data), res))
+        if bad == -2:
+            raise KeyFormatError(f"{where}: offsets span [{int(offsets[0])}, {int(offsets[-1])}], "
+                                 f"outside the {len(data)} bytes of data")
+        if bad >= 0:
             raise KeyFormatError(f"{where}: offsets decrease at index {bad} "
                                  f"({int(offsets[bad])} -> {int(offsets[bad + 1])})")
+        longest = int(res[0])
         if longest > _MAX_KEY:
             raise KeyFormatError(f"{where}: a key of {longest} bytes is longer than the "
                                  f"{_MAX_KEY} a key dict holds")
@@ -300,7 +300,7 @@ class KeyDict(Structure):
 
     def _lengths(self, ids: npt.NDArray[np.int64], what: str) -> npt.NDArray[np.int64]:
         lens = np.empty(len(ids), np.int64)
-        bad = K.key_lengths(ids, self._pm.pool.frames.reshape(-1), self._ps.frames, self._rseqs,
+        bad = K.key_lengths(ids, self._flat, self._ps.frames, self._rseqs,
                             self._geo(), int(self._ctl()[K.C_HIGH]), lens)
         if bad >= 0:
             raise IdNotFoundError(f"key dict {self.name!r}: {what}: id {int(ids[bad])} (at "
@@ -397,7 +397,7 @@ class KeyDict(Structure):
         n = len(out)
         scratch = np.empty(max(1, -(-longest // K.CDATA)), np.int64)
         state = np.zeros(2, np.int64)
-        flat = pm.pool.frames.reshape(-1)
+        flat = self._flat
         i = 0
         n_before = int(self._ctl()[K.C_LIVE])
         while True:
@@ -439,7 +439,7 @@ class KeyDict(Structure):
         np.cumsum(np.maximum(lens, 0), out=offs[1:])
         data = np.empty(int(offs[-1]), np.uint8)
         if len(arr):
-            K.gather_keys(arr, self._pm.pool.frames.reshape(-1), self._ps.frames, self._rseqs,
+            K.gather_keys(arr, self._flat, self._ps.frames, self._rseqs,
                           self._cseqs, self._geo(), offs, data)
         return data, offs, valid
 
@@ -467,7 +467,7 @@ class KeyDict(Structure):
     def _remove(self, order: npt.NDArray[np.int64]) -> None:
         pm = self._pm
         state = np.zeros(2, np.int64)
-        flat = pm.pool.frames.reshape(-1)
+        flat = self._flat
         i = 0
         while True:
             code = K.remove_rows(i, order, flat, self._ps.frames, self._ps.mod, pm.pool.pins,
@@ -491,7 +491,7 @@ class KeyDict(Structure):
         """``(ids, data, offsets, valid)`` of every key, ids ascending."""
         self._sync()
         high = int(self._ctl()[K.C_HIGH])
-        ids = np.flatnonzero(K.live_mask(self._pm.pool.frames.reshape(-1), self._ps.frames,
+        ids = np.flatnonzero(K.live_mask(self._flat, self._ps.frames,
                                          self._rseqs, self._geo(), high)).astype(np.int64)
         data, offs, valid = self.keys(ids)
         return ids, data, offs, valid
