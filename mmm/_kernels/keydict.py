@@ -9,7 +9,10 @@ HDR + ...``::
         key, else key length + 1; a key of up to 20 bytes sits in ``data``,
         a longer one in a chain of chunks whose first chunk + 1 is data[0:8]
     chunk (64 B)               [data 56 B][next chunk + 1 (0: end) i64]
-    index slot (16 B)          [hash u64][id + 1 i64 (0: empty, -1: deleted)]
+    index slot (32 B)          [hash u64][id + 1 i64 (0: empty, -1: deleted)][key 15 B][len u8]
+        a key of up to 15 bytes is copied into its slot (len byte: its length), so
+        finding it reads one cache line; a longer key has len byte 0xFF and is
+        compared in its record
     control (int64 words)      see the C_* constants
 
 Keys arrive in Arrow layout: ``data`` (uint8) and ``offs`` (int32 or int64,
@@ -61,7 +64,9 @@ LENF_OFF = 28     # record: lenf (u32)
 NULL_LEN = 0xFFFFFFFF
 CHUNK = 64        # chunk bytes
 CDATA = 56        # key bytes per chunk
-SLOT = 16         # index slot bytes
+SLOT = 32         # index slot bytes
+SLOT_INLINE = 15  # key bytes copied into the index slot
+SLOT_LONG = 0xFF  # slot length byte of a longer key
 
 # control words (int64, after the control page's header)
 C_HIGH, C_LIVE, C_FREEID, C_CBUMP, C_FREECH, C_NULL, C_USED, C_TOMBS, C_IGEN, C_IPAGES = range(10)
@@ -293,6 +298,7 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
     CH = CHUNK_ROWS
     hs = np.empty(CH, np.uint64)
     homes = np.empty(CH, np.int64)
+    hit = np.zeros(CH, np.bool_)
     c0 = i0
     while c0 < n:
         c1 = min(c0 + CH, n)
@@ -306,17 +312,29 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
             homes[i - c0] = g
             p = _div(g, MS)
             _prefetch(pool, fseq[iseqs[p]] * pb + HDR + (g - p * SPP) * SLOT)
-        for i in range(c0, c1):  # prefetch the record the home slot names
+        for i in range(c0, c1):  # a short key in its home slot is found here; for a long
+            hit[i - c0] = False  # one, prefetch the record the home slot names
             if has_valid and not valid[i]:
                 continue
             g = homes[i - c0]
             p = _div(g, MS)
             sa = fseq[iseqs[p]] * pb + HDR + (g - p * SPP) * SLOT
             v = i64[(sa >> 3) + 1]
-            if v > 0 and u64[sa >> 3] == hs[i - c0]:
+            if v <= 0 or u64[sa >> 3] != hs[i - c0]:
+                continue
+            lb = pool[sa + 31]
+            if lb != SLOT_LONG:
+                a = np.int64(offs[i])
+                L = np.int64(offs[i + 1]) - a
+                if np.int64(lb) == L and _eq_bytes(pbase + sa + 16, db, a, L, dlen):
+                    out[i] = v - 1  # an existing key does not move while the batch runs
+                    hit[i - c0] = True
+            else:
                 rid = v - 1
                 _prefetch(pool, fseq[rseqs[_div(rid, MR)]] * pb + HDR + (rid - _div(rid, MR) * RPP) * REC)
         for i in range(c0, c1):
+            if hit[i - c0]:
+                continue
             state[0] = i
             isnull = has_valid and not valid[i]
             a = np.int64(offs[i])
@@ -343,7 +361,12 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
                     if v < 0:
                         if tomb < 0:
                             tomb = g
-                    elif u64[sa >> 3] == h:
+                    elif u64[sa >> 3] == h and pool[sa + 31] != SLOT_LONG:
+                        if np.int64(pool[sa + 31]) == L and _eq_bytes(pbase + sa + 16, db, a, L,
+                                                                    dlen):
+                            found = v - 1
+                            break
+                    elif u64[sa >> 3] == h and L > SLOT_INLINE:
                         rid = v - 1
                         ra = fseq[rseqs[_div(rid, MR)]] * pb + HDR + (rid - _div(rid, MR) * RPP) * REC
                         if np.int64(u32[(ra + LENF_OFF) >> 2]) == L + 1:
@@ -460,6 +483,13 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
                 mod[iq] = epoch
                 u64[sa >> 3] = h
                 i64[(sa >> 3) + 1] = nid + 1
+                u64[(sa + 16) >> 3] = np.uint64(0)
+                u64[(sa + 24) >> 3] = np.uint64(0)
+                if L <= SLOT_INLINE:
+                    _put_bytes(pbase + sa + 16, db, a, L, dlen)
+                    pool[sa + 31] = np.uint8(L)
+                else:
+                    pool[sa + 31] = np.uint8(SLOT_LONG)
                 if tomb < 0:
                     i64[cb + C_USED] += 1
                 else:
@@ -553,6 +583,8 @@ def remove_rows(i0: Any, ids: Any, pool: Any, fseq: Any, mod: Any, pins: Any, rs
                 mod[iq] = epoch
                 u64[sa >> 3] = np.uint64(0)
                 i64[(sa >> 3) + 1] = -1
+                u64[(sa + 16) >> 3] = np.uint64(0)
+                u64[(sa + 24) >> 3] = np.uint64(0)
                 i64[cb + C_TOMBS] += 1
             if tail >= 0:
                 q = cseqs[_div(tail, MC)]
@@ -600,6 +632,13 @@ def rebuild_index(pool: Any, fseq: Any, rseqs: Any, newseqs: Any, high: Any, geo
             if i64[(sa >> 3) + 1] == 0:
                 u64[sa >> 3] = h
                 i64[(sa >> 3) + 1] = rid + 1
+                L = lenf - 1
+                if L <= SLOT_INLINE:
+                    for t in range(L):
+                        pool[sa + 16 + t] = pool[ra + 8 + t]
+                    pool[sa + 31] = np.uint8(L)
+                else:
+                    pool[sa + 31] = np.uint8(SLOT_LONG)
                 used += 1
                 break
             g += 1

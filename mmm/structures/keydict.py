@@ -19,7 +19,8 @@ record    ``id -> record`` (fixed 32 bytes, ``id // per_page`` is the ordinal):
           20 bytes long, else the first of a chain of chunks
 chunk     64-byte chunks (56 key bytes and the next chunk) for longer keys; a
           key of any length spans as many chunks (and pages) as it needs
-index     an open-addressing table (linear probing) of ``(hash, id)`` slots over
+index     an open-addressing table (linear probing) of ``(hash, id, short key)``
+          slots (32 bytes: a key of up to 15 bytes is copied into its slot) over
           all the index pages of the current generation (``aux1``), at most
           70% used (deleted slots count); it is rebuilt into new pages, twice
           as large, when a new key would pass that
@@ -32,11 +33,16 @@ replay of the same calls from the same state gives the same ids. The null key
 that later keys reuse (the pages themselves stay; the index is rebuilt
 smaller once most of it is deleted slots).
 
-Why this design: an existing key costs a hash over its bytes, one index slot
-(the hash is in the slot: a different key almost never costs a byte
-comparison) and one record (short keys compare inline); an id is an array
-position, so ``keys(ids)`` is a gather. Fixed-size records and chunks need no
-compaction: space is reused through free lists, deterministically.
+Why this design: finding an existing key costs a hash over its bytes and one
+index slot, one cache line: the full hash is in the slot (a different key
+almost never costs a byte comparison) and a key of up to 15 bytes (ids,
+short names) is compared right there; a longer key also reads its record
+(up to 20 bytes inline) and, beyond 20 bytes, its chunks. Rows are hashed
+and their slots prefetched 32 at a time, so the misses overlap. An id is an
+array position, so ``keys(ids)`` is a gather. Fixed-size records and chunks
+need no compaction: space is reused through free lists, deterministically.
+Cost in memory: 32 bytes of record per key, 32-byte index slots at 35-70%
+load, and 64 bytes per started 56 bytes of a key longer than 20 bytes.
 
 Every operation is a compiled kernel pass (`mmm._kernels.keydict`) over the
 batch, in input order. A kernel never writes a page a snapshot pins and never
@@ -418,7 +424,7 @@ class KeyDict(Structure):
                 c = self._ctl()
                 live = int(c[K.C_LIVE])
                 rate = (live - n_before + 1) / (i + 1)
-                self._reindex(max(2 * live, live + int(rate * (n - i))))
+                self._reindex(live + int(rate * (n - i)))  # at least doubles
 
     def keys(self, ids: npt.ArrayLike) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64],
                                                 npt.NDArray[np.bool_]]:
@@ -538,6 +544,7 @@ class KeyDict(Structure):
         # chunks: live chains and the free list partition the chunks in use
         used_ch: list[int] = []
         keys: dict[bytes, int] = {}
+        key_of: dict[int, bytes] = {}
         data, offs, valid = self.keys(np.asarray(live, np.int64))
         for j, r in enumerate(live):
             if lenf[r] == K.NULL_LEN:
@@ -547,6 +554,7 @@ class KeyDict(Structure):
             assert len(kb) == L
             assert kb not in keys, "a key with two ids"
             keys[kb] = r
+            key_of[r] = kb
             h = K.hash_keys(np.frombuffer(kb, np.uint8), np.array([0, L]), np.uint64(self._mask))
             assert int(rec(r)[:8].view(np.uint64)[0]) == int(h[0]), "stored hash"
             if L > K.INLINE:
@@ -565,12 +573,19 @@ class KeyDict(Structure):
         # index: each non-null key once, reachable from its home slot
         assert len(self._iseqs) == int(c[K.C_IPAGES])
         cap = len(self._iseqs) * self._spp
-        slots = np.concatenate([pool[int(fr_of[q]), HEADER_BYTES:HEADER_BYTES +
-                                     self._spp * K.SLOT].view(np.int64).reshape(-1, 2)
-                                for q in self._iseqs])
+        raw = np.concatenate([pool[int(fr_of[q]), HEADER_BYTES:HEADER_BYTES +
+                                   self._spp * K.SLOT].reshape(-1, K.SLOT)
+                              for q in self._iseqs])
+        slots = raw[:, :16].copy().view(np.int64)
         ids_in = slots[:, 1]
         assert int(np.count_nonzero(ids_in != 0)) == int(c[K.C_USED])
         assert int(np.count_nonzero(ids_in == -1)) == int(c[K.C_TOMBS])
+        for g in np.flatnonzero(ids_in > 0).tolist():  # the short keys copied into slots
+            kb = key_of[int(ids_in[g]) - 1]
+            if len(kb) <= K.SLOT_INLINE:
+                assert raw[g, 31] == len(kb) and bytes(raw[g, 16:16 + len(kb)]) == kb
+            else:
+                assert raw[g, 31] == K.SLOT_LONG
         assert int(c[K.C_USED]) <= cap * self.MAX_LOAD
         full = ids_in > 0
         assert sorted((ids_in[full] - 1).tolist()) == sorted(keys.values())
