@@ -11,8 +11,9 @@ HDR + ...``::
     chunk (64 B)               [data 56 B][next chunk + 1 (0: end) i64]
     index slot (32 B)          [hash u64][id + 1 i64 (0: empty, -1: deleted)][key 15 B][len u8]
         a key of up to 15 bytes is copied into its slot (len byte: its length), so
-        finding it reads one cache line; a longer key has len byte 0xFF and is
-        compared in its record
+        finding it reads one cache line; a longer key has len byte 0xFF, its length
+        (u32) at byte 24 and, beyond 20 bytes, its first chunk + 1 at byte 16
+        (compared along the chunks without reading the record)
     control (int64 words)      see the C_* constants
 
 Keys arrive in Arrow layout: ``data`` (uint8) and ``offs`` (int32 or int64,
@@ -330,8 +331,15 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
                     out[i] = v - 1  # an existing key does not move while the batch runs
                     hit[i - c0] = True
             else:
-                rid = v - 1
-                _prefetch(pool, fseq[rseqs[_div(rid, MR)]] * pb + HDR + (rid - _div(rid, MR) * RPP) * REC)
+                head = i64[(sa + 16) >> 3]
+                if head > 0:  # a key of more than 20 bytes: its first chunk
+                    c = head - 1
+                    _prefetch(pool, fseq[cseqs[_div(c, MC)]] * pb + HDR +
+                              (c - _div(c, MC) * CPP) * CHUNK)
+                else:
+                    rid = v - 1
+                    _prefetch(pool, fseq[rseqs[_div(rid, MR)]] * pb + HDR +
+                              (rid - _div(rid, MR) * RPP) * REC)
         for i in range(c0, c1):
             if hit[i - c0]:
                 continue
@@ -366,27 +374,29 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
                                                                     dlen):
                             found = v - 1
                             break
-                    elif u64[sa >> 3] == h and L > SLOT_INLINE:
+                    elif u64[sa >> 3] == h and L > SLOT_INLINE and \
+                            np.int64(u32[(sa + 24) >> 2]) == L:
                         rid = v - 1
-                        ra = fseq[rseqs[_div(rid, MR)]] * pb + HDR + (rid - _div(rid, MR) * RPP) * REC
-                        if np.int64(u32[(ra + LENF_OFF) >> 2]) == L + 1:
-                            if L <= INLINE:
-                                eq = _eq_bytes(pbase + ra + 8, db, a, L, dlen)
-                            else:  # along the chunk chain
-                                eq = True
-                                c = i64[(ra + 8) >> 3] - 1
-                                pos = 0
-                                while pos < L:
-                                    ca = fseq[cseqs[_div(c, MC)]] * pb + HDR + (c - _div(c, MC) * CPP) * CHUNK
-                                    m = min(CDATA, L - pos)
-                                    if not _eq_bytes(pbase + ca, db, a + pos, m, dlen):
-                                        eq = False
-                                        break
-                                    pos += m
-                                    c = i64[(ca + CDATA) >> 3] - 1
-                            if eq:
-                                found = rid
-                                break
+                        if L <= INLINE:  # in the record
+                            ra = fseq[rseqs[_div(rid, MR)]] * pb + HDR + \
+                                (rid - _div(rid, MR) * RPP) * REC
+                            eq = _eq_bytes(pbase + ra + 8, db, a, L, dlen)
+                        else:  # along the chunk chain, from the slot's first chunk
+                            eq = True
+                            c = i64[(sa + 16) >> 3] - 1
+                            pos = 0
+                            while pos < L:
+                                ca = fseq[cseqs[_div(c, MC)]] * pb + HDR + \
+                                    (c - _div(c, MC) * CPP) * CHUNK
+                                m = min(CDATA, L - pos)
+                                if not _eq_bytes(pbase + ca, db, a + pos, m, dlen):
+                                    eq = False
+                                    break
+                                pos += m
+                                c = i64[(ca + CDATA) >> 3] - 1
+                        if eq:
+                            found = rid
+                            break
                     g += 1
                     s += 1
                     if g == cap:
@@ -489,6 +499,8 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
                     _put_bytes(pbase + sa + 16, db, a, L, dlen)
                     pool[sa + 31] = np.uint8(L)
                 else:
+                    i64[(sa + 16) >> 3] = scratch[0] + 1 if k > 0 else 0
+                    u32[(sa + 24) >> 2] = np.uint32(L)
                     pool[sa + 31] = np.uint8(SLOT_LONG)
                 if tomb < 0:
                     i64[cb + C_USED] += 1
@@ -638,6 +650,8 @@ def rebuild_index(pool: Any, fseq: Any, rseqs: Any, newseqs: Any, high: Any, geo
                         pool[sa + 16 + t] = pool[ra + 8 + t]
                     pool[sa + 31] = np.uint8(L)
                 else:
+                    i64[(sa + 16) >> 3] = i64[(ra + 8) >> 3] if L > INLINE else 0
+                    u32[(sa + 24) >> 2] = np.uint32(L)
                     pool[sa + 31] = np.uint8(SLOT_LONG)
                 used += 1
                 break

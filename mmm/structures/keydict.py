@@ -586,6 +586,11 @@ class KeyDict(Structure):
                 assert raw[g, 31] == len(kb) and bytes(raw[g, 16:16 + len(kb)]) == kb
             else:
                 assert raw[g, 31] == K.SLOT_LONG
+                assert int(raw[g, 24:28].view(np.uint32)[0]) == len(kb)
+                rid = int(ids_in[g]) - 1
+                head = int(raw[g, 16:24].view(np.int64)[0])
+                assert head == (int(rec(rid)[8:16].view(np.int64)[0])
+                                if len(kb) > K.INLINE else 0), "slot's first chunk"
         assert int(c[K.C_USED]) <= cap * self.MAX_LOAD
         full = ids_in > 0
         assert sorted((ids_in[full] - 1).tolist()) == sorted(keys.values())
