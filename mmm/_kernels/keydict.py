@@ -384,11 +384,11 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
                         else:  # along the chunk chain, from the slot's first chunk
                             eq = True
                             c = i64[(sa + 16) >> 3] - 1
-                            pos = 0
+                            pos = np.int64(0)
                             while pos < L:
                                 ca = fseq[cseqs[_div(c, MC)]] * pb + HDR + \
                                     (c - _div(c, MC) * CPP) * CHUNK
-                                m = min(CDATA, L - pos)
+                                m = CDATA if L - pos > CDATA else L - pos
                                 if not _eq_bytes(pbase + ca, db, a + pos, m, dlen):
                                     eq = False
                                     break
@@ -430,8 +430,8 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
                 if pins[fseq[iq]] > 0:
                     state[1] = iq
                     return NEED_CLONE
-            k = 0
-            rest = 0
+            k = np.int64(0)
+            rest = np.int64(0)
             c = np.int64(0)
             bump = i64[cb + C_CBUMP]
             if not isnull and L > INLINE:
@@ -483,7 +483,7 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
                         q = cseqs[_div(cc, MC)]
                         mod[q] = epoch
                         ca = fseq[q] * pb + HDR + (cc - _div(cc, MC) * CPP) * CHUNK
-                        pos = t * CDATA
+                        pos = np.int64(t * CDATA)
                         _put_bytes(pbase + ca, db, a + pos, min(CDATA, L - pos), dlen)
                         i64[(ca + CDATA) >> 3] = scratch[t + 1] + 1 if t + 1 < k else 0
                     i64[(ra + 8) >> 3] = scratch[0] + 1
@@ -702,10 +702,10 @@ def gather_keys(ids: Any, pool: Any, fseq: Any, rseqs: Any, cseqs: Any, geo: Any
                 out[o + t] = pool[ra + 8 + t]
             continue
         c = i64[(ra + 8) >> 3] - 1
-        pos = 0
+        pos = np.int64(0)
         while pos < L:
             ca = fseq[cseqs[_div(c, MC)]] * pb + HDR + (c - _div(c, MC) * CPP) * CHUNK
-            m = min(CDATA, L - pos)
+            m = CDATA if L - pos > CDATA else L - pos
             out[o + pos:o + pos + m] = pool[ca:ca + m]
             pos += m
             c = i64[(ca + CDATA) >> 3] - 1
@@ -735,7 +735,7 @@ def scan_offsets(offs: Any, dlen: Any, out: Any) -> Any:
     n = offs.shape[0] - 1
     if np.int64(offs[0]) < 0 or np.int64(offs[n]) > dlen:
         return -2
-    longest = 0
+    longest = np.int64(0)
     for i in range(n):
         L = np.int64(offs[i + 1]) - np.int64(offs[i])
         if L < 0:

@@ -143,8 +143,8 @@ def test_long_keys_span_chunks_and_pages(pm: mmm.PageManager) -> None:
 def test_forced_hash_collisions_are_told_apart_by_bytes(pm: mmm.PageManager) -> None:
     for mask in (0, 0x3):
         kd = KeyDict.create(pm, f"weak{mask}", _hash_mask=mask)
-        keys: list[bytes | None] = ([b"k%d" % i for i in range(300)] +
-                                    [b"L" * 40 + b"%d" % i for i in range(60)])
+        keys: list[bytes | None] = [b"k%d" % i for i in range(300)]
+        keys += [b"L" * 40 + b"%d" % i for i in range(60)]
         data, offs, _ = enc(keys)
         ids = kd.intern(data, offs)
         assert len(set(ids.tolist())) == len(keys)
