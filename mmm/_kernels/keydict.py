@@ -260,12 +260,14 @@ CHUNK_ROWS = 32  # rows hashed and prefetched ahead: enough misses in flight
 
 
 @jit
-def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid: Any,
+def intern_rows(mode: Any, i0: Any, db: Any, dlen: Any, offs: Any, valid: Any, has_valid: Any,
                 pool: Any, fseq: Any, mod: Any, pins: Any, rseqs: Any, cseqs: Any, iseqs: Any,
                 geo: Any, out: Any, scratch: Any, state: Any) -> Any:
     """Look up (``MODE_LOOKUP``) or intern (``MODE_INTERN``) rows ``i0..n-1`` in input order.
 
-    ``out[i]`` gets each row's id (-1: absent, lookup only). ``state`` = [row, arg]:
+    The keys' bytes are at address ``db`` (``dlen`` bytes, kept alive by the caller:
+    an address rather than an array, so read-only and writable buffers share one
+    compiled kernel). ``out[i]`` gets each row's id (-1: absent, lookup only). ``state`` = [row, arg]:
     on return the row the kernel stopped at and the page seq (``NEED_CLONE``) or the
     chunks still missing (``NEED_PAGE_CHUNK``). ``scratch`` holds at least the chunk
     count of the longest key. Returns a status code.
@@ -292,9 +294,7 @@ def intern_rows(mode: Any, i0: Any, data: Any, offs: Any, valid: Any, has_valid:
     i64 = pool.view(np.int64)
     u32 = pool.view(np.uint32)
     pbase = np.int64(pool.ctypes.data)
-    db = np.int64(data.ctypes.data)
     n = out.shape[0]
-    dlen = data.shape[0]
     cb = (fseq[cseq] * pb + HDR) >> 3
     CH = CHUNK_ROWS
     hs = np.empty(CH, np.uint64)

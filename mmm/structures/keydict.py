@@ -406,8 +406,10 @@ class KeyDict(Structure):
         flat = self._flat
         i = 0
         n_before = int(self._ctl()[K.C_LIVE])
+        db = data.ctypes.data  # `data` stays referenced here while the kernel reads it
         while True:
-            code = K.intern_rows(mode, i, data, offs, vmask, has_valid, flat, self._ps.frames,
+            code = K.intern_rows(mode, i, db, len(data), offs, vmask, has_valid, flat,
+                                 self._ps.frames,
                                  self._ps.mod, pm.pool.pins, self._rseqs, self._cseqs,
                                  self._iseqs, self._geo(), out, scratch, state)
             i = int(state[0])

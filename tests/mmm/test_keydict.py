@@ -113,6 +113,8 @@ def test_arrow_buffers_zero_copy_with_offset(pm: mmm.PageManager) -> None:
     d, o, v = kd.keys(ids)
     want = [None if w is None else w.encode() for w in words[1:]]
     assert dec(d, o, v) == want
+    # the Arrow data buffer itself (any bytes-like buffer) is accepted as data
+    assert kd.lookup(dbuf, offs, valid).tolist() == ids.tolist()
     # the same keys in a fresh int64 layout find the same ids
     data2, offs2, valid2 = enc(want)
     assert kd.lookup(data2, offs2, valid2).tolist() == ids.tolist()
