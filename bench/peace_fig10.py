@@ -43,7 +43,8 @@ from bench import _harness
 from peace.experiment import (EXTRA_POLICIES, FIG10_POLICIES, PEACE_POLICIES, aggregate,
                               fluid_bounds, plot_figure10, run_grid)
 from peace.model import MB, leaf_spine_topology, paper_topology
-from peace.scheduler import WriteRequest, make_scheduler
+from peace.placement import WriteRequest
+from peace.variants import make_scheduler
 from peace.simulator import CALIBRATION, BackgroundTraffic, make_jobs, make_policy, simulate
 
 NAME = "peace_fig10"

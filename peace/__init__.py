@@ -23,9 +23,10 @@ from peace.errors import (CannotScheduleNowError, InfeasibleRequestError, Invali
                           UnknownServerError)
 from peace.model import (MB, Network, Rack, SwitchLink, Topology, build_network, figure5_topology,
                          leaf_spine_topology, paper_topology)
-from peace.scheduler import (RACK_AWARE, SCHEDULER_VARIANTS, UNCONSTRAINED, ChunkPlacement,
-                             PeaceScheduler, ReplicaTemplate, Schedule, TimestepPlan, WriteRequest,
-                             make_scheduler)
+from peace.placement import (RACK_AWARE, UNCONSTRAINED, ChunkPlacement, ReplicaTemplate, Schedule,
+                             TimestepPlan, WriteRequest)
+from peace.scheduler import PeaceScheduler
+from peace.variants import SCHEDULER_VARIANTS, make_scheduler
 from peace.validate import ScheduleReport, validate_schedule
 from peace.coordinator import Coordinator, RequestState, RequestStatus
 from peace.mincost import FlowBound, min_cost_flow_bound

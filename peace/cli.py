@@ -176,7 +176,8 @@ def _parse_request(text: str) -> tuple[str, int, int]:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    from peace.scheduler import WriteRequest, make_scheduler
+    from peace.placement import WriteRequest
+    from peace.variants import make_scheduler
     from peace.validate import validate_schedule
 
     try:
@@ -243,7 +244,7 @@ example:
 def register(subparsers: Any) -> None:
     """Add the ``peace`` subcommand (and its leaves) to the top-level ``sguard`` parser."""
     from peace.experiment import ALL_POLICIES, FIG10_POLICIES
-    from peace.scheduler import SCHEDULER_VARIANTS
+    from peace.variants import SCHEDULER_VARIANTS
 
     raw = argparse.RawDescriptionHelpFormatter
     peace = subparsers.add_parser(

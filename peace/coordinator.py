@@ -39,8 +39,9 @@ import numpy as np
 from peace.errors import (CannotScheduleNowError, CoordinatorStateError, ScheduleInfeasibleError,
                           UnknownRequestError)
 from peace.model import Network, Topology, build_network
-from peace.scheduler import (RACK_AWARE, ChunkPlacement, Heuristics, ReplicaTemplate, WriteRequest,
-                             make_scheduler)
+from peace.placement import RACK_AWARE, ChunkPlacement, ReplicaTemplate, WriteRequest
+from peace.scheduler import Heuristics
+from peace.variants import make_scheduler
 
 __all__ = ["RequestState", "RequestStatus", "CoordinatorStats", "Coordinator"]
 

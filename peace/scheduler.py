@@ -59,7 +59,7 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
 Individual changes can be switched with :class:`Heuristics` (ablations).
 
 A third variant, ``"mcf"`` (:class:`peace.mcf.McfScheduler`, built by
-:func:`make_scheduler`), plans each timestep with an integral min-cost flow and
+:func:`peace.variants.make_scheduler`), plans each timestep with an integral min-cost flow and
 repairs the plan into chains with the improved search.
 
 Randomization is explicit: among all eligible destinations whose path cost is
@@ -91,16 +91,17 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal, TypeAlias
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import networkx as nx
 import numpy as np
 import numpy.typing as npt
 
-from peace.errors import (InfeasibleRequestError, InvalidRequestError, ScheduleInfeasibleError,
-                          TemplateError, UnknownServerError)
+from peace.errors import InfeasibleRequestError, ScheduleInfeasibleError
 from peace.model import Network, Topology, Vertex, build_network
+from peace.placement import (RACK_AWARE, UNCONSTRAINED, ChunkPlacement, ReplicaTemplate, Residual,
+                             Schedule, TimestepPlan, WriteRequest, check_templates)
 
 __all__ = [
     "ReplicaTemplate",
@@ -115,62 +116,14 @@ __all__ = [
     "VARIANTS",
     "PeaceScheduler",
     "check_templates",
-    "SCHEDULER_VARIANTS",
-    "make_scheduler",
 ]
 
 logger = logging.getLogger(__name__)
 
-Residual: TypeAlias = npt.NDArray[np.int64]
 _NO_REQUEST = 1 << 40
 """Rank of a server without a pending request (see ``PeaceScheduler._preference``)."""
 _Rsp = Callable[[int, npt.NDArray[np.bool_], Residual, "npt.NDArray[np.int64] | None"],
                 "tuple[int, tuple[int, ...], int] | None"]
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaTemplate:
-    """Constraint template for one replica index (paper: "constraint templates").
-
-    Indexes refer to the chunk's path ``p`` so far: ``0`` is the writer, ``1``
-    the first replica, ...; negative indexes count from the end (``-1`` is the
-    current source). Every replica must also differ from every node on ``p``.
-
-    >>> ReplicaTemplate(same_rack_as=(0,))   # same rack as the writer
-    ReplicaTemplate(same_rack_as=(0,), other_rack_than=())
-    """
-
-    same_rack_as: tuple[int, ...] = ()
-    other_rack_than: tuple[int, ...] = ()
-
-
-#: first replica in the writer's rack, second in another rack, third beside the second
-#: (HDFS's rack-aware policy with the local disk excluded, as the paper's modified HDFS).
-RACK_AWARE: tuple[ReplicaTemplate, ...] = (
-    ReplicaTemplate(same_rack_as=(0,)),
-    ReplicaTemplate(other_rack_than=(0,)),
-    ReplicaTemplate(same_rack_as=(2,)),
-)
-#: only "distinct from every node already on the chain".
-UNCONSTRAINED: tuple[ReplicaTemplate, ...] = ()
-
-
-def check_templates(templates: Sequence[ReplicaTemplate], replication: int) -> None:
-    """Check every index of the templates used for ``replication`` replicas.
-
-    Raises
-    ------
-    TemplateError
-        If the template of replica ``i`` names a path position that does not
-        exist when replica ``i`` is placed (the path then holds ``i + 1`` nodes).
-    """
-    for i, tpl in enumerate(templates[:replication]):
-        if not isinstance(tpl, ReplicaTemplate):
-            raise TemplateError(f"template {i} is not a ReplicaTemplate: {tpl!r}")
-        for idx in tpl.same_rack_as + tpl.other_rack_than:
-            if isinstance(idx, bool) or not isinstance(idx, int) or not -(i + 1) <= idx <= i:
-                raise TemplateError(f"template of replica {i} names path position {idx!r}; "
-                                    f"only {-(i + 1)}..{i} exist then")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,74 +158,6 @@ VARIANTS: dict[str, Heuristics] = {
                         role_aware_ties=False, whole_requests=False, started_first=False,
                         spread_receivers=False),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class WriteRequest:
-    """A write request ``(w, r, k)``: ``chunks`` chunks from ``writer``, ``replication`` copies."""
-
-    writer: str
-    replication: int
-    chunks: int
-    request_id: int = 0
-    first_chunk: int = 0
-    """Index of the first chunk still to place (a deferred request keeps its numbering)."""
-
-    def __post_init__(self) -> None:
-        for what in ("replication", "chunks"):
-            v = getattr(self, what)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-                raise InvalidRequestError(
-                    f"request {self.request_id} from {self.writer!r}: {what} must be a positive "
-                    f"integer, got {v!r}")
-        if not isinstance(self.writer, str):
-            raise InvalidRequestError(f"request {self.request_id}: writer must be a server name")
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkPlacement:
-    """Where and when one chunk goes: its replication pipeline and the graph path of each hop."""
-
-    request_id: int
-    chunk_index: int
-    timestep: int
-    servers: tuple[str, ...]
-    """Writer first, then the replicas in pipeline order."""
-    hops: tuple[tuple[Vertex, ...], ...]
-    """Vertex path of hop ``i``, from ``("snd", servers[i])`` to ``("rcv", servers[i + 1])``."""
-    cost: int
-    """Sum of the edge costs of all hops."""
-    edge_ids: tuple[int, ...] = field(default=(), compare=False, repr=False)
-    """All edge ids the chain uses (with repetition), for fast residual bookkeeping."""
-
-    @property
-    def writer(self) -> str:
-        """The chunk's writer."""
-        return self.servers[0]
-
-    @property
-    def replicas(self) -> tuple[str, ...]:
-        """The replica servers in pipeline order."""
-        return self.servers[1:]
-
-
-@dataclass(frozen=True, slots=True)
-class TimestepPlan:
-    """Algorithm 1's output ``(P, G, W')`` for one timestep."""
-
-    timestep: int
-    placements: tuple[ChunkPlacement, ...]
-    deferred: tuple[WriteRequest, ...]
-    """Requests (with their remaining chunks) left for the next timestep, in order."""
-
-
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    """A complete offline schedule: every chunk of every request, timestep by timestep."""
-
-    requests: tuple[WriteRequest, ...]
-    placements: tuple[ChunkPlacement, ...]
-    timesteps: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,7 +430,6 @@ class PeaceScheduler:
         net = self.network
         h = self.heuristics
         rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
-        servers = net.servers
         # rank[s]: queue position of the next request of writer s still to process this
         # pass (_NO_REQUEST if none): how soon s needs its own send capacity
         n_req = len(reqs)
@@ -571,18 +455,11 @@ class PeaceScheduler:
                 chain = self._place_chain(w, r, residual, rsp, rank if h.role_aware_ties else None)
                 if chain is None:
                     break
-                p, hops, cost = chain
-                mine.append(ChunkPlacement(
-                    request_id=req.request_id, chunk_index=idx, timestep=timestep,
-                    servers=tuple(servers[j] for j in p),
-                    hops=tuple(net.path_vertices(hp) for hp in hops), cost=cost,
-                    edge_ids=tuple(e for hp in hops for e in hp)))
+                mine.append(self._placement(req, idx, timestep, chain))
                 k -= 1
                 idx += 1
             if mine and len(mine) < target:  # would start below its full rate: wait
-                for pl in mine:
-                    for e in pl.edge_ids:
-                        residual[e] += 1
+                release(residual, mine)
                 mine = []
                 k, idx = req.chunks, req.first_chunk
                 rolled_back += 1
@@ -591,6 +468,17 @@ class PeaceScheduler:
             if k > 0:
                 deferred.append(replace(req, chunks=k, first_chunk=idx))
         return placements, deferred, rolled_back
+
+    def _placement(self, req: WriteRequest, chunk_index: int, timestep: int,
+                   chain: tuple[list[int], list[tuple[int, ...]], int]) -> ChunkPlacement:
+        """The placement of chunk ``chunk_index`` of ``req`` along a chain from `_place_chain`."""
+        net = self.network
+        path, hops, cost = chain
+        return ChunkPlacement(
+            request_id=req.request_id, chunk_index=chunk_index, timestep=timestep,
+            servers=tuple(net.servers[j] for j in path),
+            hops=tuple(net.path_vertices(hp) for hp in hops), cost=cost,
+            edge_ids=tuple(e for hp in hops for e in hp))
 
     def _place_chain(self, w: int, r: int, residual: Residual, rsp: _Rsp,
                      rank: npt.NDArray[np.int64] | None
@@ -842,27 +730,11 @@ class PeaceScheduler:
         return j, eids, int(best)
 
 
-#: every variant name :func:`make_scheduler` understands (``mcf``: :mod:`peace.mcf`)
-SCHEDULER_VARIANTS = ("improved", "paper", "mcf")
-
-
-def make_scheduler(network: Network | Topology, templates: Sequence[ReplicaTemplate] = RACK_AWARE,
-                   *, seed: int | np.random.Generator | None = None,
-                   method: Literal["fast", "networkx"] = "fast",
-                   variant: str | Heuristics = "improved",
-                   lookahead: bool | None = None) -> PeaceScheduler:
-    """A scheduler by variant name: ``improved``, ``paper`` or ``mcf`` (or a :class:`Heuristics`).
-
-    Raises
-    ------
-    ValueError
-        For an unknown variant name.
-    """
-    if variant == "mcf":
-        from peace.mcf import McfScheduler
-        return McfScheduler(network, templates, seed=seed, method=method, lookahead=lookahead)
-    return PeaceScheduler(network, templates, seed=seed, method=method, variant=variant,
-                          lookahead=lookahead)
+def release(residual: Residual, placements: Iterable[ChunkPlacement]) -> None:
+    """Give the capacity of ``placements`` back to ``residual`` (in place)."""
+    for pl in placements:
+        for e in pl.edge_ids:
+            residual[e] += 1
 
 
 def _single(n: int, j: int) -> npt.NDArray[np.bool_]:

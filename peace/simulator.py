@@ -47,7 +47,8 @@ from peace.baselines import Router, hdfs_placement, random_placement
 from peace.coordinator import Coordinator
 from peace.errors import SimulationError
 from peace.model import MB, Network, Topology, build_network
-from peace.scheduler import RACK_AWARE, ChunkPlacement, Heuristics, ReplicaTemplate
+from peace.placement import RACK_AWARE, ChunkPlacement, ReplicaTemplate
+from peace.scheduler import Heuristics
 
 __all__ = [
     "CALIBRATION",

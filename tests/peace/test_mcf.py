@@ -7,7 +7,8 @@ import pytest
 
 from peace.mcf import McfScheduler
 from peace.model import MB, Rack, SwitchLink, Topology, build_network, figure5_topology, paper_topology
-from peace.scheduler import RACK_AWARE, UNCONSTRAINED, ReplicaTemplate, WriteRequest, make_scheduler
+from peace.placement import RACK_AWARE, UNCONSTRAINED, ReplicaTemplate, WriteRequest
+from peace.variants import make_scheduler
 from peace.validate import validate_schedule
 
 
