@@ -314,8 +314,6 @@ class McfScheduler(PeaceScheduler):
               ) -> tuple[list[ChunkPlacement], list[WriteRequest], int]:
         """Plan by min-cost flow, repair into chains, fill; returns placements, deferred, rollbacks."""
         net = self.network
-        h = self.heuristics
-        rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
         n_req = len(reqs)
         plan = self.plan(reqs, writers, residual)
         rank = np.full(net.n_servers, _NO_REQUEST, dtype=np.int64)
@@ -342,8 +340,7 @@ class McfScheduler(PeaceScheduler):
                 return False
             self._hint = hint
             try:
-                chain = self._place_chain(w, q.replication, residual, rsp,
-                                          rank if h.role_aware_ties else None)
+                chain = self._place_chain(w, q.replication, residual, rank)
             finally:
                 self._hint = None
             if chain is None:

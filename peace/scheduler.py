@@ -428,8 +428,6 @@ class PeaceScheduler:
               ) -> tuple[list[ChunkPlacement], list[WriteRequest], int]:
         """One pass of Algorithm 1 over ``reqs``; returns placements, deferred, rollbacks."""
         net = self.network
-        h = self.heuristics
-        rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
         # rank[s]: queue position of the next request of writer s still to process this
         # pass (_NO_REQUEST if none): how soon s needs its own send capacity
         n_req = len(reqs)
@@ -452,7 +450,7 @@ class PeaceScheduler:
             if whole and req.first_chunk == 0:
                 target = min(k, int(residual[net.e_snd_up[w]]), int(residual[net.e_up_sw[w]]))
             while k > 0:
-                chain = self._place_chain(w, r, residual, rsp, rank if h.role_aware_ties else None)
+                chain = self._place_chain(w, r, residual, rank)
                 if chain is None:
                     break
                 mine.append(self._placement(req, idx, timestep, chain))
@@ -480,15 +478,17 @@ class PeaceScheduler:
             hops=tuple(net.path_vertices(hp) for hp in hops), cost=cost,
             edge_ids=tuple(e for hp in hops for e in hp))
 
-    def _place_chain(self, w: int, r: int, residual: Residual, rsp: _Rsp,
-                     rank: npt.NDArray[np.int64] | None
+    def _place_chain(self, w: int, r: int, residual: Residual, rank: npt.NDArray[np.int64]
                      ) -> tuple[list[int], list[tuple[int, ...]], int] | None:
         """Place the ``r`` replicas of one chunk from writer ``w`` as a chain, or give up.
 
+        ``rank``: queue position of each server's next request (role-aware tie-break).
         On success the residual holds the chain's usage; on failure it is unchanged.
         """
         net = self.network
         h = self.heuristics
+        rsp: _Rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
+        ranks = rank if h.role_aware_ties else None
         path = [w]
         hops: list[tuple[int, ...]] = []
         costs: list[int] = []
@@ -504,7 +504,7 @@ class PeaceScheduler:
                     allowed[excluded] = False
                 if h.send_lookahead and not last:
                     allowed &= ((residual[net.e_snd_up] > 0) & (residual[net.e_up_sw] > 0))
-                prefer = None if rank is None else self._preference(residual, rank, last)
+                prefer = None if ranks is None else self._preference(residual, ranks, last)
                 q = rsp(path[-1], allowed, residual, prefer)
                 self._decisions += 1
                 if q is None:
