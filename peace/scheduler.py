@@ -13,8 +13,9 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
     (``W'``). Ties among equal-cost destinations are broken uniformly at random.
 
 ``"improved"`` (default; the ``peace`` policy of the benchmark) -- Algorithm 1 plus
-    six changes, all of them only *restrict or order* the candidates of the
-    same randomized shortest-path step, so every placement is still a
+    seven changes, all of them only *restrict or order* the candidates of the
+    same randomized shortest-path step (or, 7, drop whole requests from the end
+    of a timestep), so every placement is still a
     minimum-cost path on the residual graph and capacities, templates and the
     chain property hold exactly as before (the validator checks the same
     certificate):
@@ -50,7 +51,21 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
     6. **spread receivers**: among equal-cost destinations, servers with more
        free receive slots (DN->RCV) come first, before the role-aware key: two
        chunks share a disk (and each runs at half its speed) only when they
-       must.
+       must;
+    7. **rate-aware cut** (work conservation by the bytes, not the slots): the
+       capacities count chunks per timestep as if every chunk ran at disk / 2,
+       but a chunk alone on its disks runs at the full disk speed until a link
+       or NIC it shares is the bottleneck. After the pass, the timestep keeps
+       the prefix of its placements (cut between requests, started ones first)
+       that moves the most bytes per second by the topology's bandwidths:
+       ``k * min over the used edges e of bandwidth(e) / chunks on e``, every
+       chunk paced by the slowest (a timestep ends when most of its chunks
+       have). Filling a fifth inter-rack slot at r = 2 on the paper's network
+       puts two chunks on some disks and slows the whole timestep from
+       31 MB/s (link-bound, 4 chunks per direction) to 22.5 MB/s per chunk;
+       the cut leaves those chunks for the next timestep. At r = 3 disks must
+       be shared anyway and the full timestep moves the most bytes, so it is
+       kept. Every kept placement is unchanged, so the certificate holds.
 
     The template look-ahead (``lookahead``: never pick a rack from which the
     remaining templates cannot be met, e.g. a one-server rack when the next
@@ -149,6 +164,9 @@ class Heuristics:
     spread_receivers: bool = True
     """Among equal-cost destinations prefer servers with the most free receive slots
     (before the role-aware key): chunks avoid sharing a disk when they need not."""
+    rate_aware_cut: bool = True
+    """Keep the prefix of a timestep's requests that moves the most bytes per second by
+    the topology's bandwidths (see change 7 in the module docstring)."""
 
 
 #: named variants: ``"paper"`` is Algorithm 1 as published, ``"improved"`` the default.
@@ -156,7 +174,7 @@ VARIANTS: dict[str, Heuristics] = {
     "improved": Heuristics(),
     "paper": Heuristics(template_lookahead=False, send_lookahead=False, max_backtracks=0,
                         role_aware_ties=False, whole_requests=False, started_first=False,
-                        spread_receivers=False),
+                        spread_receivers=False, rate_aware_cut=False),
 }
 
 
@@ -254,6 +272,7 @@ class PeaceScheduler:
         net = self.network
         self._server_switch = net.rack_of  # rack r hangs under switch index r
         self._all_true = np.ones(net.n_servers, dtype=bool)
+        self._edge_bw = _edge_bandwidths(net)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> SchedulerStats:
@@ -416,6 +435,8 @@ class PeaceScheduler:
             if rolled_back and not placements:
                 # whole_requests must never stall what Algorithm 1 would place
                 placements, deferred, _ = self._pass(reqs, writers, residual, timestep, False)
+            if h.rate_aware_cut and placements:
+                placements, deferred = self._rate_aware_cut(reqs, placements, deferred, residual)
         finally:
             self._decision_time += time.perf_counter() - t_start
         self._placed += len(placements)
@@ -467,6 +488,36 @@ class PeaceScheduler:
                 deferred.append(replace(req, chunks=k, first_chunk=idx))
         return placements, deferred, rolled_back
 
+    def _rate_aware_cut(self, reqs: Sequence[WriteRequest], placements: list[ChunkPlacement],
+                        deferred: list[WriteRequest], residual: Residual
+                        ) -> tuple[list[ChunkPlacement], list[WriteRequest]]:
+        """Keep the request-aligned prefix of ``placements`` with the highest estimated
+        throughput (change 7); the rest is given back to ``residual`` and deferred."""
+        bw = self._edge_bw
+        counts = np.zeros(self.network.n_edges, dtype=np.int64)
+        slowest = np.inf
+        best_k, best_rate = len(placements), -1.0
+        for k, pl in enumerate(placements, 1):
+            eids = np.asarray(pl.edge_ids, dtype=np.int64)
+            np.add.at(counts, eids, 1)
+            slowest = min(slowest, float((bw[eids] / counts[eids]).min()))
+            at_boundary = k == len(placements) or placements[k].request_id != pl.request_id
+            if at_boundary and k * slowest >= best_rate * (1 - 1e-9):  # ties: more chunks
+                best_k, best_rate = k, k * slowest
+        if best_k == len(placements):
+            return placements, deferred
+        kept, dropped = placements[:best_k], placements[best_k:]
+        release(residual, dropped)
+        placed: dict[int, int] = {}
+        for pl in kept:
+            placed[pl.request_id] = placed.get(pl.request_id, 0) + 1
+        out = []
+        for q in reqs:
+            n = placed.get(q.request_id, 0)
+            if n < q.chunks:
+                out.append(replace(q, chunks=q.chunks - n, first_chunk=q.first_chunk + n))
+        return kept, out
+
     def _placement(self, req: WriteRequest, chunk_index: int, timestep: int,
                    chain: tuple[list[int], list[tuple[int, ...]], int]) -> ChunkPlacement:
         """The placement of chunk ``chunk_index`` of ``req`` along a chain from `_place_chain`."""
@@ -498,14 +549,19 @@ class PeaceScheduler:
             nonlocal budget
             last = rp == r - 1
             excluded: list[int] = []
+            z = path[-1]
             while True:
+                if residual[net.e_snd_up[z]] <= 0 or residual[net.e_up_sw[z]] <= 0:
+                    self._decisions += 1  # the source cannot send: no path (what RSP returns)
+                    self._failed += 1
+                    return False
                 allowed = self._allowed(path, rp, r)
                 if excluded:
                     allowed[excluded] = False
                 if h.send_lookahead and not last:
                     allowed &= ((residual[net.e_snd_up] > 0) & (residual[net.e_up_sw] > 0))
                 prefer = None if ranks is None else self._preference(residual, ranks, last)
-                q = rsp(path[-1], allowed, residual, prefer)
+                q = rsp(z, allowed, residual, prefer)
                 self._decisions += 1
                 if q is None:
                     self._failed += 1
@@ -735,6 +791,17 @@ def release(residual: Residual, placements: Iterable[ChunkPlacement]) -> None:
     for pl in placements:
         for e in pl.edge_ids:
             residual[e] += 1
+
+
+def _edge_bandwidths(net: Network) -> npt.NDArray[np.float64]:
+    """Bytes per second of every edge: host edges the NIC (the receive edge also the disk),
+    switch links their line rate; what the rate-aware cut divides among the chunks."""
+    t = net.topology
+    bw = np.full(net.n_edges, float(t.nic_bytes_per_s))
+    bw[net.e_dn_rcv] = float(min(t.nic_bytes_per_s, t.disk_bytes_per_s))
+    for e, (li, _) in net.link_of_edge.items():
+        bw[e] = float(t.links[li].bandwidth_bytes_per_s)
+    return bw
 
 
 def _single(n: int, j: int) -> npt.NDArray[np.bool_]:
