@@ -27,7 +27,7 @@ The headline is the *response time*: from t = 0 (every writer submits then) to
 a writer's last chunk, Peace's admission wait included, exactly as HDFS's;
 the *service time* (first chunk -> last chunk) is reported beside it only.
 Peace's decisions are charged: the simulator delays each timestep's chunks by
-the measured wall time the scheduler spent deciding it (``decision_s`` per
+the measured CPU time the scheduler spent deciding it (``decision_s`` per
 run, see :class:`peace.simulator.PeacePolicy`).
 
 Targets (issues 11 and 21): against ``hdfs-fair`` on 16 x 512 MB, for r = 3 and
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "headline": "response time: t = 0 (all writers submit) to a writer's last chunk, "
                     "Peace's admission wait included; service time (first chunk to last) "
                     "is reported beside it",
-        "decision_time": "charged: each timestep's chunks start after the measured wall time "
+        "decision_time": "charged: each timestep's chunks start after the measured CPU time "
                          "of the scheduler's decision (peace.simulator.PeacePolicy)",
         **fair("peace", 3), **fair("peace", 2),
         "peace_decision_s_charged_16x512_r3": aggs[3][("peace", *KEY)]["decision_s"],

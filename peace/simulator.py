@@ -25,12 +25,15 @@ the headline: it includes any admission wait) and the *service time* (first
 chunk start -> last chunk done); the makespan is the last completion minus the
 first submission.
 
-Peace's decisions cost simulated time: :class:`PeacePolicy` measures the wall
-time the scheduler spends in each call that schedules a timestep
+Peace's decisions cost simulated time: :class:`PeacePolicy` measures the time
+the scheduler spends in each call that schedules a timestep
 (:meth:`peace.scheduler.PeaceScheduler.schedule_timestep`, all bookkeeping
 included) and starts that timestep's chunks that much later; decisions are
 serial (one coordinator), so a decision that is due while another one runs
-starts when it ends. The baselines decide nothing that takes time (HDFS picks
+starts when it ends. The time is the deciding thread's CPU time
+(``time.thread_time``): a coordinator's own cost, not the turns other
+processes take on a shared machine (on this 2-core machine shared by ~8
+benchmark runs, wall time was 3-25x the CPU time). The baselines decide nothing that takes time (HDFS picks
 replicas per block in microseconds) and are not charged.
 
 Invariants: bytes are conserved (every resource serves exactly the bytes of
@@ -527,7 +530,7 @@ class PeacePolicy:
 
     Parameters are the coordinator's (see there), and ``charge_decisions``, what
     a scheduling decision costs in simulated time before its chunks start:
-    ``True`` (default) the measured wall time of the scheduler's call; a number,
+    ``True`` (default) the measured CPU time of the scheduler's call; a number,
     that many seconds per replica placement decision (RSP call), a model that
     does not depend on the machine's speed (tests); ``False`` nothing.
     ``decision_s`` sums what was charged.
@@ -591,7 +594,7 @@ class PeacePolicy:
         placements = call()
         after = sched.stats()
         if isinstance(self.charge_decisions, bool):
-            spent = after.decision_time_s - before.decision_time_s if self.charge_decisions else 0.0
+            spent = after.decision_cpu_s - before.decision_cpu_s if self.charge_decisions else 0.0
         else:
             spent = float(self.charge_decisions) * (after.decisions - before.decisions)
         if spent > 0.0:
