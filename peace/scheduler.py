@@ -396,7 +396,8 @@ class PeaceScheduler:
         return ok
 
     def schedule_timestep(self, requests: Iterable[WriteRequest], residual: Residual,
-                          timestep: int = 0) -> TimestepPlan:
+                          timestep: int = 0, *, base_chunks: int = 0,
+                          base: npt.NDArray[np.int64] | None = None) -> TimestepPlan:
         """Run Algorithm 1 once: place what fits into ``residual`` (updated in place).
 
         Parameters
@@ -409,6 +410,10 @@ class PeaceScheduler:
             scheduled chunk (``G <- G'``), untouched by chunks that did not fit.
         timestep
             Stamped on the placements.
+        base_chunks, base
+            Chunks already running on the capacity ``residual`` is left of, and their
+            use of every edge (an int vector by edge id): the rate-aware cut counts
+            them, and may then place nothing. Default: none (a fresh timestep).
 
         Returns
         -------
@@ -442,7 +447,8 @@ class PeaceScheduler:
                 # whole_requests must never stall what Algorithm 1 would place
                 placements, deferred, _ = self._pass(reqs, writers, residual, timestep, False)
             if h.rate_aware_cut and placements:
-                placements, deferred = self._rate_aware_cut(reqs, placements, deferred, residual)
+                placements, deferred = self._rate_aware_cut(reqs, placements, deferred, residual,
+                                                            base_chunks, base)
         finally:
             self._decision_time += time.perf_counter() - t_start
             self._decision_cpu += time.thread_time() - cpu_start
@@ -496,21 +502,30 @@ class PeaceScheduler:
         return placements, deferred, rolled_back
 
     def _rate_aware_cut(self, reqs: Sequence[WriteRequest], placements: list[ChunkPlacement],
-                        deferred: list[WriteRequest], residual: Residual
+                        deferred: list[WriteRequest], residual: Residual, base_chunks: int = 0,
+                        base: npt.NDArray[np.int64] | None = None
                         ) -> tuple[list[ChunkPlacement], list[WriteRequest]]:
         """Keep the request-aligned prefix of ``placements`` with the highest estimated
-        throughput (change 7); the rest is given back to ``residual`` and deferred."""
+        throughput (change 7), counting ``base_chunks`` already running on ``base``; the
+        rest is given back to ``residual`` and deferred."""
         bw = self._edge_bw
         counts = np.zeros(self.network.n_edges, dtype=np.int64)
         slowest = np.inf
         best_k, best_rate = len(placements), -1.0
+        if base is not None and base_chunks > 0:
+            counts += base
+            used = counts > 0
+            if used.any():
+                slowest = float((bw[used] / counts[used]).min())
+                best_k, best_rate = 0, base_chunks * slowest
         for k, pl in enumerate(placements, 1):
             eids = np.asarray(pl.edge_ids, dtype=np.int64)
             np.add.at(counts, eids, 1)
             slowest = min(slowest, float((bw[eids] / counts[eids]).min()))
             at_boundary = k == len(placements) or placements[k].request_id != pl.request_id
-            if at_boundary and k * slowest >= best_rate * (1 - 1e-9):  # ties: more chunks
-                best_k, best_rate = k, k * slowest
+            rate = (base_chunks + k) * slowest
+            if at_boundary and rate >= best_rate * (1 - 1e-9):  # ties: more chunks
+                best_k, best_rate = k, rate
         if best_k == len(placements):
             return placements, deferred
         kept, dropped = placements[:best_k], placements[best_k:]
