@@ -113,3 +113,16 @@ def figure(name: str) -> tuple[Any, Path]:
     import matplotlib.pyplot as plt
     _out_dir.mkdir(parents=True, exist_ok=True)
     return plt, _out_dir / f"{name}.png"
+
+
+def save_figure(fig: Any, png: Path, json_path: Path) -> int:
+    """Lay out ``fig``, write it to ``png`` and close it; say where the results went.
+
+    The common end of a bench's ``main``: returns 0, its exit status.
+    """
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    print(f"wrote {json_path} and {png}")
+    return 0

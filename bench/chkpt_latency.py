@@ -79,7 +79,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench._harness import figure, parse_args, write_result
+from bench._harness import figure, parse_args, save_figure, write_result
 from bench.mmm_ops import dict_update
 from ioservice import CheckpointManager, CheckpointPolicy
 from sguard.operators import Aggregate
@@ -558,10 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ax.set_title(f"{state_mb} MB Aggregate in {n_parts} partition(s), checkpoint every "
                      f"{interval:g} s, {args.batch / period:,.0f} tuples/s")
         ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    print(f"wrote {path} and {png}")
-    return 0
+    return save_figure(fig, png, path)
 
 
 if __name__ == "__main__":

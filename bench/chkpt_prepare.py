@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench._harness import figure, parse_args, stats, write_result
+from bench._harness import figure, parse_args, save_figure, stats, write_result
 from sguard.operators import Aggregate
 
 MB = 1 << 20
@@ -146,10 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ax.set_ylabel("prepare time (ms)")
     ax.set_title("Checkpoint preparation (hollow: extrapolated)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    print(f"wrote {path} and {png}")
-    return 0
+    return save_figure(fig, png, path)
 
 
 if __name__ == "__main__":

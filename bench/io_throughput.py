@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench._harness import figure, parse_args, stats, write_result
+from bench._harness import figure, parse_args, save_figure, stats, write_result
 from ioservice import CheckpointManager, CheckpointPolicy, IOService, StorageRoot, open_root
 from ioservice.format import checkpoint_dir
 from ioservice.recovery import read_manifest, restore
@@ -349,10 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ax.set_ylabel("MB/s")
         ax.set_title(f"{be}: {res['state_bytes'] // MB} MB")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    print(f"wrote {path} and {png}")
-    return 0
+    return save_figure(fig, png, path)
 
 
 if __name__ == "__main__":

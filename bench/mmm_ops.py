@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench._harness import figure, parse_args, stats, write_result
+from bench._harness import figure, parse_args, save_figure, stats, write_result
 from mmm._kernels import jit
 from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque, PagedList
@@ -650,10 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                [1e-6 / join[f"{nm}_s_per_tuple"]["min"] for nm in names])
     a2.set_ylabel("million tuples / s")
     a2.set_title(f"Windowed equi-join (W={params['join_window']})")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    print(f"wrote {path} and {png}")
-    return 0
+    return save_figure(fig, png, path)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,17 @@ makespan of *any* policy; ``peace_model_makespan_s`` bounds what Peace's own
 model admits (inter-rack link capacity 5 chunks per timestep and per direction,
 each chunk at disk / 2).
 
-Targets (issue 11): against ``hdfs-fair`` on 16 x 512 MB, for r = 3 and r = 2:
-service <= 0.5x, makespan <= 1.0x, response <= 0.8x; peace-mcf within 5 % of the
-best Peace variant on service and makespan, <= 5 ms per decision at 1000 servers.
+The headline is the *response time*: from t = 0 (every writer submits then) to
+a writer's last chunk, Peace's admission wait included, exactly as HDFS's;
+the *service time* (first chunk -> last chunk) is reported beside it only.
+Peace's decisions are charged: the simulator delays each timestep's chunks by
+the measured CPU time the scheduler spent deciding it (``decision_s`` per
+run, see :class:`peace.simulator.PeacePolicy`).
+
+Targets (issues 11 and 21): against ``hdfs-fair`` on 16 x 512 MB, for r = 3 and
+r = 2, with decision time charged: response <= 0.7x and makespan <= 1.0x for
+``peace`` and ``peace-mcf``; peace-mcf within 5 % of the best Peace variant on
+response and makespan, <= 5 ms per decision at 1000 servers.
 """
 from __future__ import annotations
 
@@ -43,7 +51,8 @@ from bench import _harness
 from peace.experiment import (EXTRA_POLICIES, FIG10_POLICIES, PEACE_POLICIES, aggregate,
                               fluid_bounds, plot_figure10, run_grid)
 from peace.model import MB, leaf_spine_topology, paper_topology
-from peace.scheduler import WriteRequest, make_scheduler
+from peace.placement import WriteRequest
+from peace.variants import make_scheduler
 from peace.simulator import CALIBRATION, BackgroundTraffic, make_jobs, make_policy, simulate
 
 NAME = "peace_fig10"
@@ -70,9 +79,9 @@ def run_large(writers: int, seeds: Sequence[int], background_flows: int,
                                                    fair_streams=topo.snd_up_chunks),
                            background=bg)
             runs[policy].append(res.summary())
-            print(f"  1000 servers seed {seed} {policy:11s} service {res.mean_service_s:6.2f}s "
-                  f"response {res.mean_response_s:6.2f}s makespan {res.makespan_s:6.2f}s "
-                  f"(sim {res.wall_s:.1f}s)", flush=True)
+            print(f"  1000 servers seed {seed} {policy:11s} response {res.mean_response_s:6.2f}s "
+                  f"makespan {res.makespan_s:6.2f}s (service {res.mean_service_s:6.2f}s, "
+                  f"decisions charged {res.decision_s:.2f}s, sim {res.wall_s:.1f}s)", flush=True)
     mean = {p: {m: float(np.mean([r[m] for r in v])) for m in v[0]} for p, v in runs.items()}
     return {"topology": topo.name, "servers": len(topo.servers), "writers": writers,
             "snd_up_chunks": topo.snd_up_chunks, "dn_rcv_chunks": topo.dn_rcv_chunks,
@@ -85,27 +94,32 @@ def time_decisions(writers: int, repeats: int, variant: str = "improved") -> dic
 
     One timestep over ``writers`` requests of 8 chunks (capacity 2 on host links); the
     time includes all bookkeeping (look-ahead masks, tie-break keys, backtracking, and
-    for ``mcf`` building and solving the flow network), divided by the RSP calls.
+    for ``mcf`` building and solving the flow network), divided by the RSP calls. It is
+    the deciding thread's CPU time (``time.thread_time``): on a shared machine the wall
+    time also counts other processes' turns (``wall_seconds_per_decision`` beside it).
     """
     topo = leaf_spine_topology()
     names = topo.servers[:: max(1, len(topo.servers) // writers)][:writers]
     reqs = [WriteRequest(w, 3, 8, i) for i, w in enumerate(names)]
     per_decision: list[float] = []
     per_timestep: list[float] = []
+    wall_per_decision: list[float] = []
     decisions = 0
     for i in range(repeats + 1):
         sched = make_scheduler(topo, seed=i, variant=variant)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         sched.schedule_timestep(reqs, sched.network.new_residual())
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         n = sched.stats().decisions
         if i > 0:  # the first run warms up
-            per_decision.append(dt / n)
-            per_timestep.append(dt)
+            per_decision.append(dc / n)
+            per_timestep.append(dc)
+            wall_per_decision.append(dt / n)
             decisions = n
     st = _harness.stats(per_decision)
     return {"variant": variant, "decisions_per_timestep": decisions, "seconds_per_decision": st,
             "seconds_per_timestep": _harness.stats(per_timestep),
+            "wall_seconds_per_decision": _harness.stats(wall_per_decision),
             "ms_per_decision_median": st["median"] * 1000}
 
 
@@ -134,8 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         aggs[r] = aggregate(grid + extra)
         for p in (*FIG10_POLICIES, *EXTRA_POLICIES):
             a = aggs[r][(p, *KEY)]
-            print(f"  r={r} 16x512MB {p:17s} response {a['mean_response_s']:6.2f}s service "
-                  f"{a['mean_service_s']:6.2f}s makespan {a['makespan_s']:6.2f}s", flush=True)
+            print(f"  r={r} 16x512MB {p:17s} response {a['mean_response_s']:6.2f}s makespan "
+                  f"{a['makespan_s']:6.2f}s (service {a['mean_service_s']:6.2f}s, decisions "
+                  f"charged {a['decision_s']:.3f}s)", flush=True)
     bounds = {r: fluid_bounds(paper_topology(), KEY[0], KEY[1] * MB, r) for r in (3, 2)}
     # Peace's own model: the inter-rack link carries at most `link_chunks` chunks per
     # timestep and direction, each at disk / dn_rcv_chunks; every chunk crosses it once
@@ -158,16 +173,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def fair(policy: str, r: int, prefix: str = "") -> dict[str, float]:
         a = aggs[r]
-        return {f"{prefix}service_ratio_vs_hdfs_fair_r{r}": _ratio(a, policy, "hdfs-fair", "mean_service_s"),
+        return {f"{prefix}response_ratio_vs_hdfs_fair_r{r}": _ratio(a, policy, "hdfs-fair", "mean_response_s"),
                 f"{prefix}makespan_ratio_vs_hdfs_fair_r{r}": _ratio(a, policy, "hdfs-fair", "makespan_s"),
-                f"{prefix}response_ratio_vs_hdfs_fair_r{r}": _ratio(a, policy, "hdfs-fair", "mean_response_s")}
+                f"{prefix}service_ratio_vs_hdfs_fair_r{r}": _ratio(a, policy, "hdfs-fair", "mean_service_s")}
 
     def ratios(policy: str, prefix: str) -> dict[str, float]:
-        return {f"{prefix}service_ratio_vs_hdfs_16x512": _ratio(a3, policy, "hdfs", "mean_service_s"),
+        return {f"{prefix}response_ratio_vs_hdfs_16x512": _ratio(a3, policy, "hdfs", "mean_response_s"),
                 f"{prefix}makespan_ratio_vs_hdfs_16x512": _ratio(a3, policy, "hdfs", "makespan_s"),
-                f"{prefix}response_ratio_vs_hdfs_16x512": _ratio(a3, policy, "hdfs", "mean_response_s")}
+                f"{prefix}service_ratio_vs_hdfs_16x512": _ratio(a3, policy, "hdfs", "mean_service_s")}
 
-    best_service = min(a3[(p, *KEY)]["mean_service_s"] for p in PEACE_POLICIES)
+    best_response = min(a3[(p, *KEY)]["mean_response_s"] for p in PEACE_POLICIES)
     best_makespan = min(a3[(p, *KEY)]["makespan_s"] for p in PEACE_POLICIES)
     summary: dict[str, Any] = {
         "network_model": "paper §6.2: capacity 2 on SND->UP and DN->RCV (all peace runs "
@@ -175,8 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "peace": "improved scheduler (peace.scheduler variant 'improved')",
         "hdfs_fair": "HDFS default placement with Peace's per-writer concurrency "
                      f"({paper_topology().snd_up_chunks} pipelines per writer)",
+        "headline": "response time: t = 0 (all writers submit) to a writer's last chunk, "
+                    "Peace's admission wait included; service time (first chunk to last) "
+                    "is reported beside it",
+        "decision_time": "charged: each timestep's chunks start after the measured CPU time "
+                         "of the scheduler's decision (peace.simulator.PeacePolicy)",
         **fair("peace", 3), **fair("peace", 2),
-        "mcf_service_over_best_16x512": a3[("peace-mcf", *KEY)]["mean_service_s"] / best_service,
+        "peace_decision_s_charged_16x512_r3": aggs[3][("peace", *KEY)]["decision_s"],
+        "peace_decision_s_charged_16x512_r2": aggs[2][("peace", *KEY)]["decision_s"],
+        "mcf_response_over_best_16x512": a3[("peace-mcf", *KEY)]["mean_response_s"] / best_response,
         "mcf_makespan_over_best_16x512": a3[("peace-mcf", *KEY)]["makespan_s"] / best_makespan,
         "mcf_ms_per_decision_1000": timing["mcf"]["ms_per_decision_median"],
         "mcf_ms_per_timestep_1000": timing["mcf"]["seconds_per_timestep"]["median"] * 1000,
@@ -185,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         **fair("peace-fill", 3, "fill_"), **fair("peace-fill", 2, "fill_"),
         **fair("hdfs", 3, "hdfs1_"), **fair("hdfs", 2, "hdfs1_"),
         **ratios("peace", ""),
+        "response_ratio_vs_hdfs_fair_1000":
+            lm["peace"]["mean_response_s"] / lm["hdfs-fair"]["mean_response_s"],
+        "mcf_response_ratio_vs_hdfs_fair_1000":
+            lm["peace-mcf"]["mean_response_s"] / lm["hdfs-fair"]["mean_response_s"],
         "service_speedup_1000": lm["hdfs"]["mean_service_s"] / lm["peace"]["mean_service_s"],
         "makespan_ratio_vs_hdfs_1000": lm["peace"]["makespan_s"] / lm["hdfs"]["makespan_s"],
         "service_speedup_vs_hdfs_fair_1000":
@@ -205,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ag = aggs[r]
         for p in ("hdfs-fair", "hdfs", "peace", "peace-mcf", "peace-fill"):
             tag = p.replace("-", "_")
+            summary[f"{tag}_response_s_16x512_r{r}"] = ag[(p, *KEY)]["mean_response_s"]
             summary[f"{tag}_makespan_s_16x512_r{r}"] = ag[(p, *KEY)]["makespan_s"]
             summary[f"{tag}_service_s_16x512_r{r}"] = ag[(p, *KEY)]["mean_service_s"]
         summary[f"fluid_makespan_bound_s_16x512_r{r}"] = bounds[r]["makespan_s"]
@@ -212,23 +239,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary[f"peace_whole_requests_makespan_bound_s_16x512_r{r}"] = \
             bounds[r]["peace_whole_requests_makespan_s"]
     aggs2 = aggs[2]
-    best2_service = min(aggs2[(p, *KEY)]["mean_service_s"] for p in PEACE_POLICIES)
+    best2_response = min(aggs2[(p, *KEY)]["mean_response_s"] for p in PEACE_POLICIES)
     best2_makespan = min(aggs2[(p, *KEY)]["makespan_s"] for p in PEACE_POLICIES)
-    summary["mcf_service_over_best_16x512_r2"] = \
-        aggs2[("peace-mcf", *KEY)]["mean_service_s"] / best2_service
+    summary["mcf_response_over_best_16x512_r2"] = \
+        aggs2[("peace-mcf", *KEY)]["mean_response_s"] / best2_response
     summary["mcf_makespan_over_best_16x512_r2"] = \
         aggs2[("peace-mcf", *KEY)]["makespan_s"] / best2_makespan
     s = summary
 
     def met(prefix: str) -> dict[str, bool]:
         return {f"{m}_r{r}": s[f"{prefix}{m}_ratio_vs_hdfs_fair_r{r}"] <= lim
-                for r in (3, 2) for m, lim in (("service", 0.5), ("makespan", 1.0),
-                                               ("response", 0.8))}
+                for r in (3, 2) for m, lim in (("response", 0.7), ("makespan", 1.0))}
 
     summary["fair_targets_met"] = met("")
     summary["mcf_fair_targets_met"] = met("mcf_")
     summary["mcf_targets_met"] = {
-        "service_within_5pct_of_best": s["mcf_service_over_best_16x512"] <= 1.05,
+        "response_within_5pct_of_best": s["mcf_response_over_best_16x512"] <= 1.05,
         "makespan_within_5pct_of_best": s["mcf_makespan_over_best_16x512"] <= 1.05,
         "ms_per_decision_1000<=5": s["mcf_ms_per_decision_1000"] <= 5.0}
     summary["makespan_explanation"] = (
@@ -236,20 +262,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"link bounds every rack-aware policy: {bounds[2]['makespan_s']:.1f} s for 16 x 512 MB "
         f"at r = 2 and 3 (the disks alone allow {bounds[2]['disk_s']:.1f} s at r = 2, "
         f"{bounds[3]['disk_s']:.1f} s at r = 3). Peace's model gives the link {link_chunks} "
-        f"chunks per timestep and direction; at disk/2 per chunk (two chunks per disk) that "
-        f"is {bounds[3]['peace_model_makespan_s']:.1f} s, above hdfs-fair's "
-        f"{aggs[2][('hdfs-fair', *KEY)]['makespan_s']:.1f} s at r = 2, and with whole requests "
-        f"(writers at their full rate {topo.snd_up_chunks}) only {whole_rate} slots are usable: "
-        f"{bounds[3]['peace_whole_requests_makespan_s']:.1f} s. A Peace schedule beats "
-        "hdfs-fair at r = 2 only if its chunks run faster than disk/2, i.e. never share a disk: "
-        "peace-mcf keeps whole requests while no disk is shared (r = 2: 8 chunks, 16 replicas "
-        f"on 17 disks) and reaches {aggs[2][('peace-mcf', *KEY)]['makespan_s']:.1f} s; the "
-        "improved greedy lets forwarders take waiting writers' send slots (partial starts) and "
-        f"lands at {aggs[2][('peace', *KEY)]['makespan_s']:.1f} s. At r = 3 disks must be "
-        "shared (24 replicas on 17 disks): there both fill the fifth link slot and beat "
-        f"hdfs-fair ({aggs[3][('peace', *KEY)]['makespan_s']:.1f} s and "
+        "chunks per timestep and direction as if every chunk ran at disk / 2; at r = 2 a "
+        "fifth chunk per direction puts two chunks on some disks (20 replicas on 17 disks) and "
+        "slows the whole timestep, so the rate-aware cut (peace.scheduler, change 7) keeps 4 "
+        "whole requests a timestep, 4 chunks per direction on undivided disks, link-bound: "
+        f"peace {aggs[2][('peace', *KEY)]['makespan_s']:.1f} s and peace-mcf "
+        f"{aggs[2][('peace-mcf', *KEY)]['makespan_s']:.1f} s against hdfs-fair's "
+        f"{aggs[2][('hdfs-fair', *KEY)]['makespan_s']:.1f} s, the rest over the fluid bound "
+        "being the decision time charged. At r = 3 disks must be shared (24+ replicas on 17 "
+        "disks) and the full 10-chunk timestep moves the most bytes: "
+        f"{aggs[3][('peace', *KEY)]['makespan_s']:.1f} s and "
         f"{aggs[3][('peace-mcf', *KEY)]['makespan_s']:.1f} s vs "
-        f"{aggs[3][('hdfs-fair', *KEY)]['makespan_s']:.1f} s).")
+        f"{aggs[3][('hdfs-fair', *KEY)]['makespan_s']:.1f} s.")
     params = {"quick": args.quick, "seeds": seeds, "grid_writers": grid_writers,
               "grid_sizes_mb": grid_sizes, "grid_policies": list(FIG10_POLICIES),
               "replications": [3, 2],

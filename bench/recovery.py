@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 import mmm
-from bench._harness import figure, parse_args, stats, write_result
+from bench._harness import figure, parse_args, save_figure, stats, write_result
 from bench.chkpt_latency import set_priority
 from bench.io_throughput import _evict
 from ioservice import CheckpointManager, IOService, StorageRoot, open_root
@@ -343,10 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a2.set_ylabel("s")
     a2.set_title(f"Whole recovery vs reading the files ({args.workers} threads, warm)")
     a2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    print(f"wrote {path} and {png}")
-    return 0
+    return save_figure(fig, png, path)
 
 
 if __name__ == "__main__":

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import textwrap
 import time
 from typing import Any
 
+from peace.argtypes import fraction, nonnegative_int, output_file, port, positive_float, positive_int
 from peace.errors import PeaceError
 from peace.model import Topology, figure5_topology, paper_topology
 
@@ -50,69 +50,6 @@ def load_topology(spec: str) -> Topology:
         return paper_topology(snd_up_chunks=None)
     with open(spec, encoding="utf-8") as fh:
         return Topology.from_dict(json.load(fh))
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    """argparse type: a TCP port, 0 (any free port) to 65535."""
-    value = _nonnegative_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port 0..65535, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    """argparse type: a number in (0, 1]."""
-    value = _positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return value
-
-
-def _output_file(text: str) -> str:
-    """argparse type: a file to write, in a directory that exists (checked before any work)."""
-    parent = os.path.dirname(os.path.abspath(text)) if text.strip() else ""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must be a file path, got an empty string")
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"directory {parent} of {text!r} does not exist")
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory, expected a file path")
-    if not os.access(parent, os.W_OK):
-        raise argparse.ArgumentTypeError(f"directory {parent} of {text!r} is not writable")
-    return text
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -176,7 +113,8 @@ def _parse_request(text: str) -> tuple[str, int, int]:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    from peace.scheduler import WriteRequest, make_scheduler
+    from peace.placement import WriteRequest
+    from peace.variants import make_scheduler
     from peace.validate import validate_schedule
 
     try:
@@ -243,7 +181,7 @@ example:
 def register(subparsers: Any) -> None:
     """Add the ``peace`` subcommand (and its leaves) to the top-level ``sguard`` parser."""
     from peace.experiment import ALL_POLICIES, FIG10_POLICIES
-    from peace.scheduler import SCHEDULER_VARIANTS
+    from peace.variants import SCHEDULER_VARIANTS
 
     raw = argparse.RawDescriptionHelpFormatter
     peace = subparsers.add_parser(
@@ -263,9 +201,9 @@ def register(subparsers: Any) -> None:
             "17-server topology and print mean response, service time and makespan; "
             "optionally plot Figure 10. All outputs are checked before the simulation "
             "starts."), epilog=_SIMULATE_EPILOG, formatter_class=raw)
-    sim.add_argument("--writers", type=_positive_int, nargs="+", default=[8, 12, 16],
+    sim.add_argument("--writers", type=positive_int, nargs="+", default=[8, 12, 16],
                      help="numbers of concurrent writers, at most 17 (default: %(default)s)")
-    sim.add_argument("--sizes-mb", type=_positive_int, nargs="+", default=[128, 256, 512],
+    sim.add_argument("--sizes-mb", type=positive_int, nargs="+", default=[128, 256, 512],
                      help="checkpoint size per writer in MB (default: %(default)s)")
     sim.add_argument("--policies", nargs="+", default=list(FIG10_POLICIES), choices=ALL_POLICIES,
                      help="peace = improved scheduler, peace-paper = Algorithm 1 as published, "
@@ -274,11 +212,11 @@ def register(subparsers: Any) -> None:
                           "(2 pipelines), hdfs = 1 pipeline per writer; default: %(default)s")
     sim.add_argument("--replication", type=int, nargs="+", default=[3], choices=[1, 2, 3, 4],
                      help="replication levels to simulate (default: %(default)s)")
-    sim.add_argument("--seeds", type=_positive_int, default=1,
+    sim.add_argument("--seeds", type=positive_int, default=1,
                      help="runs per configuration (default %(default)s)")
-    sim.add_argument("--plot", metavar="PNG", type=_output_file,
+    sim.add_argument("--plot", metavar="PNG", type=output_file,
                      help="write the Figure 10 plot here (its directory must exist)")
-    sim.add_argument("--json", metavar="PATH", type=_output_file,
+    sim.add_argument("--json", metavar="PATH", type=output_file,
                      help="write every run as JSON here (its directory must exist)")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sim.set_defaults(func=_cmd_simulate)
@@ -294,7 +232,7 @@ def register(subparsers: Any) -> None:
     sch.add_argument("--request", type=_parse_request, action="append", required=True,
                      metavar="WRITER,R,K",
                      help="a write request: writer server, replication R, chunks K (repeatable)")
-    sch.add_argument("--seed", type=_nonnegative_int, default=0,
+    sch.add_argument("--seed", type=nonnegative_int, default=0,
                      help="tie-breaking seed (default %(default)s)")
     sch.add_argument("--variant", choices=SCHEDULER_VARIANTS, default="improved",
                      help="improved (default), paper (Algorithm 1 as published) or mcf "
@@ -309,18 +247,18 @@ def register(subparsers: Any) -> None:
     srv.add_argument("--topology", default="paper",
                      help="figure5, paper, paper-bw or a JSON topology file (default %(default)s)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    srv.add_argument("--port", type=_port, default=0,
+    srv.add_argument("--port", type=port, default=0,
                      help="TCP port, 0 = any free port (default %(default)s)")
-    srv.add_argument("--seed", type=_nonnegative_int, default=0,
+    srv.add_argument("--seed", type=nonnegative_int, default=0,
                      help="tie-breaking seed (default %(default)s)")
     srv.add_argument("--variant", choices=SCHEDULER_VARIANTS, default="improved",
                      help="improved (default), paper (Algorithm 1 as published) or mcf "
                           "(min-cost-flow plan per timestep)")
-    srv.add_argument("--advance-fraction", type=_fraction, default=0.8,
+    srv.add_argument("--advance-fraction", type=fraction, default=0.8,
                      help="fraction of a timestep's chunks done before the next one is "
                           "scheduled, in (0, 1] (default %(default)s)")
-    srv.add_argument("--max-pending", type=_positive_int, default=None,
+    srv.add_argument("--max-pending", type=positive_int, default=None,
                      help="refuse new requests beyond this many pending (default: no limit)")
-    srv.add_argument("--serve-s", type=_positive_float, default=None,
+    srv.add_argument("--serve-s", type=positive_float, default=None,
                      help="stop after this many seconds (default: run until Ctrl-C)")
     srv.set_defaults(func=_cmd_serve)

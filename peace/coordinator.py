@@ -11,7 +11,15 @@ then scheduled on the residual network: full capacity minus what the chunks
 still in flight hold (``hold_inflight=True``) or full capacity (``False``, the
 default and the paper's literal reading: the straggling 20 % overlap the next
 timestep, which keeps the network busy; in simulation it gives both shorter
-service times and a shorter makespan). A request that cannot be taken now
+service times and a shorter makespan).
+
+Requests that arrive while a timestep runs are not left waiting for the next
+one if the current timestep still has capacity (``fill_on_submit``, default
+on): they are scheduled at once into what is left of the current timestep's
+residual (stamped with its index and counted by its advance rule), so a
+timestep begun by the first of several near-simultaneous checkpoints does not
+leave the network idle until its chunks are 80 % done. Older waiting requests
+are not retried there (the residual only shrank since they were refused). A request that cannot be taken now
 (the queue is at ``max_pending_requests``) gets :class:`CannotScheduleNowError`
 so the writer cancels its checkpoint and retries.
 
@@ -35,12 +43,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from peace.errors import (CannotScheduleNowError, CoordinatorStateError, ScheduleInfeasibleError,
                           UnknownRequestError)
 from peace.model import Network, Topology, build_network
-from peace.scheduler import (RACK_AWARE, ChunkPlacement, Heuristics, ReplicaTemplate, WriteRequest,
-                             make_scheduler)
+from peace.placement import RACK_AWARE, ChunkPlacement, ReplicaTemplate, WriteRequest
+from peace.scheduler import Heuristics
+from peace.variants import make_scheduler
 
 __all__ = ["RequestState", "RequestStatus", "CoordinatorStats", "Coordinator"]
 
@@ -141,7 +151,8 @@ class Coordinator:
                  max_pending_requests: int | None = None,
                  seed: int | np.random.Generator | None = None,
                  method: Literal["fast", "networkx"] = "fast",
-                 variant: str | Heuristics = "improved", lookahead: bool | None = None) -> None:
+                 variant: str | Heuristics = "improved", lookahead: bool | None = None,
+                 fill_on_submit: bool = True) -> None:
         if not 0.0 < advance_fraction <= 1.0:
             raise ValueError(f"advance_fraction must be in (0, 1], got {advance_fraction}")
         if max_pending_requests is not None and max_pending_requests < 1:
@@ -152,10 +163,15 @@ class Coordinator:
         self.advance_fraction = advance_fraction
         self.hold_inflight = hold_inflight
         self.max_pending_requests = max_pending_requests
+        self.fill_on_submit = fill_on_submit
         self._lock = threading.RLock()
         self._records: dict[int, _Record] = {}
         self._next_id = 0
         self._pending: list[WriteRequest] = []
+        self._fresh: set[int] = set()
+        """Ids of requests submitted since the last scheduling decision."""
+        self._residual: npt.NDArray[np.int64] | None = None
+        """What is left of the current timestep's capacity (``hold_inflight=False``)."""
         self._inflight: dict[tuple[int, int], ChunkPlacement] = {}
         self._held = np.zeros(self.network.n_edges, dtype=np.int64)
         self._timestep = -1
@@ -211,6 +227,7 @@ class Coordinator:
             self._next_id += 1
             self._records[req.request_id] = _Record(req, on_assign, on_fail)
             self._pending.append(req)
+            self._fresh.add(req.request_id)
             logger.debug("request %d from %s: r=%d k=%d queued", req.request_id, writer,
                          replication, chunks)
         if poll:
@@ -357,16 +374,21 @@ class Coordinator:
 
     def _advance_locked(self, fired: list[tuple[_Record, ChunkPlacement]],
                         failed: list[tuple[_Record, Exception]]) -> list[ChunkPlacement]:
-        if not self._pending or not self._can_advance():
+        if not self._pending:
             return []
+        if not self._can_advance():
+            return self._fill_locked(fired)
         attempts = 1 if self._inflight else 16
         plan = None
         for _ in range(attempts):
             if self.hold_inflight:
                 residual = self.network.new_residual() - self._held
+                base, n_base = self._held, len(self._inflight)
             else:
                 residual = self.network.new_residual()
-            plan = self.scheduler.schedule_timestep(self._pending, residual, self._timestep + 1)
+                base, n_base = None, 0
+            plan = self.scheduler.schedule_timestep(self._pending, residual, self._timestep + 1,
+                                                    base_chunks=n_base, base=base)
             if plan.placements:
                 break
         assert plan is not None
@@ -386,8 +408,47 @@ class Coordinator:
         self._ts_scheduled = len(plan.placements)
         self._ts_done = 0
         self._pending = list(plan.deferred)
-        self._history.extend(plan.placements)
-        for pl in plan.placements:
+        self._residual = residual
+        self._fresh.clear()
+        self._assign_locked(plan.placements, fired)
+        logger.info("timestep %d: %d chunks scheduled, %d requests deferred", self._timestep,
+                    len(plan.placements), len(plan.deferred))
+        return list(plan.placements)
+
+    def _fill_locked(self, fired: list[tuple[_Record, ChunkPlacement]]) -> list[ChunkPlacement]:
+        """Schedule requests submitted since the last decision into the current timestep."""
+        fresh = [q for q in self._pending if q.request_id in self._fresh]
+        self._fresh.clear()
+        if not fresh or not self.fill_on_submit or self._timestep < 0:
+            return []
+        if self.hold_inflight:
+            residual = self.network.new_residual() - self._held
+        else:
+            assert self._residual is not None
+            residual = self._residual
+        used = self.network.capacity - residual
+        plan = self.scheduler.schedule_timestep(fresh, residual, self._timestep,
+                                                base_chunks=self._chunks_running(), base=used)
+        if not plan.placements:
+            return []
+        fresh_ids = {q.request_id for q in fresh}
+        left = {q.request_id: q for q in plan.deferred}
+        self._pending = [left.get(q.request_id, q) for q in self._pending
+                         if q.request_id not in fresh_ids or q.request_id in left]
+        self._ts_scheduled += len(plan.placements)
+        self._assign_locked(plan.placements, fired)
+        logger.info("timestep %d: %d more chunks for requests that arrived during it",
+                    self._timestep, len(plan.placements))
+        return list(plan.placements)
+
+    def _chunks_running(self) -> int:
+        """Chunks that share the capacity a new placement of this timestep would join."""
+        return len(self._inflight) if self.hold_inflight else self._ts_scheduled
+
+    def _assign_locked(self, placements: Sequence[ChunkPlacement],
+                       fired: list[tuple[_Record, ChunkPlacement]]) -> None:
+        self._history.extend(placements)
+        for pl in placements:
             self._inflight[(pl.request_id, pl.chunk_index)] = pl
             for e in pl.edge_ids:
                 self._held[e] += 1
@@ -395,9 +456,6 @@ class Coordinator:
             rec.assigned += 1
             rec.state = RequestState.ACTIVE
             fired.append((rec, pl))
-        logger.info("timestep %d: %d chunks scheduled, %d requests deferred", self._timestep,
-                    len(plan.placements), len(plan.deferred))
-        return list(plan.placements)
 
     @staticmethod
     def _fire(fired: list[tuple[_Record, ChunkPlacement]],

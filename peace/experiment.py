@@ -72,6 +72,8 @@ class Row:
     makespan_s: float
     ms_per_decision: float
     replication: int = 3
+    decision_s: float = 0.0
+    """Simulated seconds charged for Peace's decisions (0 for the baselines)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -127,7 +129,7 @@ def run_grid(writers: Iterable[int] = (8, 12, 16), sizes_mb: Iterable[int] = (12
                     res = simulate(topo, jobs, pol, background=background)
                     rows.append(Row(policy, w, size, seed, res.mean_response_s,
                                     res.mean_service_s, res.makespan_s, res.ms_per_decision,
-                                    replication))
+                                    replication, res.decision_s))
                     if on_progress is not None:
                         on_progress(len(rows), total)
     return rows
@@ -155,6 +157,7 @@ def aggregate(rows: Sequence[Row], replication: int | None = None
     return {k: {"mean_response_s": float(np.mean([r.mean_response_s for r in v])),
                 "mean_service_s": float(np.mean([r.mean_service_s for r in v])),
                 "makespan_s": float(np.mean([r.makespan_s for r in v])),
+                "decision_s": float(np.mean([r.decision_s for r in v])),
                 "runs": len(v)} for k, v in groups.items()}
 
 

@@ -84,8 +84,8 @@ import numpy as np
 import numpy.typing as npt
 
 from peace.model import Network, Topology
-from peace.scheduler import (RACK_AWARE, ChunkPlacement, Heuristics, PeaceScheduler,
-                             ReplicaTemplate, Residual, WriteRequest)
+from peace.placement import RACK_AWARE, ChunkPlacement, ReplicaTemplate, Residual, WriteRequest
+from peace.scheduler import _NO_REQUEST, Heuristics, PeaceScheduler, release
 
 __all__ = ["McfScheduler", "UNSTARTED_COST", "LINK_COST", "BIG", "FlowPlan"]
 
@@ -314,12 +314,9 @@ class McfScheduler(PeaceScheduler):
               ) -> tuple[list[ChunkPlacement], list[WriteRequest], int]:
         """Plan by min-cost flow, repair into chains, fill; returns placements, deferred, rollbacks."""
         net = self.network
-        h = self.heuristics
-        rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
-        servers = net.servers
         n_req = len(reqs)
         plan = self.plan(reqs, writers, residual)
-        rank = np.full(net.n_servers, 1 << 40, dtype=np.int64)
+        rank = np.full(net.n_servers, _NO_REQUEST, dtype=np.int64)
         for i in range(n_req - 1, -1, -1):
             rank[writers[i]] = i
         placed: list[list[ChunkPlacement]] = [[] for _ in range(n_req)]
@@ -343,18 +340,12 @@ class McfScheduler(PeaceScheduler):
                 return False
             self._hint = hint
             try:
-                chain = self._place_chain(w, q.replication, residual, rsp,
-                                          rank if h.role_aware_ties else None)
+                chain = self._place_chain(w, q.replication, residual, rank)
             finally:
                 self._hint = None
             if chain is None:
                 return False
-            p, hops, cost = chain
-            placed[i].append(ChunkPlacement(
-                request_id=q.request_id, chunk_index=q.first_chunk + len(placed[i]),
-                timestep=timestep, servers=tuple(servers[j] for j in p),
-                hops=tuple(net.path_vertices(hp) for hp in hops), cost=cost,
-                edge_ids=tuple(e for hp in hops for e in hp)))
+            placed[i].append(self._placement(q, q.first_chunk + len(placed[i]), timestep, chain))
             return True
 
         partial_racks: set[int] = set()
@@ -368,9 +359,7 @@ class McfScheduler(PeaceScheduler):
                 if self.partial_starts and rack not in partial_racks and shared_disk(i):
                     partial_racks.add(rack)
                     return
-                for pl in placed[i]:
-                    for e in pl.edge_ids:
-                        residual[e] += 1
+                release(residual, placed[i])
                 placed[i] = []
                 gave_up[i] = True
                 rolled_back += 1

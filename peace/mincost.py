@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from peace.model import Network
-from peace.scheduler import WriteRequest
+from peace.placement import WriteRequest
 
 __all__ = ["FlowBound", "min_cost_flow_bound"]
 

@@ -13,8 +13,9 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
     (``W'``). Ties among equal-cost destinations are broken uniformly at random.
 
 ``"improved"`` (default; the ``peace`` policy of the benchmark) -- Algorithm 1 plus
-    six changes, all of them only *restrict or order* the candidates of the
-    same randomized shortest-path step, so every placement is still a
+    seven changes, all of them only *restrict or order* the candidates of the
+    same randomized shortest-path step (or, 7, drop whole requests from the end
+    of a timestep), so every placement is still a
     minimum-cost path on the residual graph and capacities, templates and the
     chain property hold exactly as before (the validator checks the same
     certificate):
@@ -50,7 +51,21 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
     6. **spread receivers**: among equal-cost destinations, servers with more
        free receive slots (DN->RCV) come first, before the role-aware key: two
        chunks share a disk (and each runs at half its speed) only when they
-       must.
+       must;
+    7. **rate-aware cut** (work conservation by the bytes, not the slots): the
+       capacities count chunks per timestep as if every chunk ran at disk / 2,
+       but a chunk alone on its disks runs at the full disk speed until a link
+       or NIC it shares is the bottleneck. After the pass, the timestep keeps
+       the prefix of its placements (cut between requests, started ones first)
+       that moves the most bytes per second by the topology's bandwidths:
+       ``k * min over the used edges e of bandwidth(e) / chunks on e``, every
+       chunk paced by the slowest (a timestep ends when most of its chunks
+       have). Filling a fifth inter-rack slot at r = 2 on the paper's network
+       puts two chunks on some disks and slows the whole timestep from
+       31 MB/s (link-bound, 4 chunks per direction) to 22.5 MB/s per chunk;
+       the cut leaves those chunks for the next timestep. At r = 3 disks must
+       be shared anyway and the full timestep moves the most bytes, so it is
+       kept. Every kept placement is unchanged, so the certificate holds.
 
     The template look-ahead (``lookahead``: never pick a rack from which the
     remaining templates cannot be met, e.g. a one-server rack when the next
@@ -59,7 +74,7 @@ Two variants share this module (pick one with ``PeaceScheduler(..., variant=...)
 Individual changes can be switched with :class:`Heuristics` (ablations).
 
 A third variant, ``"mcf"`` (:class:`peace.mcf.McfScheduler`, built by
-:func:`make_scheduler`), plans each timestep with an integral min-cost flow and
+:func:`peace.variants.make_scheduler`), plans each timestep with an integral min-cost flow and
 repairs the plan into chains with the improved search.
 
 Randomization is explicit: among all eligible destinations whose path cost is
@@ -91,16 +106,17 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal, TypeAlias
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import networkx as nx
 import numpy as np
 import numpy.typing as npt
 
-from peace.errors import (InfeasibleRequestError, InvalidRequestError, ScheduleInfeasibleError,
-                          TemplateError, UnknownServerError)
+from peace.errors import InfeasibleRequestError, ScheduleInfeasibleError
 from peace.model import Network, Topology, Vertex, build_network
+from peace.placement import (RACK_AWARE, UNCONSTRAINED, ChunkPlacement, ReplicaTemplate, Residual,
+                             Schedule, TimestepPlan, WriteRequest, check_templates)
 
 __all__ = [
     "ReplicaTemplate",
@@ -115,62 +131,14 @@ __all__ = [
     "VARIANTS",
     "PeaceScheduler",
     "check_templates",
-    "SCHEDULER_VARIANTS",
-    "make_scheduler",
 ]
 
 logger = logging.getLogger(__name__)
 
-Residual: TypeAlias = npt.NDArray[np.int64]
 _NO_REQUEST = 1 << 40
 """Rank of a server without a pending request (see ``PeaceScheduler._preference``)."""
 _Rsp = Callable[[int, npt.NDArray[np.bool_], Residual, "npt.NDArray[np.int64] | None"],
                 "tuple[int, tuple[int, ...], int] | None"]
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaTemplate:
-    """Constraint template for one replica index (paper: "constraint templates").
-
-    Indexes refer to the chunk's path ``p`` so far: ``0`` is the writer, ``1``
-    the first replica, ...; negative indexes count from the end (``-1`` is the
-    current source). Every replica must also differ from every node on ``p``.
-
-    >>> ReplicaTemplate(same_rack_as=(0,))   # same rack as the writer
-    ReplicaTemplate(same_rack_as=(0,), other_rack_than=())
-    """
-
-    same_rack_as: tuple[int, ...] = ()
-    other_rack_than: tuple[int, ...] = ()
-
-
-#: first replica in the writer's rack, second in another rack, third beside the second
-#: (HDFS's rack-aware policy with the local disk excluded, as the paper's modified HDFS).
-RACK_AWARE: tuple[ReplicaTemplate, ...] = (
-    ReplicaTemplate(same_rack_as=(0,)),
-    ReplicaTemplate(other_rack_than=(0,)),
-    ReplicaTemplate(same_rack_as=(2,)),
-)
-#: only "distinct from every node already on the chain".
-UNCONSTRAINED: tuple[ReplicaTemplate, ...] = ()
-
-
-def check_templates(templates: Sequence[ReplicaTemplate], replication: int) -> None:
-    """Check every index of the templates used for ``replication`` replicas.
-
-    Raises
-    ------
-    TemplateError
-        If the template of replica ``i`` names a path position that does not
-        exist when replica ``i`` is placed (the path then holds ``i + 1`` nodes).
-    """
-    for i, tpl in enumerate(templates[:replication]):
-        if not isinstance(tpl, ReplicaTemplate):
-            raise TemplateError(f"template {i} is not a ReplicaTemplate: {tpl!r}")
-        for idx in tpl.same_rack_as + tpl.other_rack_than:
-            if isinstance(idx, bool) or not isinstance(idx, int) or not -(i + 1) <= idx <= i:
-                raise TemplateError(f"template of replica {i} names path position {idx!r}; "
-                                    f"only {-(i + 1)}..{i} exist then")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +164,9 @@ class Heuristics:
     spread_receivers: bool = True
     """Among equal-cost destinations prefer servers with the most free receive slots
     (before the role-aware key): chunks avoid sharing a disk when they need not."""
+    rate_aware_cut: bool = True
+    """Keep the prefix of a timestep's requests that moves the most bytes per second by
+    the topology's bandwidths (see change 7 in the module docstring)."""
 
 
 #: named variants: ``"paper"`` is Algorithm 1 as published, ``"improved"`` the default.
@@ -203,76 +174,8 @@ VARIANTS: dict[str, Heuristics] = {
     "improved": Heuristics(),
     "paper": Heuristics(template_lookahead=False, send_lookahead=False, max_backtracks=0,
                         role_aware_ties=False, whole_requests=False, started_first=False,
-                        spread_receivers=False),
+                        spread_receivers=False, rate_aware_cut=False),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class WriteRequest:
-    """A write request ``(w, r, k)``: ``chunks`` chunks from ``writer``, ``replication`` copies."""
-
-    writer: str
-    replication: int
-    chunks: int
-    request_id: int = 0
-    first_chunk: int = 0
-    """Index of the first chunk still to place (a deferred request keeps its numbering)."""
-
-    def __post_init__(self) -> None:
-        for what in ("replication", "chunks"):
-            v = getattr(self, what)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-                raise InvalidRequestError(
-                    f"request {self.request_id} from {self.writer!r}: {what} must be a positive "
-                    f"integer, got {v!r}")
-        if not isinstance(self.writer, str):
-            raise InvalidRequestError(f"request {self.request_id}: writer must be a server name")
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkPlacement:
-    """Where and when one chunk goes: its replication pipeline and the graph path of each hop."""
-
-    request_id: int
-    chunk_index: int
-    timestep: int
-    servers: tuple[str, ...]
-    """Writer first, then the replicas in pipeline order."""
-    hops: tuple[tuple[Vertex, ...], ...]
-    """Vertex path of hop ``i``, from ``("snd", servers[i])`` to ``("rcv", servers[i + 1])``."""
-    cost: int
-    """Sum of the edge costs of all hops."""
-    edge_ids: tuple[int, ...] = field(default=(), compare=False, repr=False)
-    """All edge ids the chain uses (with repetition), for fast residual bookkeeping."""
-
-    @property
-    def writer(self) -> str:
-        """The chunk's writer."""
-        return self.servers[0]
-
-    @property
-    def replicas(self) -> tuple[str, ...]:
-        """The replica servers in pipeline order."""
-        return self.servers[1:]
-
-
-@dataclass(frozen=True, slots=True)
-class TimestepPlan:
-    """Algorithm 1's output ``(P, G, W')`` for one timestep."""
-
-    timestep: int
-    placements: tuple[ChunkPlacement, ...]
-    deferred: tuple[WriteRequest, ...]
-    """Requests (with their remaining chunks) left for the next timestep, in order."""
-
-
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    """A complete offline schedule: every chunk of every request, timestep by timestep."""
-
-    requests: tuple[WriteRequest, ...]
-    placements: tuple[ChunkPlacement, ...]
-    timesteps: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +187,9 @@ class SchedulerStats:
     decision_time_s: float
     """Wall time spent in :meth:`PeaceScheduler.schedule_timestep` (all bookkeeping included)."""
     chunks_placed: int
+    decision_cpu_s: float = 0.0
+    """CPU time of the deciding thread in :meth:`PeaceScheduler.schedule_timestep`: the
+    decisions' own cost, without the turns other processes take on a shared machine."""
 
     @property
     def ms_per_decision(self) -> float:
@@ -365,15 +271,18 @@ class PeaceScheduler:
         self._decisions = 0
         self._failed = 0
         self._decision_time = 0.0
+        self._decision_cpu = 0.0
         self._placed = 0
         net = self.network
         self._server_switch = net.rack_of  # rack r hangs under switch index r
         self._all_true = np.ones(net.n_servers, dtype=bool)
+        self._edge_bw = _edge_bandwidths(net)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> SchedulerStats:
         """Decision counters since construction."""
-        return SchedulerStats(self._decisions, self._failed, self._decision_time, self._placed)
+        return SchedulerStats(self._decisions, self._failed, self._decision_time, self._placed,
+                              self._decision_cpu)
 
     # ------------------------------------------------------------- validation
     def check_request(self, request: WriteRequest) -> None:
@@ -487,7 +396,8 @@ class PeaceScheduler:
         return ok
 
     def schedule_timestep(self, requests: Iterable[WriteRequest], residual: Residual,
-                          timestep: int = 0) -> TimestepPlan:
+                          timestep: int = 0, *, base_chunks: int = 0,
+                          base: npt.NDArray[np.int64] | None = None) -> TimestepPlan:
         """Run Algorithm 1 once: place what fits into ``residual`` (updated in place).
 
         Parameters
@@ -500,6 +410,10 @@ class PeaceScheduler:
             scheduled chunk (``G <- G'``), untouched by chunks that did not fit.
         timestep
             Stamped on the placements.
+        base_chunks, base
+            Chunks already running on the capacity ``residual`` is left of, and their
+            use of every edge (an int vector by edge id): the rate-aware cut counts
+            them, and may then place nothing. Default: none (a fresh timestep).
 
         Returns
         -------
@@ -517,6 +431,7 @@ class PeaceScheduler:
         + servers)), twice in the worst case with ``whole_requests``.
         """
         t_start = time.perf_counter()
+        cpu_start = time.thread_time()
         h = self.heuristics
         reqs = list(requests)
         writers = [self.network.index(req.writer) for req in reqs]
@@ -531,8 +446,12 @@ class PeaceScheduler:
             if rolled_back and not placements:
                 # whole_requests must never stall what Algorithm 1 would place
                 placements, deferred, _ = self._pass(reqs, writers, residual, timestep, False)
+            if h.rate_aware_cut and placements:
+                placements, deferred = self._rate_aware_cut(reqs, placements, deferred, residual,
+                                                            base_chunks, base)
         finally:
             self._decision_time += time.perf_counter() - t_start
+            self._decision_cpu += time.thread_time() - cpu_start
         self._placed += len(placements)
         logger.debug("timestep %d: %d chunks placed, %d requests deferred", timestep,
                      len(placements), len(deferred))
@@ -543,9 +462,6 @@ class PeaceScheduler:
               ) -> tuple[list[ChunkPlacement], list[WriteRequest], int]:
         """One pass of Algorithm 1 over ``reqs``; returns placements, deferred, rollbacks."""
         net = self.network
-        h = self.heuristics
-        rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
-        servers = net.servers
         # rank[s]: queue position of the next request of writer s still to process this
         # pass (_NO_REQUEST if none): how soon s needs its own send capacity
         n_req = len(reqs)
@@ -568,21 +484,14 @@ class PeaceScheduler:
             if whole and req.first_chunk == 0:
                 target = min(k, int(residual[net.e_snd_up[w]]), int(residual[net.e_up_sw[w]]))
             while k > 0:
-                chain = self._place_chain(w, r, residual, rsp, rank if h.role_aware_ties else None)
+                chain = self._place_chain(w, r, residual, rank)
                 if chain is None:
                     break
-                p, hops, cost = chain
-                mine.append(ChunkPlacement(
-                    request_id=req.request_id, chunk_index=idx, timestep=timestep,
-                    servers=tuple(servers[j] for j in p),
-                    hops=tuple(net.path_vertices(hp) for hp in hops), cost=cost,
-                    edge_ids=tuple(e for hp in hops for e in hp)))
+                mine.append(self._placement(req, idx, timestep, chain))
                 k -= 1
                 idx += 1
             if mine and len(mine) < target:  # would start below its full rate: wait
-                for pl in mine:
-                    for e in pl.edge_ids:
-                        residual[e] += 1
+                release(residual, mine)
                 mine = []
                 k, idx = req.chunks, req.first_chunk
                 rolled_back += 1
@@ -592,15 +501,67 @@ class PeaceScheduler:
                 deferred.append(replace(req, chunks=k, first_chunk=idx))
         return placements, deferred, rolled_back
 
-    def _place_chain(self, w: int, r: int, residual: Residual, rsp: _Rsp,
-                     rank: npt.NDArray[np.int64] | None
+    def _rate_aware_cut(self, reqs: Sequence[WriteRequest], placements: list[ChunkPlacement],
+                        deferred: list[WriteRequest], residual: Residual, base_chunks: int = 0,
+                        base: npt.NDArray[np.int64] | None = None
+                        ) -> tuple[list[ChunkPlacement], list[WriteRequest]]:
+        """Keep the request-aligned prefix of ``placements`` with the highest estimated
+        throughput (change 7), counting ``base_chunks`` already running on ``base``; the
+        rest is given back to ``residual`` and deferred."""
+        bw = self._edge_bw
+        counts = np.zeros(self.network.n_edges, dtype=np.int64)
+        slowest = np.inf
+        best_k, best_rate = len(placements), -1.0
+        if base is not None and base_chunks > 0:
+            counts += base
+            used = counts > 0
+            if used.any():
+                slowest = float((bw[used] / counts[used]).min())
+                best_k, best_rate = 0, base_chunks * slowest
+        for k, pl in enumerate(placements, 1):
+            eids = np.asarray(pl.edge_ids, dtype=np.int64)
+            np.add.at(counts, eids, 1)
+            slowest = min(slowest, float((bw[eids] / counts[eids]).min()))
+            at_boundary = k == len(placements) or placements[k].request_id != pl.request_id
+            rate = (base_chunks + k) * slowest
+            if at_boundary and rate >= best_rate * (1 - 1e-9):  # ties: more chunks
+                best_k, best_rate = k, rate
+        if best_k == len(placements):
+            return placements, deferred
+        kept, dropped = placements[:best_k], placements[best_k:]
+        release(residual, dropped)
+        placed: dict[int, int] = {}
+        for pl in kept:
+            placed[pl.request_id] = placed.get(pl.request_id, 0) + 1
+        out = []
+        for q in reqs:
+            n = placed.get(q.request_id, 0)
+            if n < q.chunks:
+                out.append(replace(q, chunks=q.chunks - n, first_chunk=q.first_chunk + n))
+        return kept, out
+
+    def _placement(self, req: WriteRequest, chunk_index: int, timestep: int,
+                   chain: tuple[list[int], list[tuple[int, ...]], int]) -> ChunkPlacement:
+        """The placement of chunk ``chunk_index`` of ``req`` along a chain from `_place_chain`."""
+        net = self.network
+        path, hops, cost = chain
+        return ChunkPlacement(
+            request_id=req.request_id, chunk_index=chunk_index, timestep=timestep,
+            servers=tuple(net.servers[j] for j in path),
+            hops=tuple(net.path_vertices(hp) for hp in hops), cost=cost,
+            edge_ids=tuple(e for hp in hops for e in hp))
+
+    def _place_chain(self, w: int, r: int, residual: Residual, rank: npt.NDArray[np.int64]
                      ) -> tuple[list[int], list[tuple[int, ...]], int] | None:
         """Place the ``r`` replicas of one chunk from writer ``w`` as a chain, or give up.
 
+        ``rank``: queue position of each server's next request (role-aware tie-break).
         On success the residual holds the chain's usage; on failure it is unchanged.
         """
         net = self.network
         h = self.heuristics
+        rsp: _Rsp = self._rsp_fast if self.method == "fast" else self._rsp_networkx
+        ranks = rank if h.role_aware_ties else None
         path = [w]
         hops: list[tuple[int, ...]] = []
         costs: list[int] = []
@@ -610,14 +571,19 @@ class PeaceScheduler:
             nonlocal budget
             last = rp == r - 1
             excluded: list[int] = []
+            z = path[-1]
             while True:
+                if residual[net.e_snd_up[z]] <= 0 or residual[net.e_up_sw[z]] <= 0:
+                    self._decisions += 1  # the source cannot send: no path (what RSP returns)
+                    self._failed += 1
+                    return False
                 allowed = self._allowed(path, rp, r)
                 if excluded:
                     allowed[excluded] = False
                 if h.send_lookahead and not last:
                     allowed &= ((residual[net.e_snd_up] > 0) & (residual[net.e_up_sw] > 0))
-                prefer = None if rank is None else self._preference(residual, rank, last)
-                q = rsp(path[-1], allowed, residual, prefer)
+                prefer = None if ranks is None else self._preference(residual, ranks, last)
+                q = rsp(z, allowed, residual, prefer)
                 self._decisions += 1
                 if q is None:
                     self._failed += 1
@@ -842,27 +808,22 @@ class PeaceScheduler:
         return j, eids, int(best)
 
 
-#: every variant name :func:`make_scheduler` understands (``mcf``: :mod:`peace.mcf`)
-SCHEDULER_VARIANTS = ("improved", "paper", "mcf")
+def release(residual: Residual, placements: Iterable[ChunkPlacement]) -> None:
+    """Give the capacity of ``placements`` back to ``residual`` (in place)."""
+    for pl in placements:
+        for e in pl.edge_ids:
+            residual[e] += 1
 
 
-def make_scheduler(network: Network | Topology, templates: Sequence[ReplicaTemplate] = RACK_AWARE,
-                   *, seed: int | np.random.Generator | None = None,
-                   method: Literal["fast", "networkx"] = "fast",
-                   variant: str | Heuristics = "improved",
-                   lookahead: bool | None = None) -> PeaceScheduler:
-    """A scheduler by variant name: ``improved``, ``paper`` or ``mcf`` (or a :class:`Heuristics`).
-
-    Raises
-    ------
-    ValueError
-        For an unknown variant name.
-    """
-    if variant == "mcf":
-        from peace.mcf import McfScheduler
-        return McfScheduler(network, templates, seed=seed, method=method, lookahead=lookahead)
-    return PeaceScheduler(network, templates, seed=seed, method=method, variant=variant,
-                          lookahead=lookahead)
+def _edge_bandwidths(net: Network) -> npt.NDArray[np.float64]:
+    """Bytes per second of every edge: host edges the NIC (the receive edge also the disk),
+    switch links their line rate; what the rate-aware cut divides among the chunks."""
+    t = net.topology
+    bw = np.full(net.n_edges, float(t.nic_bytes_per_s))
+    bw[net.e_dn_rcv] = float(min(t.nic_bytes_per_s, t.disk_bytes_per_s))
+    for e, (li, _) in net.link_of_edge.items():
+        bw[e] = float(t.links[li].bandwidth_bytes_per_s)
+    return bw
 
 
 def _single(n: int, j: int) -> npt.NDArray[np.bool_]:

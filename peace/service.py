@@ -40,7 +40,7 @@ from typing import Any
 from peace import errors as _errors
 from peace.coordinator import Coordinator, RequestState
 from peace.errors import PeaceError, ServiceError
-from peace.scheduler import ChunkPlacement
+from peace.placement import ChunkPlacement
 
 __all__ = ["CoordinatorServer", "CoordinatorClient", "placement_to_json"]
 

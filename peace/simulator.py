@@ -20,9 +20,21 @@ pipelines at once (the IOService's worker threads), optionally with an admission
 cap on concurrent requests ("admission only"). ``hdfs-fair`` is HDFS with the
 same per-writer concurrency as Peace (its writers' SND->UP capacity, 2).
 
-Per request the result holds the *response time* (submit -> last chunk done)
-and the *service time* (first chunk start -> last chunk done); the makespan is
-the last completion minus the first submission.
+Per request the result holds the *response time* (submit -> last chunk done,
+the headline: it includes any admission wait) and the *service time* (first
+chunk start -> last chunk done); the makespan is the last completion minus the
+first submission.
+
+Peace's decisions cost simulated time: :class:`PeacePolicy` measures the time
+the scheduler spends in each call that schedules a timestep
+(:meth:`peace.scheduler.PeaceScheduler.schedule_timestep`, all bookkeeping
+included) and starts that timestep's chunks that much later; decisions are
+serial (one coordinator), so a decision that is due while another one runs
+starts when it ends. The time is the deciding thread's CPU time
+(``time.thread_time``): a coordinator's own cost, not the turns other
+processes take on a shared machine (on this 2-core machine shared by ~8
+benchmark runs, wall time was 3-25x the CPU time). The baselines decide nothing that takes time (HDFS picks
+replicas per block in microseconds) and are not charged.
 
 Invariants: bytes are conserved (every resource serves exactly the bytes of
 the flows that crossed it, times the crossings); no resource is loaded beyond
@@ -33,6 +45,8 @@ Calibration (recorded in :data:`CALIBRATION`): 64 MB chunks, 125 MB/s NICs, a
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
 import time
@@ -47,7 +61,8 @@ from peace.baselines import Router, hdfs_placement, random_placement
 from peace.coordinator import Coordinator
 from peace.errors import SimulationError
 from peace.model import MB, Network, Topology, build_network
-from peace.scheduler import RACK_AWARE, ChunkPlacement, Heuristics, ReplicaTemplate
+from peace.placement import RACK_AWARE, ChunkPlacement, ReplicaTemplate
+from peace.scheduler import Heuristics
 
 __all__ = [
     "CALIBRATION",
@@ -194,6 +209,8 @@ class SimResult:
     """Size x crossings of every completed write flow, per resource."""
     decisions: int = 0
     ms_per_decision: float = 0.0
+    decision_s: float = 0.0
+    """Simulated time charged for the scheduler's decisions (see the module docstring)."""
 
     @property
     def mean_response_s(self) -> float:
@@ -210,7 +227,7 @@ class SimResult:
         return {"mean_response_s": self.mean_response_s, "mean_service_s": self.mean_service_s,
                 "makespan_s": self.makespan_s, "requests": len(self.requests),
                 "events": self.events, "wall_s": self.wall_s,
-                "ms_per_decision": self.ms_per_decision}
+                "ms_per_decision": self.ms_per_decision, "decision_s": self.decision_s}
 
 
 # --------------------------------------------------------------------------- engine
@@ -289,6 +306,8 @@ class Simulation:
         self._first_start: dict[int, float] = {}
         self._done: dict[int, float] = {}
         self._started: set[tuple[int, int]] = set()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
 
     # ---- resources
     def _link_res(self, eid: int) -> int:
@@ -377,6 +396,15 @@ class Simulation:
             self.server_streams[s] += 1
         self._first_start.setdefault(job_id, self.now)
 
+    def call_at(self, when: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at simulated time ``when`` (now if ``when`` is past), in call order."""
+        heapq.heappush(self._timers, (max(when, self.now), next(self._timer_seq), fn))
+
+    def _fire_timers(self) -> None:
+        while self._timers and self._timers[0][0] <= self.now + 1e-12:
+            _, _, fn = heapq.heappop(self._timers)
+            fn()
+
     @staticmethod
     def chunks_of(job: WriteJob, chunk_bytes: int) -> int:
         """Number of chunks a job writes."""
@@ -415,10 +443,14 @@ class Simulation:
                 ai += 1
             if batch:
                 policy.on_submit(self.now, batch)
+            self._fire_timers()
             finite = self._slot_active & np.isfinite(self._slot_rem)
             if not finite.any():
-                if ai < len(order):
-                    self.now = order[ai].submit_s
+                upcoming = [order[ai].submit_s] if ai < len(order) else []
+                if self._timers:
+                    upcoming.append(self._timers[0][0])
+                if upcoming:
+                    self.now = max(self.now, min(upcoming))
                     continue
                 break
             if self._dirty:
@@ -435,6 +467,8 @@ class Simulation:
             dt = float(ttf.min())
             if ai < len(order):
                 dt = min(dt, order[ai].submit_s - self.now)
+            if self._timers:
+                dt = min(dt, self._timers[0][0] - self.now)
             dt = max(dt, 0.0)
             act = self._slot_active
             self._slot_rem[act] -= rate[act] * dt
@@ -486,20 +520,32 @@ class Simulation:
             st = coord.scheduler.stats()
             decisions, mspd = st.decisions, st.ms_per_decision
         return SimResult(policy.name, reqs, makespan, events, time.perf_counter() - t0,
-                         self.served.copy(), self.expected.copy(), decisions, mspd)
+                         self.served.copy(), self.expected.copy(), decisions, mspd,
+                         float(getattr(policy, "decision_s", 0.0)))
 
 
 # --------------------------------------------------------------------------- policies
 class PeacePolicy:
     """Chunks start when and where the online :class:`~peace.coordinator.Coordinator` says.
 
-    Parameters are the coordinator's (see there).
+    Parameters are the coordinator's (see there), and ``charge_decisions``, what
+    a scheduling decision costs in simulated time before its chunks start:
+    ``True`` (default) the measured CPU time of the scheduler's call; a number,
+    that many seconds per replica placement decision (RSP call), a model that
+    does not depend on the machine's speed (tests); ``False`` nothing.
+    ``decision_s`` sums what was charged.
     """
 
     def __init__(self, *, templates: Sequence[ReplicaTemplate] = RACK_AWARE,
                  advance_fraction: float = 0.8, hold_inflight: bool = False, seed: int = 0,
-                 variant: str | Heuristics = "improved", name: str = "peace") -> None:
+                 variant: str | Heuristics = "improved", name: str = "peace",
+                 charge_decisions: bool | float = True) -> None:
+        if not isinstance(charge_decisions, bool) and not charge_decisions >= 0:
+            raise ValueError(f"charge_decisions must be a bool or seconds >= 0, "
+                             f"got {charge_decisions!r}")
         self.name = name
+        self.charge_decisions = charge_decisions
+        self.decision_s = 0.0
         self.variant = variant
         self.templates = tuple(templates)
         self.advance_fraction = advance_fraction
@@ -516,6 +562,8 @@ class PeacePolicy:
                                        variant=self.variant)
         self._job_of: dict[int, int] = {}
         self._rid_of: dict[int, int] = {}
+        self.decision_s = 0.0
+        self._busy_until = 0.0
 
     def on_submit(self, now: float, jobs: Sequence[WriteJob]) -> None:
         """Submit every job, then let the coordinator schedule once."""
@@ -526,12 +574,38 @@ class PeacePolicy:
                                           Simulation.chunks_of(job, chunk), poll=False)
             self._job_of[rid] = job.job_id
             self._rid_of[job.job_id] = rid
-        self._start(self.coordinator.poll())
+        self._decide(now, self.coordinator.poll)
 
     def on_chunk_done(self, now: float, job_id: int, chunk_index: int) -> None:
         """Report the completion; start whatever the coordinator assigns next."""
         assert self.coordinator is not None
-        self._start(self.coordinator.complete(self._rid_of[job_id], chunk_index))
+        coord = self.coordinator
+        self._decide(now, lambda: coord.complete(self._rid_of[job_id], chunk_index))
+
+    def _decide(self, now: float, call: Callable[[], list[ChunkPlacement]]) -> None:
+        """Run a coordinator call; its chunks start once the decision's time has passed.
+
+        The coordinator decides one thing at a time: a decision due while an earlier one
+        still runs (in simulated time) starts when that one ends.
+        """
+        assert self.coordinator is not None
+        sched = self.coordinator.scheduler
+        before = sched.stats()
+        placements = call()
+        after = sched.stats()
+        if isinstance(self.charge_decisions, bool):
+            spent = after.decision_cpu_s - before.decision_cpu_s if self.charge_decisions else 0.0
+        else:
+            spent = float(self.charge_decisions) * (after.decisions - before.decisions)
+        if spent > 0.0:
+            self._busy_until = max(now, self._busy_until) + spent
+            self.decision_s += spent
+        if not placements:
+            return
+        if self._busy_until <= now:
+            self._start(placements)
+        else:
+            self.sim.call_at(self._busy_until, lambda: self._start(placements))
 
     def _start(self, placements: Sequence[ChunkPlacement]) -> None:
         net = self.sim.network
@@ -637,7 +711,8 @@ PeacePolicyOrBaseline: TypeAlias = "PeacePolicy | BaselinePolicy"
 
 def make_policy(name: str, *, seed: int = 0, streams_per_writer: int = 1,
                 admission_cap: int = 4, advance_fraction: float = 0.8,
-                hold_inflight: bool = False, fair_streams: int = 2) -> PeacePolicyOrBaseline:
+                hold_inflight: bool = False, fair_streams: int = 2,
+                charge_decisions: bool | float = True) -> PeacePolicyOrBaseline:
     """A policy by name (see :data:`POLICIES`).
 
     ``peace`` is the improved scheduler, ``peace-paper`` Algorithm 1 as
@@ -649,6 +724,7 @@ def make_policy(name: str, *, seed: int = 0, streams_per_writer: int = 1,
     with ``fair_streams`` pipelines per writer: the same per-writer
     concurrency as Peace, whose writers send at most their SND->UP capacity
     of chunks at once), ``random``, ``admission`` are the baselines.
+    ``charge_decisions``: see :class:`PeacePolicy` (Peace policies only).
 
     Raises
     ------
@@ -657,7 +733,8 @@ def make_policy(name: str, *, seed: int = 0, streams_per_writer: int = 1,
     """
     if name in PEACE_VARIANTS:
         return PeacePolicy(seed=seed, advance_fraction=advance_fraction,
-                           hold_inflight=hold_inflight, variant=PEACE_VARIANTS[name], name=name)
+                           hold_inflight=hold_inflight, variant=PEACE_VARIANTS[name], name=name,
+                           charge_decisions=charge_decisions)
     if name == "hdfs":
         return BaselinePolicy("hdfs", streams_per_writer=streams_per_writer, seed=seed)
     if name == "hdfs-fair":

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from peace.errors import InvalidScheduleError
 from peace.model import Network, Vertex
-from peace.scheduler import RACK_AWARE, ChunkPlacement, ReplicaTemplate, WriteRequest
+from peace.placement import RACK_AWARE, ChunkPlacement, ReplicaTemplate, WriteRequest
 
 __all__ = ["ScheduleReport", "validate_schedule"]
 

@@ -29,16 +29,19 @@ state includes (``-1`` for the empty state).
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+import pyarrow as pa
+
 from ioservice import StorageRoot, validate_name
 from ioservice.errors import StorageNotFoundError
 
 __all__ = ["LAYOUT_FILE", "LAYOUT_HISTORY_DIR", "LAYOUT_VERSION", "LayoutError", "OperatorLayout", "haunit_name",
-           "parse_haunit_name", "read_layout", "write_layout"]
+           "parse_haunit_name", "read_layout", "schema_from_layout", "schema_to_json", "write_layout"]
 
 LAYOUT_FILE: Final = "sguard-operator.json"
 LAYOUT_HISTORY_DIR: Final = "layout"
@@ -185,3 +188,23 @@ def write_layout(root: StorageRoot, layout: OperatorLayout) -> None:
     data = layout.to_json()
     root.write_atomic(_history_path(layout.generation), data)
     root.write_atomic(LAYOUT_FILE, data)
+
+
+def schema_to_json(schema: pa.Schema) -> str:
+    """An Arrow schema as base64 IPC, for a layout's ``extra["arrow_schema"]`` (no pickle)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_layout(layout: OperatorLayout) -> pa.Schema:
+    """The Arrow input schema recorded in a layout document (see `schema_to_json`).
+
+    Raises
+    ------
+    LayoutError
+        If the document records no ``arrow_schema``.
+    """
+    import pyarrow.ipc as ipc
+    text = layout.extra.get("arrow_schema")
+    if not isinstance(text, str):
+        raise LayoutError(f"the layout of operator {layout.name!r} records no arrow_schema")
+    return ipc.read_schema(pa.py_buffer(base64.b64decode(text)))

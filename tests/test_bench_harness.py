@@ -67,8 +67,13 @@ def test_results_go_to_out_dir_and_the_default_is_untracked(
         path = harness.write_result("demo_bench", {"ratio": 1.5}, {"x": [1]}, {"quick": True})
         assert path == tmp_path / "o" / "demo_bench.json"
         assert json.loads(path.read_text())["summary"] == {"ratio": 1.5}
-        _, png = harness.figure("demo_bench")
+        plt, png = harness.figure("demo_bench")
         assert png == tmp_path / "o" / "demo_bench.png"
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        assert harness.save_figure(fig, png, path) == 0
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert fig.number not in plt.get_fignums()  # closed
 
         harness.parse_args(argparse.ArgumentParser(), [])
         default = harness.out_dir()

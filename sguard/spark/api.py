@@ -14,7 +14,6 @@ offsets and commits; use the same one on every restart.
 """
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -30,24 +29,14 @@ from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
 from sguard.spark.placement import default_local_dir, root_key
 from sguard.spark.rescaling import pending_repartition, repartition_at_startup
 from sguard.spark.runtime import FaultPlan, RuntimeConfig, task_function
-from sguard.statelayout import OperatorLayout, read_layout, write_layout
+from sguard.statelayout import (OperatorLayout, read_layout, schema_from_layout, schema_to_json,
+                                write_layout)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["stateful", "stream_join", "local_session", "schema_to_json", "schema_from_layout"]
 
 STATE_SCHEMA_VERSION = 1
-
-
-def schema_to_json(schema: pa.Schema) -> str:
-    """An Arrow schema as base64 IPC (stored in the layout document; no pickle)."""
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def schema_from_layout(layout: OperatorLayout) -> pa.Schema:
-    """The Arrow input schema recorded in a layout document."""
-    import pyarrow.ipc as ipc
-    return ipc.read_schema(pa.py_buffer(base64.b64decode(layout.extra["arrow_schema"])))
 
 
 def _describe(schema: pa.Schema) -> dict[str, str]:

@@ -56,7 +56,7 @@ from sguard.spark import inputlog
 from sguard.spark.checkpointing import latest_checkpoint_batch
 from sguard.spark.operators import Operator
 from sguard.spark.placement import PartitionSlot, state_id
-from sguard.statelayout import OperatorLayout, read_layout
+from sguard.statelayout import OperatorLayout, read_layout, schema_from_layout
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,6 @@ def align_offline(root: StorageRoot, *, capacity_bytes: int = 1 << 30,
     """`align_sources` for ``sguard state repartition``: the operator and its input
     schema come from the layout document. None when the operator does not need it (or
     is a custom operator this process does not know: `register_operator`)."""
-    from sguard.spark.api import schema_from_layout
     from sguard.spark.operators import operator_from_params
     layout = read_layout(root)
     if layout is None or not needs_alignment(layout) or "arrow_schema" not in layout.extra:

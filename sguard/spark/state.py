@@ -17,12 +17,11 @@ import pyarrow as pa
 from ioservice import StorageRoot, open_root
 from mmm import PageManager, PagePool
 from sguard.spark import inputlog
-from sguard.spark.api import schema_from_layout
 from sguard.spark.checkpointing import latest_checkpoint_batch
 from sguard.spark.operators import OperatorState, operator_from_params
 from sguard.spark.placement import PartitionSlot, default_local_dir, root_key, state_id
 from sguard.spark.versions import _RollbackPool
-from sguard.statelayout import OperatorLayout, read_layout
+from sguard.statelayout import OperatorLayout, read_layout, schema_from_layout
 
 __all__ = ["read_local_state", "read_durable_state", "read_partition_state", "replay_log",
            "load_layout"]

@@ -224,3 +224,33 @@ def test_service_maps_errors_back_to_peace_exceptions() -> None:
             cl.submit("svr1.3", 3, 1)
     with pytest.raises(ValueError):
         CoordinatorServer(c, host="0.0.0.0")
+
+
+def test_requests_arriving_during_a_timestep_fill_its_spare_capacity() -> None:
+    """A timestep begun by the first of several checkpoints takes the later arrivals at once
+    (same timestep, counted by its advance rule, capacities never exceeded); without
+    ``fill_on_submit`` they wait for 80 % of the first one's chunks."""
+    from peace.model import paper_topology
+    from peace.simulator import spread_writers
+    from peace.validate import validate_schedule
+
+    topo = paper_topology()
+    writers = spread_writers(topo, 4)
+    for fill in (True, False):
+        c = Coordinator(topo, seed=0, fill_on_submit=fill)
+        first = c.submit(writers[0], 2, 2)
+        assert c.stats().timestep == 0 and c.status(first).assigned == 2
+        later = [c.submit(w, 2, 2) for w in writers[1:]]
+        assigned = [c.status(rid).assigned for rid in later]
+        assert c.stats().timestep == 0
+        if fill:
+            assert assigned == [2, 2, 2]
+            assert {p.timestep for p in c.history()} == {0}
+        else:
+            assert assigned == [0, 0, 0]
+        validate_schedule(c.network, c.requests(), c.history(), complete=False)
+        c._check()
+        c.complete(first, 0)
+        c.complete(first, 1)  # timestep 0 reaches its 80 %
+        if not fill:
+            assert c.stats().timestep == 1 and all(c.status(r).assigned == 2 for r in later)

@@ -16,8 +16,9 @@ from peace.coordinator import Coordinator
 from peace.model import MB, Rack, SwitchLink, Topology, build_network, figure5_topology, paper_topology
 from peace.errors import ScheduleInfeasibleError
 from peace.scheduler import VARIANTS, Heuristics, PeaceScheduler, ReplicaTemplate, WriteRequest
-from peace.simulator import make_jobs, simulate, spread_writers
+from peace.simulator import make_jobs, make_policy, simulate, spread_writers
 from peace.validate import validate_schedule
+from tests.peace.strategies import DECISION_S
 
 PAPER = VARIANTS["paper"]
 
@@ -164,23 +165,28 @@ def test_role_aware_forwarders_keep_the_next_writers_send_slots() -> None:
         assert len(plan.placements) >= len(paper.placements) - 2
 
 
-@pytest.mark.parametrize("variant", ["whole", "improved", "fill", "paper"])
+@pytest.mark.parametrize("variant", ["whole", "improved", "nocut", "fill", "fill-nocut", "paper"])
 def test_paper_workload_offline_schedule(variant: str) -> None:
     """16 writers (8 per rack) x 8 chunks at capacity 2; the inter-rack link (5 per direction)
     allows at most 10 chunks per timestep.
 
     Without the receiver spreading ("whole"): every request is written in 4 consecutive
     timesteps at 2 chunks each (8 chunks per timestep: the fifth link slot would start a
-    request below its full rate). Improved (spreading receivers first): forwarders sometimes
-    use a waiting writer's send slot, so a few requests start at rate 1 and timesteps are
-    fuller (15 instead of 16), requests span at most 6. Without the whole-requests rule
-    ("fill") timesteps hold 10 chunks; the published algorithm spreads requests out and
-    needs more timesteps than all of them.
+    request below its full rate). Improved without the rate-aware cut ("nocut", spreading
+    receivers first): forwarders sometimes use a waiting writer's send slot, so a few requests
+    start at rate 1 and timesteps are fuller (15 instead of 16), requests span at most 6.
+    Improved: the same, but the cut leaves 2 of the last 6 chunks (18 replicas, 17 disks)
+    for a later timestep, so 16 timesteps, each moving the most bytes per second. Without
+    the whole-requests rule ("fill") timesteps hold 10 chunks (15 with the cut at the tail,
+    14 without); the published algorithm spreads requests out and needs more timesteps
+    than all of them.
     """
     t = paper_topology()
     net = build_network(t)
     reqs = [WriteRequest(w, 3, 8, i) for i, w in enumerate(spread_writers(t, 16))]
     h = {"fill": Heuristics(whole_requests=False),
+         "fill-nocut": Heuristics(whole_requests=False, rate_aware_cut=False),
+         "nocut": Heuristics(rate_aware_cut=False),
          "whole": Heuristics(spread_receivers=False)}.get(variant, variant)
     sched = PeaceScheduler(net, seed=1, variant=h).schedule(reqs)
     rep = validate_schedule(net, reqs, sched.placements)
@@ -189,18 +195,43 @@ def test_paper_workload_offline_schedule(variant: str) -> None:
     for p in sched.placements:
         spans[p.request_id].append(p.timestep)
     span = {rid: max(ts) - min(ts) + 1 for rid, ts in spans.items()}
-    if variant == "improved":
-        assert sched.timesteps == 15 and max(span.values()) <= 6
-        assert np.mean(list(span.values())) < 5
+    if variant in ("improved", "nocut"):
+        assert sched.timesteps == (16 if variant == "improved" else 15)
+        assert max(span.values()) <= 6 and np.mean(list(span.values())) < 5
     elif variant == "whole":
         assert set(span.values()) == {4}
         assert all(Counter(ts) == Counter({m: 2 for m in range(min(ts), min(ts) + 4)})
                    for ts in spans.values())
         assert sched.timesteps == 16
-    elif variant == "fill":
-        assert sched.timesteps == 14 and np.mean(list(span.values())) < 5
+    elif variant in ("fill", "fill-nocut"):
+        assert sched.timesteps == (15 if variant == "fill" else 14)
+        assert np.mean(list(span.values())) < 5
     else:
         assert sched.timesteps > 16 and np.mean(list(span.values())) > 5
+
+
+def test_rate_aware_cut_keeps_disks_undivided_when_the_link_is_the_bottleneck() -> None:
+    """r = 2, 16 writers x 8 chunks on the paper's network: 4 whole requests a timestep, 4
+    chunks per inter-rack direction (link-bound at 31 MB/s each), no disk holds two chunks;
+    without the cut the fifth link slot is filled and disks are shared (22.5 MB/s each).
+    At r = 3 disks must be shared and the full first timestep (10 chunks) is kept."""
+    t = paper_topology()
+    net = build_network(t)
+    link = sorted(net.link_of_edge)
+    for r, variant, chunks in ((2, "improved", 8), (2, Heuristics(rate_aware_cut=False), 10),
+                               (3, "improved", 10), (3, Heuristics(rate_aware_cut=False), 10)):
+        reqs = [WriteRequest(w, r, 8, i) for i, w in enumerate(spread_writers(t, 16))]
+        residual = net.new_residual()
+        plan = PeaceScheduler(net, seed=0, variant=variant).schedule_timestep(reqs, residual)
+        assert len(plan.placements) == chunks, (r, variant)
+        used = net.capacity - residual
+        if r == 2 and variant == "improved":
+            assert used[link].tolist() == [4, 4]
+            assert used[net.e_dn_rcv].max() == 1
+            assert set(Counter(p.request_id for p in plan.placements).values()) == {2}
+            assert sum(q.chunks for q in plan.deferred) == 16 * 8 - 8  # the rest waits, whole
+        elif r == 2:
+            assert used[net.e_dn_rcv].max() == 2
 
 
 def test_whole_requests_defer_a_request_that_would_start_below_full_rate() -> None:
@@ -270,8 +301,9 @@ def test_improved_meets_the_issue_targets_at_capacity_2_and_beats_the_paper() ->
     assert t.snd_up_chunks == 2 and t.dn_rcv_chunks == 2
     jobs = make_jobs(t, 16, 512 * MB)
     h = simulate(t, jobs, "hdfs", seed=0)
-    p = simulate(t, jobs, "peace", seed=0)
-    paper = simulate(t, jobs, "peace-paper", seed=0)
+    p = simulate(t, jobs, make_policy("peace", charge_decisions=DECISION_S), seed=0)
+    paper = simulate(t, jobs, make_policy("peace-paper", charge_decisions=DECISION_S), seed=0)
+    assert p.decision_s == pytest.approx(DECISION_S * p.decisions) and p.decision_s > 0
     assert p.mean_service_s <= 0.45 * h.mean_service_s
     assert p.makespan_s <= 1.10 * h.makespan_s
     assert p.mean_response_s <= 0.8 * h.mean_response_s

@@ -210,13 +210,15 @@ def test_fast_and_networkx_methods_agree_exactly_on_two_racks(variant: str) -> N
 
 
 def test_decisions_are_fast_on_1000_servers() -> None:
-    """A replica placement decision on the 1000-server leaf-spine takes well under 5 ms."""
+    """A replica placement decision on the 1000-server leaf-spine takes well under 5 ms of
+    CPU (the deciding thread's CPU time: other processes on a loaded machine do not count)."""
     t = leaf_spine_topology()
     s = PeaceScheduler(t, seed=0)
     reqs = [WriteRequest(w, 3, 4, i) for i, w in enumerate(t.servers[::10])]
     s.schedule_timestep(reqs, s.network.new_residual())
     st_ = s.stats()
-    assert st_.decisions >= 300 and st_.ms_per_decision < 5.0
+    assert st_.decisions >= 300 and 0 < st_.decision_cpu_s <= st_.decision_time_s * 1.5
+    assert 1000 * st_.decision_cpu_s / st_.decisions < 5.0
 
 
 def test_bad_requests_raise_specific_errors() -> None:

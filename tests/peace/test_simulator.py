@@ -10,7 +10,8 @@ from peace.baselines import Router, hdfs_placement, random_placement
 from peace.errors import InfeasibleRequestError, SimulationError
 from peace.model import MB, build_network, leaf_spine_topology, paper_topology
 from peace.simulator import (BackgroundTraffic, BaselinePolicy, PeacePolicy, Simulation, WriteJob,
-                             make_jobs, max_min_rates, simulate, spread_writers)
+                             make_jobs, make_policy, max_min_rates, simulate, spread_writers)
+from tests.peace.strategies import DECISION_S
 
 
 def test_max_min_fairness_on_hand_checked_cases() -> None:
@@ -94,7 +95,7 @@ def test_peace_beats_hdfs_service_time_on_the_paper_workload(policy: str) -> Non
     t = paper_topology()
     jobs = make_jobs(t, 16, 512 * MB)
     h = simulate(t, jobs, "hdfs", seed=0)
-    p = simulate(t, jobs, policy, seed=0)
+    p = simulate(t, jobs, make_policy(policy, charge_decisions=DECISION_S), seed=0)
     assert 40 < h.mean_response_s < 56 and 45 < h.makespan_s < 60  # calibration (~46 s / ~53 s)
     assert p.policy == policy
     assert p.mean_service_s < 0.55 * h.mean_service_s
@@ -190,3 +191,23 @@ def test_spread_writers_round_robins_racks() -> None:
     assert len(set(spread_writers(t, 17))) == 17
     with pytest.raises(ValueError):
         spread_writers(t, 18)
+
+
+def test_peace_decisions_cost_simulated_time() -> None:
+    """Each decision's time delays its chunks: the first chunks start after the first
+    timestep's decisions, decisions are serial, and what is charged is what they cost."""
+    t = paper_topology()
+    jobs = make_jobs(t, 4, 128 * MB)
+    free = simulate(t, jobs, make_policy("peace", charge_decisions=False))
+    model = make_policy("peace", charge_decisions=0.05)
+    paid = simulate(t, jobs, model)
+    assert free.decision_s == 0.0 and min(r.first_start_s for r in free.requests) == 0.0
+    assert paid.decision_s == pytest.approx(0.05 * paid.decisions) and paid.decisions > 0
+    first = min(r.first_start_s for r in paid.requests)
+    assert first > 0.0 and first == pytest.approx(0.05 * round(first / 0.05))
+    assert paid.makespan_s > free.makespan_s and paid.mean_response_s > free.mean_response_s
+    assert paid.mean_response_s >= paid.mean_service_s  # response counts the wait
+    measured = simulate(t, jobs, "peace")  # default: the measured wall time
+    assert measured.decision_s > 0.0
+    with pytest.raises(ValueError, match="charge_decisions"):
+        PeacePolicy(charge_decisions=-1.0)

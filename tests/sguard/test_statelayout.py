@@ -11,7 +11,7 @@ import pytest
 from ioservice import StorageRoot, open_root
 from ioservice.errors import StorageIOError
 from sguard.statelayout import (LAYOUT_FILE, LayoutError, OperatorLayout, read_layout,
-                                write_layout)
+                                schema_from_layout, schema_to_json, write_layout)
 
 
 class S3LikeRoot(StorageRoot):
@@ -78,3 +78,21 @@ def test_a_damaged_copy_is_an_error_not_a_new_state(tmp_path: Path) -> None:
     (tmp_path / "layout" / "g00000000.json").write_bytes(b"{\"layout_version\": 1")
     with pytest.raises(LayoutError, match="g00000000.json"):
         read_layout(root)
+
+
+def test_the_arrow_schema_round_trips_through_the_layout(tmp_path: Path) -> None:
+    """schema_to_json / schema_from_layout (also importable from sguard.spark.api) keep every
+    field and type through a written and re-read layout; a layout without one says so."""
+    import pyarrow as pa
+
+    from sguard.spark import api
+    assert api.schema_from_layout is schema_from_layout and api.schema_to_json is schema_to_json
+    schema = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
+    root = open_root(str(tmp_path))
+    lay = OperatorLayout(operator="aggregate", name="agg", schema={}, num_partitions=2, key="k",
+                         extra={"arrow_schema": schema_to_json(schema)})
+    write_layout(root, lay)
+    back = read_layout(root)
+    assert back is not None and schema_from_layout(back) == schema
+    with pytest.raises(LayoutError, match="'agg'.*arrow_schema"):
+        schema_from_layout(replace(lay, extra={}))
