@@ -101,7 +101,7 @@ _WRITER = textwrap.dedent("""
 
 def test_attach_pool_file_of_another_process(tmp_path: Path) -> None:
     path = tmp_path / "pool.bin"
-    subprocess.run([sys.executable, "-c", _WRITER, str(path)], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", _WRITER, str(path)], check=True, timeout=600)  # a hang guard, not a speed check
     pool = PagePool.attach(str(path), PB)
     assert pool.used_frames == 5
     got = pool.allocate(40)  # below and above the dead process's high-water mark

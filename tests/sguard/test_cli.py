@@ -41,7 +41,7 @@ def test_version_from_the_console_script(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "sguard"
     assert script.exists(), f"no sguard console script next to {sys.executable}"
     out = subprocess.run([str(script), "--version"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=600)  # a hang guard, not a speed check
     assert out.returncode == 0 and out.stdout.strip() == f"sguard {sguard.__version__}"
 
 

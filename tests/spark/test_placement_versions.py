@@ -46,7 +46,7 @@ def _hold(path: str, sid: str, ready: "mp.synchronize.Event", go: "mp.synchroniz
     s = PartitionSlot(path, sid, 0)
     s.acquire(5)
     ready.set()
-    go.wait(10)
+    go.wait(300)
     os._exit(0)  # dies holding the lock: the kernel drops it
 
 
@@ -55,7 +55,7 @@ def test_lock_excludes_other_processes_and_dies_with_them(tmp_path: Path) -> Non
     ready, go = ctx.Event(), ctx.Event()
     p = ctx.Process(target=_hold, args=(str(tmp_path), "s", ready, go))
     p.start()
-    assert ready.wait(10)
+    assert ready.wait(300)
     slot = PartitionSlot(str(tmp_path), "s", 0)
     with pytest.raises(PartitionLockTimeout, match="partition 0"):
         slot.acquire(0.2)
