@@ -172,14 +172,20 @@ def upsert_returning(m: HashMap, keys: npt.NDArray[Any], values: Any,
     value; the last rows are found by one compiled pass (`_last_rows`), not a
     sort. Integer keys only (the operators' key types).
     """
+    rows, vals = _upsert_last_rows(m, keys, values, combine)
+    return keys[rows], vals
+
+
+def _upsert_last_rows(m: HashMap, keys: npt.NDArray[Any], values: Any,
+                      combine: dict[str, Any]) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
+    """`upsert_returning`, giving the last row of each distinct key instead of the key."""
     res = m.upsert(keys, values, combine, returning=True)
     k64 = keys.view(np.int64) if keys.dtype.itemsize == 8 else keys.astype(np.int64)
     rows = _last_rows(np.ascontiguousarray(k64))
     if res is not None and len(res) == len(keys):
-        return keys[rows], np.asarray(res)[rows]
-    uk = keys[rows]
-    found, vals = m.get(uk)
-    return uk, vals
+        return rows, np.asarray(res)[rows]
+    found, vals = m.get(keys[rows])
+    return rows, vals
 
 
 @jit
@@ -324,17 +330,19 @@ class _RunningAggregateState(OperatorState):
         cols = None
         if self.value is not None:
             cols = {"v": column_numpy(table, self.value).astype(self.val_kind, copy=False)}
-        uk, vals = upsert_returning(self.map, keys, cols, self.spec)
-        return self._table(uk, vals)
+        rows, vals = _upsert_last_rows(self.map, keys, cols, self.spec)
+        # the key columns of the output straight from the input rows (no dictionary decode)
+        kcols = [table.column(f.name).take(pa.array(rows)) for f in self.keys.fields]
+        return self._table(kcols, vals)
 
-    def _table(self, keys: npt.NDArray[Any], vals: npt.NDArray[Any]) -> pa.Table:
-        arrays = self.keys.arrays(keys) + [pa.array(vals[n]) for n in (vals.dtype.names or ())]
+    def _table(self, keys: list[Any], vals: npt.NDArray[Any]) -> pa.Table:
+        arrays = keys + [pa.array(vals[n]) for n in (vals.dtype.names or ())]
         return pa.Table.from_arrays(arrays, schema=self.out_schema)
 
     def dump(self) -> pa.Table:
         k, v = self.map.items()
         order = self.keys.order(k)
-        return self._table(k[order], v[order])
+        return self._table(self.keys.arrays(k[order]), v[order])
 
     def n_keys(self) -> int:
         return len(self.map)
@@ -359,6 +367,45 @@ class _EventTimeOperator(Operator):
         check_key_type(schema, key)
         _time_unit(schema, self.time)
         _value_kind(schema, self.value, "value")
+
+    def _types(self, schema: pa.Schema) -> tuple[pa.DataType, pa.DataType]:
+        """The Arrow types of the time and the value columns in the output."""
+        return (_time_unit(schema, self.time)[0],
+                pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value"))))
+
+
+_META = [("max_ts", "<i8"), ("seen", "<i8"), ("late", "<i8")]
+_NO_TS = np.iinfo(np.int64).min
+
+
+class _EventTimeState(OperatorState):
+    """What the event-time operators' states share: the window and lateness in the time
+    column's units, the keys, and the watermark map ``meta`` (largest time seen, rows
+    seen, late rows dropped)."""
+
+    def __init__(self, op: _EventTimeOperator, pm: PageManager, schema: pa.Schema,
+                 key: Key) -> None:
+        self.pm, self.time, self.value = pm, op.time, op.value
+        per_s = _time_unit(schema, op.time)[1]
+        self.W = _duration_units(op.window, per_s, "window")
+        self.L = _duration_units(op.lateness, per_s, "lateness")
+        self.keys = KeyIndex.open(pm, schema, key)
+        self.vk = _value_kind(schema, op.value, "value")
+        self.out_schema = op.output_schema(schema, key)
+        self.meta = HashMap.create(pm, "meta", "<u1", _META)
+
+    def _meta(self) -> tuple[int, int, int]:
+        """``(max_ts, seen, late)``."""
+        found, v = self.meta.get(np.zeros(1, np.uint8))
+        if not found[0]:
+            return _NO_TS, 0, 0
+        return int(v["max_ts"][0]), int(v["seen"][0]), int(v["late"][0])
+
+    def _put_meta(self, max_ts: int, seen: int, late: int) -> None:
+        self.meta.put(np.zeros(1, np.uint8), np.array([(max_ts, seen, late)], dtype=_META))
+
+    def _watermark(self, max_ts: int) -> int:
+        return max_ts - self.L if max_ts != _NO_TS else _NO_TS
 
 
 class WindowAggregate(_EventTimeOperator):
@@ -394,8 +441,7 @@ class WindowAggregate(_EventTimeOperator):
             raise ValueError(f"lateness must be >= 0, got {self.lateness!r}")
 
     def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
-        tt = _time_unit(schema, self.time)[0]
-        vt = pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value")))
+        tt, vt = self._types(schema)
         return pa.schema([pa.field("window_start", tt, nullable=False),
                           pa.field("window_end", tt, nullable=False),
                           *_key_fields(schema, key),
@@ -408,30 +454,13 @@ class WindowAggregate(_EventTimeOperator):
         return _WindowAggregateState(self, pm, schema, key)
 
 
-_META = [("max_ts", "<i8"), ("seen", "<i8"), ("late", "<i8")]
-_NO_TS = np.iinfo(np.int64).min
-
-
-class _WindowAggregateState(OperatorState):
+class _WindowAggregateState(_EventTimeState):
     def __init__(self, op: WindowAggregate, pm: PageManager, schema: pa.Schema, key: Key) -> None:
-        self.pm, self.time, self.value = pm, op.time, op.value
-        per_s = _time_unit(schema, op.time)[1]
-        self.W = _duration_units(op.window, per_s, "window")
-        self.L = _duration_units(op.lateness, per_s, "lateness")
-        self.keys = KeyIndex.open(pm, schema, key)
+        super().__init__(op, pm, schema, key)
         self.kdt = self.keys.dtype
-        self.vk = _value_kind(schema, op.value, "value")
         self.fields = [("count", "<i8"), ("sum", self.vk), ("min", self.vk), ("max", self.vk)]
         self.spec: dict[str, Any] = {"count": "count", "sum": ("sum", "v"), "min": ("min", "v"),
                                      "max": ("max", "v")}
-        self.out_schema = op.output_schema(schema, key)
-        self.meta = HashMap.create(pm, "meta", "<u1", _META)
-
-    def _meta(self) -> tuple[int, int, int]:
-        found, v = self.meta.get(np.zeros(1, np.uint8))
-        if not found[0]:
-            return _NO_TS, 0, 0
-        return int(v["max_ts"][0]), int(v["seen"][0]), int(v["late"][0])
 
     def _window(self, start: int) -> HashMap:
         return HashMap.create(self.pm, f"win.{start}", self.kdt, self.fields)
@@ -441,7 +470,7 @@ class _WindowAggregateState(OperatorState):
 
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
         max_ts, seen, late = self._meta()
-        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        wm = self._watermark(max_ts)
         out: list[pa.Table] = []
         if table.num_rows:
             keys = self.keys.ids(table)
@@ -460,9 +489,8 @@ class _WindowAggregateState(OperatorState):
                     self._window(int(starts[grp[0]])).upsert(keys[grp], {"v": vals[grp]},
                                                              self.spec)
                 max_ts = max(max_ts, int(ts.max()))
-            self.meta.put(np.zeros(1, np.uint8),
-                          np.array([(max_ts, seen, late)], dtype=_META))
-        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+            self._put_meta(max_ts, seen, late)
+        wm = self._watermark(max_ts)
         for start in self._open_windows():
             if wm == _NO_TS or start + self.W > wm:
                 break
@@ -565,8 +593,7 @@ class WindowJoin(_EventTimeOperator):
                                      f"input with sguard.spark.stream_join(left, right, ...)")
 
     def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
-        tt = _time_unit(schema, self.time)[0]
-        vt = pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value")))
+        tt, vt = self._types(schema)
         return pa.schema([*_key_fields(schema, key),
                           pa.field(f"left_{self.time}", tt, nullable=False),
                           pa.field(f"left_{self.value}", vt, nullable=False),
@@ -577,26 +604,17 @@ class WindowJoin(_EventTimeOperator):
         return _WindowJoinState(self, pm, schema, key)
 
 
-class _WindowJoinState(OperatorState):
+class _WindowJoinState(_EventTimeState):
     def __init__(self, op: WindowJoin, pm: PageManager, schema: pa.Schema, key: Key) -> None:
-        self.time, self.value = op.time, op.value
-        per_s = _time_unit(schema, op.time)[1]
-        self.W = _duration_units(op.window, per_s, "window")
-        self.L = _duration_units(op.lateness, per_s, "lateness")
-        self.keys = KeyIndex.open(pm, schema, key)
+        super().__init__(op, pm, schema, key)
         kdt = self.keys.dtype
-        self.vk = _value_kind(schema, op.value, "value")
         self.rec = np.dtype([("k", kdt), ("t", "<i8"), ("v", self.vk)])
         self.buf = [PagedDeque.create(pm, f"buf.{s}", self.rec) for s in "LR"]
         self.cnt = [HashMap.create(pm, f"cnt.{s}", kdt, [("n", "<i8")]) for s in "LR"]
-        self.meta = HashMap.create(pm, "meta", "<u1", _META)
-        self.out_schema = op.output_schema(schema, key)
 
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
-        found, mv = self.meta.get(np.zeros(1, np.uint8))
-        max_ts, seen, late = ((int(mv["max_ts"][0]), int(mv["seen"][0]), int(mv["late"][0]))
-                              if found[0] else (_NO_TS, 0, 0))
-        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        max_ts, seen, late = self._meta()
+        wm = self._watermark(max_ts)
         new: list[npt.NDArray[Any]] = []
         if table.num_rows:
             side = column_numpy(table, SIDE_COLUMN)
@@ -627,8 +645,8 @@ class _WindowJoinState(OperatorState):
         both = np.concatenate(new)
         if len(both):
             max_ts = max(max_ts, int(both["t"].max()))
-        self.meta.put(np.zeros(1, np.uint8), np.array([(max_ts, seen, late)], dtype=_META))
-        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        self._put_meta(max_ts, seen, late)
+        wm = self._watermark(max_ts)
         if wm != _NO_TS:
             for s in (0, 1):
                 cur = np.concatenate([old[s], new[s]])
