@@ -60,12 +60,13 @@ def typed_input(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[pa
     return d, tables
 
 
-def _query(spark: Any, d: Path, work: Path, key: list[str], op: Any, faults: Any) -> pa.Table:
+def _query(spark: Any, d: Path, work: Path, key: list[str], op: Any, faults: Any,
+           partitions: int = P) -> pa.Table:
     """Run to the end of the input, restarting after a failed query; the sink's rows."""
     for attempt in range(4):
         df = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(d))
               .withColumnRenamed("side", SIDE_COLUMN))
-        out = ss.stateful(df, key, op, str(work / "state"), P, faults=faults,
+        out = ss.stateful(df, key, op, str(work / "state"), partitions, faults=faults,
                           local_dir=str(work / "local"),
                           checkpoint=ss.CheckpointConfig(every_n_batches=2))
         q = (out.writeStream.format("parquet").option("path", str(work / "out"))
@@ -186,3 +187,32 @@ def test_window_operators_on_date_boolean_timestamp_and_binary_keys(
                              local_dir=str(tmp_path / "spark" / "local"))
     assert st.equals(want_state)
     assert _check_placement(tmp_path / "spark", key) > 0
+
+
+@pytest.mark.parametrize("key,op", [
+    (["tenant", "user"], lambda: ss.RunningAggregate(value="v")),
+    (["user"], lambda: ss.WindowAggregate(time="ts", window=dt.timedelta(seconds=5),
+                                          value="v", lateness=2)),
+])
+def test_string_keyed_state_scaled_out_then_in_at_start_up(
+        spark: Any, typed_input: Any, tmp_path: Path, key: list[str], op: Any) -> None:
+    """P = 2 for batches 0-1, stop; P = 3 for batch 2, stop; P = 1 for batch 3: each
+    restart repartitions the string-keyed state (and its key dictionaries) on the driver;
+    the sink and the state equal the runtime's failure-free 2-partition run."""
+    d, tables = typed_input
+    live = tmp_path / "live"
+    live.mkdir()
+    for upto, p in ((2, 2), (3, 3), (4, 1)):
+        for i in range(upto):
+            f = d / f"part-{i:05d}.parquet"
+            if not (live / f.name).exists():
+                os.link(f, live / f.name)
+        sink = _query(spark, live, tmp_path / "spark", key, op(), None, partitions=p)
+    want_out, want_state = _without_spark(tmp_path / "plain", tables, key, op())
+    assert _canon(sink, want_out.schema) == _canon(want_out, want_out.schema)
+    durable, _ = read_durable_state(str(tmp_path / "spark" / "state"))
+    assert durable.equals(want_state)
+    from sguard.statelayout import read_layout
+    lay = read_layout(open_root(str(tmp_path / "spark" / "state"), create=False))
+    assert lay is not None and (lay.generation, lay.num_partitions, lay.key) == (2, 1, key)
+    assert lay.extra["keys"]["columns"] == key
