@@ -231,7 +231,8 @@ def murmur3_hash(keys: Any, *, seed: Any = SEED) -> npt.NDArray[np.int32]:
         h = _hash_longs(_long_words(arr, t), seeds)
     else:
         h = _hash_ints(_int_words(arr, t), seeds)
-    return h.view(np.int32)
+    res: npt.NDArray[np.int32] = h.view(np.int32)
+    return res
 
 
 def pmod(h: npt.NDArray[Any], num_partitions: int) -> npt.NDArray[np.int64]:

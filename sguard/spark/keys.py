@@ -84,7 +84,7 @@ def _width(t: pa.DataType) -> int:
     if pa.types.is_boolean(t):
         return 1
     if t in _INT_TYPES:
-        return t.bit_width // 8
+        return int(t.bit_width) // 8
     if pa.types.is_date32(t):
         return 4
     if pa.types.is_date64(t) or pa.types.is_timestamp(t):
@@ -93,7 +93,7 @@ def _width(t: pa.DataType) -> int:
 
 
 def _var(t: pa.DataType) -> bool:
-    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t))
 
 
@@ -221,11 +221,11 @@ def _var_lengths(data: Any, cur: Any, offs: Any, valid: Any) -> None:  # pragma:
     offs[0] = 0
     for i in range(len(cur)):
         p = cur[i]
-        n = 0
+        n = np.int64(0)
         if data[p]:
             valid[i] = True
             for j in range(4):
-                n |= np.int64(data[p + 1 + j]) << (8 * j)
+                n |= np.int64(data[p + 1 + j]) << np.int64(8 * j)
         else:
             valid[i] = False
         offs[i + 1] = offs[i] + n
@@ -295,7 +295,7 @@ def encode(spec: KeySpec, table: pa.Table | pa.RecordBatch
         data, offs = _arrow_var(arrs[0])
         return data, offs, (_valid(arrs[0]) if arrs[0].null_count else None)
     lens = np.zeros(n, np.int64)
-    cols = []
+    cols: list[tuple[int, npt.NDArray[np.uint8], Any, npt.NDArray[np.bool_]]] = []
     for a in arrs:
         valid = _valid(a)
         if _var(a.type):

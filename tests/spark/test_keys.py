@@ -240,3 +240,25 @@ def test_string_keyed_state_repartitions_and_continues(tmp_path: Path, name: str
     assert state.equals(ref_state) and state.num_rows > 0
     durable, _ = read_durable_state(str(tmp_path / "run" / "state"))
     assert durable.equals(ref_state)
+
+
+def test_layouts_before_keys_and_composite_layouts_read_back(tmp_path: Path) -> None:
+    """A layout written before composite keys (key a string, no extra.keys) still reads and
+    keys an integer column directly; a composite key round-trips; a bad key is refused."""
+    import json
+    from sguard.statelayout import LayoutError
+    old = {"layout_version": 1, "operator": "running_aggregate", "name": "op",
+           "schema": {}, "num_partitions": 2, "key": "k", "generation": 0,
+           "schema_version": 1, "partitioner": "spark-murmur3", "extra": {}}
+    lay = OperatorLayout.from_json(json.dumps(old).encode())
+    assert lay.key == "k" and rescale._key_spec(lay) is None
+    assert key_spec(pa.schema([("k", pa.int64())]), lay.key).direct
+    new = OperatorLayout(operator="running_aggregate", name="op", schema={}, num_partitions=2,
+                         key=["tenant", "user"],
+                         extra={"keys": {"columns": ["tenant", "user"],
+                                         "types": ["string", "string"],
+                                         "encoding": "dictionary"}})
+    assert OperatorLayout.from_json(new.to_json()) == new
+    for bad in ([], [1], 3):
+        with pytest.raises(LayoutError, match="'key'"):
+            OperatorLayout.from_json(json.dumps({**old, "key": bad}).encode())
