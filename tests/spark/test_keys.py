@@ -213,11 +213,12 @@ def test_failure_schedules_with_typed_keys_equal_failure_free_and_oracle(
         assert any(None in k for k in want)  # null keys took part, as their own groups
 
 
-@pytest.mark.parametrize("name", ["running", "window", "join"])
-def test_string_keyed_state_repartitions_and_continues(tmp_path: Path, name: str) -> None:
-    """2 -> 3 partitions between batches: every key lands where Spark sends it (with its
-    dictionary entry), the new partitions replay the log, the result equals a 3-partition
-    run of the same rows."""
+@pytest.mark.parametrize("name,via", [("running", "api"), ("window", "cli"), ("join", "api")])
+def test_string_keyed_state_repartitions_and_continues(tmp_path: Path, name: str,
+                                                       via: str) -> None:
+    """2 -> 3 partitions between batches (`sguard.rescale.repartition`, or ``sguard state
+    repartition``): every key lands where Spark sends it (with its dictionary entry), the
+    new partitions replay the log, the result equals a 3-partition run of the same rows."""
     key = ["tenant", "user"] if name == "running" else ["user"]
     make, join = OPS[name]
     t2 = _batches(5, key, 2, join)
@@ -227,8 +228,16 @@ def test_string_keyed_state_repartitions_and_continues(tmp_path: Path, name: str
     ref_state, _ = read_local_state(str(tmp_path / "ref" / "state"),
                                     local_dir=str(tmp_path / "ref" / "local"))
     _run(_config(tmp_path / "run", make(), schema, key, 2, None, 2), t2[:4], {})
-    res = rescale.repartition(str(tmp_path / "run" / "state"), 3)
-    assert res.generation == 1 and res.rows > 0
+    if via == "api":
+        res = rescale.repartition(str(tmp_path / "run" / "state"), 3)
+        assert res.generation == 1 and res.rows > 0
+    else:
+        import subprocess
+        import sys
+        done = subprocess.run([sys.executable, "-m", "sguard", "state", "repartition",
+                               str(tmp_path / "run" / "state"), "--partitions", "3"],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
     cfg = _config(tmp_path / "run", make(), schema, key, 3, None, 1)
     assert cfg.layout.num_partitions == 3 and cfg.layout.key == key
     out = _run(cfg, t3[4:], {}, first=4)
