@@ -453,6 +453,12 @@ class KeyIndex:
             return [pa.array([], t) for t in self.spec.types]
         return decode(self.spec, *self.kd.keys(ids))
 
+    def remove(self, ids: npt.NDArray[Any]) -> None:
+        """Forget the keys of `ids` (no state refers to them any more; dictionary only: a
+        later row with the same key gets a new id). A no-op for direct integer keys."""
+        if self.kd is not None and len(ids):
+            self.kd.remove(np.asarray(ids, np.int64))
+
     def table(self, ids: npt.NDArray[Any]) -> pa.Table:
         """`arrays` as a table of the key columns."""
         return pa.Table.from_arrays(self.arrays(ids), schema=pa.schema(self.fields))

@@ -461,6 +461,10 @@ class _WindowAggregateState(_EventTimeState):
         self.fields = [("count", "<i8"), ("sum", self.vk), ("min", self.vk), ("max", self.vk)]
         self.spec: dict[str, Any] = {"count": "count", "sum": ("sum", "v"), "min": ("min", "v"),
                                      "max": ("max", "v")}
+        # dictionary keys: in how many open windows each id is, so a key no open window
+        # holds leaves the dictionary with the last of them
+        self.refs = (HashMap.create(pm, "keyrefs", "<i8", [("n", "<i8")])
+                     if self.keys.kd is not None else None)
 
     def _window(self, start: int) -> HashMap:
         return HashMap.create(self.pm, f"win.{start}", self.kdt, self.fields)
@@ -473,21 +477,24 @@ class _WindowAggregateState(_EventTimeState):
         wm = self._watermark(max_ts)
         out: list[pa.Table] = []
         if table.num_rows:
-            keys = self.keys.ids(table)
             ts = column_numpy(table, self.time).astype(np.int64, copy=False)
             vals = column_numpy(table, self.value).astype(self.vk, copy=False)
             starts = np.floor_divide(ts, self.W) * self.W
             ok = starts + self.W > wm if wm != _NO_TS else np.ones(len(ts), bool)
             late += int(len(ts) - np.count_nonzero(ok))
             seen += len(ts)
-            keys, ts, vals, starts = keys[ok], ts[ok], vals[ok], starts[ok]
+            keys = self.keys.ids(_rows(table, ok))  # late rows' keys are never interned
+            ts, vals, starts = ts[ok], vals[ok], starts[ok]
             if len(ts):
                 order = np.argsort(starts, kind="stable")
                 s_sorted = starts[order]
                 bounds = np.flatnonzero(np.diff(s_sorted)) + 1
                 for grp in np.split(order, bounds):
-                    self._window(int(starts[grp[0]])).upsert(keys[grp], {"v": vals[grp]},
-                                                             self.spec)
+                    m = self._window(int(starts[grp[0]]))
+                    if self.refs is not None:
+                        u = np.unique(keys[grp])
+                        self.refs.upsert(u[~m.contains(u)], None, {"n": "count"})
+                    m.upsert(keys[grp], {"v": vals[grp]}, self.spec)
                 max_ts = max(max_ts, int(ts.max()))
             self._put_meta(max_ts, seen, late)
         wm = self._watermark(max_ts)
@@ -495,8 +502,11 @@ class _WindowAggregateState(_EventTimeState):
             if wm == _NO_TS or start + self.W > wm:
                 break
             m = self._window(start)
-            out.append(self._table(start, *m.items()))
+            k, v = m.items()
+            out.append(self._table(start, k, v))
             self.pm.destroy(self.pm.recover(m.name))
+            if self.refs is not None:
+                self.keys.remove(_release(self.refs, k, np.ones(len(k), np.int64)))
         if not out:
             return self.out_schema.empty_table()
         return pa.concat_tables(out)
@@ -518,6 +528,27 @@ class _WindowAggregateState(_EventTimeState):
 
     def n_keys(self) -> int:
         return sum(len(self._window(s)) for s in self._open_windows())
+
+
+def _rows(table: pa.Table, ok: npt.NDArray[np.bool_]) -> pa.Table:
+    """`table`'s rows where `ok` (the table itself when every row is)."""
+    return table if ok.all() else table.filter(pa.array(ok))
+
+
+def _release(counts: HashMap, ids: npt.NDArray[Any], n: npt.NDArray[np.int64]
+             ) -> npt.NDArray[Any]:
+    """Subtract `n` from the counts of the distinct `ids`; those reaching 0 are deleted
+    from `counts` and returned."""
+    if not len(ids):
+        return ids
+    _, have = counts.get(ids)
+    left = have["n"] - n
+    gone = ids[left == 0]
+    counts.delete(gone)
+    keep = left > 0
+    if keep.any():
+        counts.put(ids[keep], np.array(left[keep], dtype=[("n", "<i8")]))
+    return gone
 
 
 # ------------------------------------------------------------------------- windowed join
@@ -619,13 +650,13 @@ class _WindowJoinState(_EventTimeState):
         if table.num_rows:
             side = column_numpy(table, SIDE_COLUMN)
             recs = np.empty(table.num_rows, self.rec)
-            recs["k"] = self.keys.ids(table)
             recs["t"] = column_numpy(table, self.time)
             recs["v"] = column_numpy(table, self.value)
             ok = recs["t"] >= wm if wm != _NO_TS else np.ones(len(recs), bool)
             late += int(len(recs) - np.count_nonzero(ok))
             seen += len(recs)
             recs, side = recs[ok], side[ok]
+            recs["k"] = self.keys.ids(_rows(table, ok))  # late rows' keys never interned
             for s in (0, 1):
                 r = recs[side == s]
                 new.append(r[np.lexsort((r["v"], r["k"], r["t"]))])
@@ -647,6 +678,7 @@ class _WindowJoinState(_EventTimeState):
             max_ts = max(max_ts, int(both["t"].max()))
         self._put_meta(max_ts, seen, late)
         wm = self._watermark(max_ts)
+        out = self._table(outs)  # before evicting: an evicted key may leave the dictionary
         if wm != _NO_TS:
             for s in (0, 1):
                 cur = np.concatenate([old[s], new[s]])
@@ -654,15 +686,12 @@ class _WindowJoinState(_EventTimeState):
                 n_drop = int(np.argmin(old_mask)) if not old_mask.all() else len(cur)
                 if n_drop:
                     self.buf[s].popleft(n_drop)
-                    gone = cur["k"][:n_drop]
-                    uk, c = np.unique(gone, return_counts=True)
-                    _, have = self.cnt[s].get(uk)
-                    left = have["n"] - c
-                    self.cnt[s].delete(uk[left == 0])
-                    keep = left > 0
-                    if keep.any():
-                        self.cnt[s].put(uk[keep], np.array(left[keep], dtype=[("n", "<i8")]))
-        return self._table(outs)
+                    uk, c = np.unique(cur["k"][:n_drop], return_counts=True)
+                    gone = _release(self.cnt[s], uk, c)
+                    if len(gone) and self.keys.kd is not None:  # a key neither buffer
+                        # holds leaves the dictionary
+                        self.keys.remove(gone[~self.cnt[1 - s].contains(gone)])
+        return out
 
     def _table(self, outs: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]) -> pa.Table:
         if not outs:

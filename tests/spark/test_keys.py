@@ -271,3 +271,34 @@ def test_layouts_before_keys_and_composite_layouts_read_back(tmp_path: Path) -> 
     for bad in ([], [1], 3):
         with pytest.raises(LayoutError, match="'key'"):
             OperatorLayout.from_json(json.dumps({**old, "key": bad}).encode())
+
+
+@pytest.mark.parametrize("name", ["window", "join"])
+def test_window_operators_forget_keys_no_open_window_holds(name: str) -> None:
+    """With new user ids every batch, the key dictionary holds only the keys of the open
+    windows (buffers), not every key ever seen; late rows' keys are never added."""
+    make, join = OPS[name]
+    pm = PageManager(1 << 12, 1 << 26)
+    rng = np.random.default_rng(3)
+    schema = None
+    st = None
+    for b in range(12):
+        n = 200
+        cols: dict[str, Any] = {
+            "user": pa.array([f"b{b}-u{i}" for i in rng.integers(0, 50, n)], pa.string()),
+            "v": rng.integers(0, 9, n, dtype=np.int64),
+            "ts": b * 100 + rng.integers(0, 100, n, dtype=np.int64)}
+        cols["ts"][:5] = 0  # late after the first batches: dropped, never interned
+        if join:
+            cols[SIDE_COLUMN] = rng.integers(0, 2, n, dtype=np.int8)
+        t = pa.table(cols)
+        if st is None:
+            schema = t.schema
+            st = make().open(pm, schema, ["user"])
+        st.apply(t, b)
+        held = (len(np.unique(np.concatenate([bf.to_numpy()["k"] for bf in st.buf])))
+                if name == "join" else
+                len(np.unique(np.concatenate([st._window(s).keys()
+                                              for s in st._open_windows()]))))
+        assert len(st.keys) == held, (b, len(st.keys), held)
+    assert 0 < len(st.keys) < 200
