@@ -543,7 +543,7 @@ def _release(counts: HashMap, ids: npt.NDArray[Any], n: npt.NDArray[np.int64]
         return ids
     _, have = counts.get(ids)
     left = have["n"] - n
-    gone = ids[left == 0]
+    gone: npt.NDArray[Any] = ids[left == 0]
     counts.delete(gone)
     keep = left > 0
     if keep.any():
