@@ -463,8 +463,13 @@ class _WindowAggregateState(_EventTimeState):
                                      "max": ("max", "v")}
         # dictionary keys: in how many open windows each id is, so a key no open window
         # holds leaves the dictionary with the last of them
-        self.refs = (HashMap.create(pm, "keyrefs", "<i8", [("n", "<i8")])
-                     if self.keys.kd is not None else None)
+        self.refs = None
+        if self.keys.kd is not None:
+            fresh = "keyrefs" not in pm.names()
+            self.refs = HashMap.create(pm, "keyrefs", "<i8", [("n", "<i8")])
+            if fresh:  # state written without the counts: count the open windows' keys
+                for s in self._open_windows():
+                    self.refs.upsert(self._window(s).keys(), None, {"n": "count"})
 
     def _window(self, start: int) -> HashMap:
         return HashMap.create(self.pm, f"win.{start}", self.kdt, self.fields)
