@@ -19,7 +19,8 @@ record    ``id -> record`` (fixed 32 bytes, ``id // per_page`` is the ordinal):
           20 bytes long, else the first of a chain of chunks
 chunk     64-byte chunks (56 key bytes and the next chunk) for longer keys; a
           key of any length spans as many chunks (and pages) as it needs
-index     an open-addressing table (linear probing) of ``(hash, id)`` slots over
+index     an open-addressing table (linear probing) of ``(hash, id, short key)``
+          slots (32 bytes: a key of up to 15 bytes is copied into its slot) over
           all the index pages of the current generation (``aux1``), at most
           70% used (deleted slots count); it is rebuilt into new pages, twice
           as large, when a new key would pass that
@@ -32,11 +33,16 @@ replay of the same calls from the same state gives the same ids. The null key
 that later keys reuse (the pages themselves stay; the index is rebuilt
 smaller once most of it is deleted slots).
 
-Why this design: an existing key costs a hash over its bytes, one index slot
-(the hash is in the slot: a different key almost never costs a byte
-comparison) and one record (short keys compare inline); an id is an array
-position, so ``keys(ids)`` is a gather. Fixed-size records and chunks need no
-compaction: space is reused through free lists, deterministically.
+Why this design: finding an existing key costs a hash over its bytes and one
+index slot, one cache line: the full hash is in the slot (a different key
+almost never costs a byte comparison) and a key of up to 15 bytes (ids,
+short names) is compared right there; a longer key also reads its record
+(up to 20 bytes inline) and, beyond 20 bytes, its chunks. Rows are hashed
+and their slots prefetched 32 at a time, so the misses overlap. An id is an
+array position, so ``keys(ids)`` is a gather. Fixed-size records and chunks
+need no compaction: space is reused through free lists, deterministically.
+Cost in memory: 32 bytes of record per key, 32-byte index slots at 35-70%
+load, and 64 bytes per started 56 bytes of a key longer than 20 bytes.
 
 Every operation is a compiled kernel pass (`mmm._kernels.keydict`) over the
 batch, in input order. A kernel never writes a page a snapshot pins and never
@@ -155,6 +161,7 @@ class KeyDict(Structure):
         ctl = seqs[role == R_CONTROL]
         self._ctl_seq = int(ctl[0]) if len(ctl) else -1
         self._pb = self._pm.page_bytes
+        self._flat = self._pm.pool.frames.reshape(-1)
         room = self._pb - HEADER_BYTES
         self._rpp = room // K.REC
         self._cpp = room // K.CHUNK
@@ -181,8 +188,8 @@ class KeyDict(Structure):
         m = self._mask
         return np.array([self._pb, self._rpp, self._cpp, self._spp, cap,
                          m - (1 << 64) if m >= 1 << 63 else m, self._pm.epoch, self._ctl_seq,
-                         int(cap * self.MAX_LOAD), len(self._rseqs), len(self._cseqs)],
-                        np.int64)
+                         int(cap * self.MAX_LOAD), len(self._rseqs), len(self._cseqs),
+                         K.magic(self._rpp), K.magic(self._cpp), K.magic(self._spp)], np.int64)
 
     def _add_pages(self, role: int, n: int) -> None:
         pm = self._pm
@@ -214,7 +221,7 @@ class KeyDict(Structure):
         h["flags"][fr] = R_INDEX
         h["aux0"][fr] = np.arange(n_pages)
         h["aux1"][fr] = gen
-        used = K.rebuild_index(pm.pool.frames.reshape(-1), self._ps.frames, self._rseqs, new,
+        used = K.rebuild_index(self._flat, self._ps.frames, self._rseqs, new,
                                int(c[K.C_HIGH]), self._geo())
         old = np.concatenate([self._iseqs, self._stale_index])
         cw[K.C_IGEN] = gen
@@ -273,16 +280,15 @@ class KeyDict(Structure):
             vmask = np.ascontiguousarray(valid)
         if n == 0:
             return data, offsets, vmask, valid is not None, 0, 0
-        lo, hi = int(offsets[0]), int(offsets[-1])
-        if lo < 0 or hi > len(data):
-            raise KeyFormatError(f"{where}: offsets span [{lo}, {hi}], outside the "
-                                 f"{len(data)} bytes of data")
-        lens = np.diff(offsets)
-        longest = int(lens.max())
-        if int(lens.min()) < 0:
-            bad = int(np.flatnonzero(lens < 0)[0])
+        res = np.zeros(1, np.int64)
+        bad = int(K.scan_offsets(offsets, len(data), res))
+        if bad == -2:
+            raise KeyFormatError(f"{where}: offsets span [{int(offsets[0])}, {int(offsets[-1])}], "
+                                 f"outside the {len(data)} bytes of data")
+        if bad >= 0:
             raise KeyFormatError(f"{where}: offsets decrease at index {bad} "
                                  f"({int(offsets[bad])} -> {int(offsets[bad + 1])})")
+        longest = int(res[0])
         if longest > _MAX_KEY:
             raise KeyFormatError(f"{where}: a key of {longest} bytes is longer than the "
                                  f"{_MAX_KEY} a key dict holds")
@@ -300,7 +306,7 @@ class KeyDict(Structure):
 
     def _lengths(self, ids: npt.NDArray[np.int64], what: str) -> npt.NDArray[np.int64]:
         lens = np.empty(len(ids), np.int64)
-        bad = K.key_lengths(ids, self._pm.pool.frames.reshape(-1), self._ps.frames, self._rseqs,
+        bad = K.key_lengths(ids, self._flat, self._ps.frames, self._rseqs,
                             self._geo(), int(self._ctl()[K.C_HIGH]), lens)
         if bad >= 0:
             raise IdNotFoundError(f"key dict {self.name!r}: {what}: id {int(ids[bad])} (at "
@@ -397,7 +403,7 @@ class KeyDict(Structure):
         n = len(out)
         scratch = np.empty(max(1, -(-longest // K.CDATA)), np.int64)
         state = np.zeros(2, np.int64)
-        flat = pm.pool.frames.reshape(-1)
+        flat = self._flat
         i = 0
         n_before = int(self._ctl()[K.C_LIVE])
         while True:
@@ -418,7 +424,7 @@ class KeyDict(Structure):
                 c = self._ctl()
                 live = int(c[K.C_LIVE])
                 rate = (live - n_before + 1) / (i + 1)
-                self._reindex(max(2 * live, live + int(rate * (n - i))))
+                self._reindex(live + int(rate * (n - i)))  # at least doubles
 
     def keys(self, ids: npt.ArrayLike) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64],
                                                 npt.NDArray[np.bool_]]:
@@ -439,7 +445,7 @@ class KeyDict(Structure):
         np.cumsum(np.maximum(lens, 0), out=offs[1:])
         data = np.empty(int(offs[-1]), np.uint8)
         if len(arr):
-            K.gather_keys(arr, self._pm.pool.frames.reshape(-1), self._ps.frames, self._rseqs,
+            K.gather_keys(arr, self._flat, self._ps.frames, self._rseqs,
                           self._cseqs, self._geo(), offs, data)
         return data, offs, valid
 
@@ -467,7 +473,7 @@ class KeyDict(Structure):
     def _remove(self, order: npt.NDArray[np.int64]) -> None:
         pm = self._pm
         state = np.zeros(2, np.int64)
-        flat = pm.pool.frames.reshape(-1)
+        flat = self._flat
         i = 0
         while True:
             code = K.remove_rows(i, order, flat, self._ps.frames, self._ps.mod, pm.pool.pins,
@@ -491,7 +497,7 @@ class KeyDict(Structure):
         """``(ids, data, offsets, valid)`` of every key, ids ascending."""
         self._sync()
         high = int(self._ctl()[K.C_HIGH])
-        ids = np.flatnonzero(K.live_mask(self._pm.pool.frames.reshape(-1), self._ps.frames,
+        ids = np.flatnonzero(K.live_mask(self._flat, self._ps.frames,
                                          self._rseqs, self._geo(), high)).astype(np.int64)
         data, offs, valid = self.keys(ids)
         return ids, data, offs, valid
@@ -538,6 +544,7 @@ class KeyDict(Structure):
         # chunks: live chains and the free list partition the chunks in use
         used_ch: list[int] = []
         keys: dict[bytes, int] = {}
+        key_of: dict[int, bytes] = {}
         data, offs, valid = self.keys(np.asarray(live, np.int64))
         for j, r in enumerate(live):
             if lenf[r] == K.NULL_LEN:
@@ -547,6 +554,7 @@ class KeyDict(Structure):
             assert len(kb) == L
             assert kb not in keys, "a key with two ids"
             keys[kb] = r
+            key_of[r] = kb
             h = K.hash_keys(np.frombuffer(kb, np.uint8), np.array([0, L]), np.uint64(self._mask))
             assert int(rec(r)[:8].view(np.uint64)[0]) == int(h[0]), "stored hash"
             if L > K.INLINE:
@@ -565,12 +573,24 @@ class KeyDict(Structure):
         # index: each non-null key once, reachable from its home slot
         assert len(self._iseqs) == int(c[K.C_IPAGES])
         cap = len(self._iseqs) * self._spp
-        slots = np.concatenate([pool[int(fr_of[q]), HEADER_BYTES:HEADER_BYTES +
-                                     self._spp * K.SLOT].view(np.int64).reshape(-1, 2)
-                                for q in self._iseqs])
+        raw = np.concatenate([pool[int(fr_of[q]), HEADER_BYTES:HEADER_BYTES +
+                                   self._spp * K.SLOT].reshape(-1, K.SLOT)
+                              for q in self._iseqs])
+        slots = raw[:, :16].copy().view(np.int64)
         ids_in = slots[:, 1]
         assert int(np.count_nonzero(ids_in != 0)) == int(c[K.C_USED])
         assert int(np.count_nonzero(ids_in == -1)) == int(c[K.C_TOMBS])
+        for g in np.flatnonzero(ids_in > 0).tolist():  # the short keys copied into slots
+            kb = key_of[int(ids_in[g]) - 1]
+            if len(kb) <= K.SLOT_INLINE:
+                assert raw[g, 31] == len(kb) and bytes(raw[g, 16:16 + len(kb)]) == kb
+            else:
+                assert raw[g, 31] == K.SLOT_LONG
+                assert int(raw[g, 24:28].view(np.uint32)[0]) == len(kb)
+                rid = int(ids_in[g]) - 1
+                head = int(raw[g, 16:24].view(np.int64)[0])
+                assert head == (int(rec(rid)[8:16].view(np.int64)[0])
+                                if len(kb) > K.INLINE else 0), "slot's first chunk"
         assert int(c[K.C_USED]) <= cap * self.MAX_LOAD
         full = ids_in > 0
         assert sorted((ids_in[full] - 1).tolist()) == sorted(keys.values())

@@ -4,7 +4,8 @@ import importlib
 
 import pytest
 
-MODULES = ["mmm.manager", "mmm.structures.hashmap", "mmm.structures.combine", "mmm.schema",
+MODULES = ["mmm.manager", "mmm.structures.hashmap", "mmm.structures.keydict", "mmm.structures.combine",
+           "mmm.schema",
            "mmm.pool", "mmm.snapshot"]
 
 

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -142,8 +143,8 @@ def test_long_keys_span_chunks_and_pages(pm: mmm.PageManager) -> None:
 def test_forced_hash_collisions_are_told_apart_by_bytes(pm: mmm.PageManager) -> None:
     for mask in (0, 0x3):
         kd = KeyDict.create(pm, f"weak{mask}", _hash_mask=mask)
-        keys: list[bytes | None] = ([b"k%d" % i for i in range(300)] +
-                                    [b"L" * 40 + b"%d" % i for i in range(60)])
+        keys: list[bytes | None] = [b"k%d" % i for i in range(300)]
+        keys += [b"L" * 40 + b"%d" % i for i in range(60)]
         data, offs, _ = enc(keys)
         ids = kd.intern(data, offs)
         assert len(set(ids.tolist())) == len(keys)
@@ -226,6 +227,25 @@ def test_create_by_name_and_schema_mismatch(pm: mmm.PageManager) -> None:
     gc.collect()
     kd = KeyDict.create(pm, "kd")  # a new object rebuilds its page lists from the pages
     assert kd.lookup(*enc([b"x"])[:2]).tolist() == [0]
+
+
+@numba.njit(cache=False)
+def _divide(xs: np.ndarray, m: int) -> np.ndarray:
+    out = np.empty_like(xs)
+    for i in range(xs.shape[0]):
+        out[i] = K._div(xs[i], m)
+    return out
+
+
+def test_division_by_magic_is_exact() -> None:
+    """The kernels divide ids and slots by page capacities with a multiply (`K.magic`)."""
+    rng = np.random.default_rng(0)
+    for d in (2, 3, 63, 126, 127, 252, 1022, 1023, 2046, 4092, 16380, 65535):
+        top = (1 << 48) - 1
+        ks = np.r_[rng.integers(0, top // d, 2000), top // d, 0, 1]
+        xs = np.r_[ks * d, ks * d - 1, ks * d + d - 1, rng.integers(0, top, 2000), top]
+        xs = xs[(xs >= 0) & (xs <= top)].astype(np.int64)
+        assert np.array_equal(_divide(xs, K.magic(d)), xs // d), d
 
 
 # -- bad input ----------------------------------------------------------------------------------
