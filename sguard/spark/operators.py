@@ -32,8 +32,9 @@ from the partition's key dictionary, null keys included), ``keys.dtype`` is
 their numpy dtype for the structures, ``keys.arrays(ids)`` gives back the key
 columns with their original names and types for the output and `dump`, and
 ``keys.order(ids)`` a canonical order. Ids are local to a partition: never put
-them in the output. Repartitioning routes every structure keyed (or with a
-record field ``k``... see `sguard.rescale`) on these state keys.
+them in the output. Repartitioning (`sguard.rescale`) reads a structure's
+routing column (a map's key, or the field its routing rule names) as these
+state keys: it routes each by its decoded key and renumbers it in the target.
 
 Example (a per-key row counter; tests/spark/test_custom_operator.py runs it with
 integer, string and composite keys)::
