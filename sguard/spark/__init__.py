@@ -10,7 +10,8 @@ A Spark user writes::
 
 Modules (one concern each): `api` (the entry points), `operators` (the
 operator contract and the shipped operators), `runtime` (what a task does),
-`placement` (local state files and locks), `versions` (batch versions and
+`keys` (key columns of any type -> the state's integer keys), `placement` (local
+state files and locks), `versions` (batch versions and
 rollback), `checkpointing` (asynchronous DFS checkpoints), `inputlog`
 (the HAInput log), `metrics` (JSON-lines metrics), `state` (reading state
 back), `reader` (the durable state as a DataFrame: `read_state`), `ttl`
@@ -22,6 +23,7 @@ from sguard.spark.checkpointing import CheckpointConfig
 from sguard.spark.errors import (InputLogGapError, NotStreamingError, OperatorMismatchError,
                                  PartitionLockTimeout, SchemaChangedError, SparkStateError,
                                  StateAheadError, UnsupportedKeyTypeError)
+from sguard.spark.keys import KeyIndex, NullKeyError, key_spec
 from sguard.spark.operators import (Operator, OperatorState, RunningAggregate, WindowAggregate,
                                     WindowJoin)
 from sguard.spark.runtime import Fault, FaultPlan, InjectedFault
@@ -32,4 +34,5 @@ __all__ = ["stateful", "stream_join", "local_session", "CheckpointConfig", "Oper
            "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin", "Fault",
            "FaultPlan", "InjectedFault", "read_state", "BatchNotAvailableError", "TTL",
            "SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError", "OperatorMismatchError",
-           "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]
+           "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError",
+           "KeyIndex", "NullKeyError", "key_spec"]

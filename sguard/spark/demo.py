@@ -1,6 +1,7 @@
 """``sguard spark demo``: the main job on the embedded default (local Spark, local files).
 
-1. Generates a stream of parquet files (one micro-batch each: key, value, event time).
+1. Generates a stream of parquet files (one micro-batch each: a string key ``user``,
+   a value, an event time).
 2. Starts a Spark driver (a child process) running two stateful streaming
    queries with parquet file sinks: a running count/sum/min/max per key and a
    tumbling event-time window aggregate, with their state in mmm pages.
@@ -72,7 +73,8 @@ def generate(inp: Path, batches: int, rows: int, keys: int, seed: int) -> None:
         rng = np.random.default_rng([seed, i])
         ts = (i * WINDOW_S * 1_000_000 + rng.integers(0, WINDOW_S * 1_000_000, rows)
               ).astype("datetime64[us]")
-        t = pa.table({"k": rng.integers(0, keys, rows, dtype=np.int64),
+        user = np.char.add("user-", rng.integers(0, keys, rows).astype(str))  # a string key
+        t = pa.table({"user": pa.array(user, pa.string()),
                       "v": rng.integers(-1000, 1000, rows, dtype=np.int64),
                       "ts": pa.array(ts, pa.timestamp("us", tz="UTC"))})
         f = inp / f"part-{i:05d}.parquet"
@@ -84,13 +86,13 @@ def generate(inp: Path, batches: int, rows: int, keys: int, seed: int) -> None:
 def _queries(spark: Any, work: Path, tag: str, partitions: int, faults: Any,
              rows: int) -> list[Any]:
     import sguard.spark as ss
-    df = (spark.readStream.schema("k long, v long, ts timestamp")
+    df = (spark.readStream.schema("user string, v long, ts timestamp")
           .option("maxFilesPerTrigger", 1).parquet(str(work / "input")))
     ops = {"running": ss.RunningAggregate(value="v"),
            "windowed": ss.WindowAggregate(time="ts", window=WINDOW_S, value="v")}
     out = []
     for qn in QUERIES:
-        res = ss.stateful(df, "k", ops[qn], str(work / tag / qn / "state"), partitions,
+        res = ss.stateful(df, "user", ops[qn], str(work / tag / qn / "state"), partitions,
                           checkpoint=ss.CheckpointConfig(every_n_batches=3),
                           local_dir=str(work / tag / qn / "local"),
                           faults=faults if qn == "running" else None)

@@ -19,33 +19,53 @@ Subclass `Operator` (set `Operator.kind`; implement `params`, `check_input`,
 * `apply` must be deterministic in the *set* of input rows: Spark may hand a
   replayed batch's rows in another order, so sort (or aggregate) before any
   order-dependent step, and sort the output;
-* `apply` must not catch and hide exceptions: a failed batch is rolled back.
+* `apply` must not catch and hide exceptions: a failed batch is rolled back;
+* the structure name ``keydict`` (and names starting ``keydict.``) belong to the
+  key dictionary (`sguard.spark.keys.KEYDICT`).
 
-Example (a per-key row counter; tests/spark/test_custom_operator.py runs it)::
+How keys reach an operator: ``key`` is what the user passed to `stateful`, a
+column name or a list of them (composite keys), of any key type (strings,
+binary, booleans, dates, timestamps, integers; `sguard.spark.keys`). Open a
+`KeyIndex` on the page manager: ``keys.ids(table)`` gives each row's state key
+(the integer itself for ``key="k"`` on an integer column, else an exact int64 id
+from the partition's key dictionary, null keys included), ``keys.dtype`` is
+their numpy dtype for the structures, ``keys.arrays(ids)`` gives back the key
+columns with their original names and types for the output and `dump`, and
+``keys.order(ids)`` a canonical order. Ids are local to a partition: never put
+them in the output. Repartitioning (`sguard.rescale`) reads a structure's
+routing column (a map's key, or the field its routing rule names) as these
+state keys: it routes each by its decoded key and renumbers it in the target.
+
+Example (a per-key row counter; tests/spark/test_custom_operator.py runs it with
+integer, string and composite keys)::
 
     @register_operator            # lets tools rebuild it from the state URI's layout
     class CountRows(Operator):
         kind = "count_rows"
         def params(self): return {}
-        def check_input(self, schema, key): check_key_type(schema, key)
+        def check_input(self, schema, key): key_spec(schema, key)
         def output_schema(self, schema, key):
-            return pa.schema([schema.field(key), pa.field("n", pa.int64())])
+            return pa.schema(key_spec(schema, key).fields + [pa.field("n", pa.int64())])
         def open(self, pm, schema, key): return _CountRowsState(pm, schema, key)
 
     class _CountRowsState(OperatorState):
         def __init__(self, pm, schema, key):
-            self.key = key
-            self.m = mmm.HashMap.create(pm, "n", key_dtype(schema, key), [("n", "<i8")])
+            self.keys = KeyIndex.open(pm, schema, key)
+            self.m = mmm.HashMap.create(pm, "n", self.keys.dtype, [("n", "<i8")])
+            self.names = [f.name for f in self.keys.fields] + ["n"]
         def apply(self, table, batch_id):
-            keys = column_numpy(table, self.key)
-            self.m.upsert(keys, None, {"n": "count"})
-            u = np.unique(keys)
-            return pa.table({self.key: u, "n": self.m.get(u)[1]["n"]})
+            ids = self.keys.ids(table)
+            self.m.upsert(ids, None, {"n": "count"})
+            u = np.unique(ids)
+            return self._table(u, self.m.get(u)[1]["n"])
         def dump(self):
-            k, v = self.m.items(); o = np.argsort(k)
-            return pa.table({self.key: k[o], "n": v["n"][o]})
+            k, v = self.m.items()
+            o = self.keys.order(k)
+            return self._table(k[o], v["n"][o])
+        def _table(self, ids, n):
+            return pa.Table.from_arrays(self.keys.arrays(ids) + [pa.array(n)], self.names)
 
-    out = sguard.spark.stateful(df, "k", CountRows(), "file:///tmp/cr", 4)
+    out = sguard.spark.stateful(df, ["tenant", "user"], CountRows(), "file:///tmp/cr", 4)
 
 Operators shipped here: `RunningAggregate` (count/sum/min/max per key;
 ``ttl=`` evicts idle keys, `sguard.spark.ttl`), `WindowAggregate` (tumbling event-time windows, evicted by watermark, closed
@@ -67,33 +87,32 @@ from mmm import HashMap, PageManager, PagedDeque
 from mmm._kernels import jit
 from sguard.spark import ttl as _ttl
 from sguard.spark.errors import SchemaChangedError, UnsupportedKeyTypeError
+from sguard.spark.keys import KeyIndex, key_spec
 
 __all__ = ["Operator", "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin",
-           "register_operator", "operator_from_params",
+           "register_operator", "operator_from_params", "KeyIndex", "key_spec",
            "check_key_type", "key_dtype", "column_numpy", "upsert_returning", "SIDE_COLUMN"]
 
 SIDE_COLUMN = "_sguard_side"
-
-_INT_TYPES = {pa.int8(): "<i1", pa.int16(): "<i2", pa.int32(): "<i4", pa.int64(): "<i8",
-              pa.uint8(): "<u1", pa.uint16(): "<u2", pa.uint32(): "<u4", pa.uint64(): "<u8"}
-
-
-def check_key_type(schema: pa.Schema, key: str) -> None:
-    """Raise `UnsupportedKeyTypeError` unless `key` is an integer column of `schema`."""
-    if key not in schema.names:
-        raise SchemaChangedError(f"key column {key!r} is not in the stream's columns {schema.names}")
-    t = schema.field(key).type
-    if t not in _INT_TYPES:
-        raise UnsupportedKeyTypeError(
-            f"key column {key!r} has type {t}; sguard.spark keys state on integer columns "
-            f"(byte, short, int, long); cast or hash the key to a long first, "
-            f"e.g. df.withColumn({key!r}, xxhash64({key!r}))")
+Key = str | Sequence[str]
+"""A key as the user gives it: a column name or a list of names (`sguard.spark.keys`)."""
 
 
-def key_dtype(schema: pa.Schema, key: str) -> str:
-    """The numpy dtype of the key column."""
-    check_key_type(schema, key)
-    return _INT_TYPES[schema.field(key).type]
+def check_key_type(schema: pa.Schema, key: Key) -> None:
+    """Raise `UnsupportedKeyTypeError` (or `SchemaChangedError`) unless `key` can key state
+    (`sguard.spark.keys.key_spec`)."""
+    key_spec(schema, key)
+
+
+def key_dtype(schema: pa.Schema, key: Key) -> str:
+    """The numpy dtype of the state keys (`KeyIndex.dtype`)."""
+    return key_spec(schema, key).dtype.str
+
+
+def _key_fields(schema: pa.Schema, key: Key) -> list[pa.Field]:
+    """The output fields of the key column(s): non-null for a direct integer key."""
+    spec = key_spec(schema, key)
+    return [f.with_nullable(not spec.direct) for f in spec.fields]
 
 
 def column_numpy(table: pa.Table, name: str) -> npt.NDArray[Any]:
@@ -155,14 +174,20 @@ def upsert_returning(m: HashMap, keys: npt.NDArray[Any], values: Any,
     value; the last rows are found by one compiled pass (`_last_rows`), not a
     sort. Integer keys only (the operators' key types).
     """
+    rows, vals = _upsert_last_rows(m, keys, values, combine)
+    return keys[rows], vals
+
+
+def _upsert_last_rows(m: HashMap, keys: npt.NDArray[Any], values: Any,
+                      combine: dict[str, Any]) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
+    """`upsert_returning`, giving the last row of each distinct key instead of the key."""
     res = m.upsert(keys, values, combine, returning=True)
     k64 = keys.view(np.int64) if keys.dtype.itemsize == 8 else keys.astype(np.int64)
     rows = _last_rows(np.ascontiguousarray(k64))
     if res is not None and len(res) == len(keys):
-        return keys[rows], np.asarray(res)[rows]
-    uk = keys[rows]
-    found, vals = m.get(uk)
-    return uk, vals
+        return rows, np.asarray(res)[rows]
+    found, vals = m.get(keys[rows])
+    return rows, vals
 
 
 @jit
@@ -219,18 +244,18 @@ class Operator(abc.ABC):
         """JSON parameters; stored with the state, a change between restarts is refused."""
 
     @abc.abstractmethod
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         """Raise a specific error if the input schema does not fit this operator."""
 
     @abc.abstractmethod
-    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
+    def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
         """The Arrow schema of the output rows."""
 
     @abc.abstractmethod
-    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
         """Create or recover the operator's structures in `pm`."""
 
-    def prepare_input(self, df: Any, key: str) -> Any:
+    def prepare_input(self, df: Any, key: Key) -> Any:
         """Spark-side projection applied before the shuffle (default: none)."""
         return df
 
@@ -277,7 +302,7 @@ class RunningAggregate(Operator):
             p["ttl"] = self.ttl.to_json()
         return p
 
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         check_key_type(schema, key)
         if self.value is not None:
             _value_kind(schema, self.value, "value")
@@ -288,52 +313,56 @@ class RunningAggregate(Operator):
         vk = _value_kind(schema, self.value, "value") if self.value is not None else "<i8"
         return [(a, "<i8" if a == "count" else vk) for a in self.aggs]
 
-    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
-        out = [pa.field(key, schema.field(key).type, nullable=False)]
+    def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
+        out = _key_fields(schema, key)
         for a, dt in self._fields(schema):
             name = a if a == "count" else f"{a}_{self.value}"
             out.append(pa.field(name, pa.from_numpy_dtype(np.dtype(dt)), nullable=False))
         return pa.schema(out)
 
-    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
         return _RunningAggregateState(self, pm, schema, key)
 
 
 class _RunningAggregateState(OperatorState):
-    def __init__(self, op: RunningAggregate, pm: PageManager, schema: pa.Schema, key: str) -> None:
-        self.key = key
+    def __init__(self, op: RunningAggregate, pm: PageManager, schema: pa.Schema, key: Key) -> None:
+        self.keys = KeyIndex.open(pm, schema, key)
         self.value = op.value
         self.out_schema = op.output_schema(schema, key)
         fields = op._fields(schema)
         self.vdt = np.dtype(fields[0][1]) if op.value is None else None
-        self.map = HashMap.create(pm, "aggregate", key_dtype(schema, key), fields)
+        self.map = HashMap.create(pm, "aggregate", self.keys.dtype, fields)
         self.spec: dict[str, Any] = {a: "count" if a == "count" else (a, "v") for a, _ in fields}
         self.val_kind = next((dt for a, dt in fields if a != "count"), "<i8")
         self.expiry = (None if op.ttl is None else
-                       _ttl.KeyExpiry(pm, key_dtype(schema, key), op.ttl, schema))
+                       _ttl.KeyExpiry(pm, self.keys.dtype, op.ttl, schema))
 
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
         if self.expiry is not None:
-            self.expiry.begin(table, [self.map])  # evict first: an expired key starts afresh
+            # evict first (an expired key starts afresh), and forget evicted keys in the key
+            # dictionary before this batch's keys are interned
+            self.keys.remove(self.expiry.begin(table, [self.map]))
         if table.num_rows == 0:
             return self.out_schema.empty_table()
-        keys = column_numpy(table, self.key)
+        keys = self.keys.ids(table)
         cols = None
         if self.value is not None:
             cols = {"v": column_numpy(table, self.value).astype(self.val_kind, copy=False)}
-        uk, vals = upsert_returning(self.map, keys, cols, self.spec)
+        rows, vals = _upsert_last_rows(self.map, keys, cols, self.spec)
         if self.expiry is not None:
-            self.expiry.touch(uk)
-        return self._table(uk, vals)
+            self.expiry.touch(keys[rows])  # one row per distinct key
+        # the key columns of the output straight from the input rows (no dictionary decode)
+        kcols = [table.column(f.name).take(pa.array(rows)) for f in self.keys.fields]
+        return self._table(kcols, vals)
 
-    def _table(self, keys: npt.NDArray[Any], vals: npt.NDArray[Any]) -> pa.Table:
-        arrays = [pa.array(keys)] + [pa.array(vals[n]) for n in (vals.dtype.names or ())]
+    def _table(self, keys: list[Any], vals: npt.NDArray[Any]) -> pa.Table:
+        arrays = keys + [pa.array(vals[n]) for n in (vals.dtype.names or ())]
         return pa.Table.from_arrays(arrays, schema=self.out_schema)
 
     def dump(self) -> pa.Table:
         k, v = self.map.items()
-        order = np.argsort(k, kind="stable")
-        return self._table(k[order], v[order])
+        order = self.keys.order(k)
+        return self._table(self.keys.arrays(k[order]), v[order])
 
     def n_keys(self) -> int:
         return len(self.map)
@@ -354,10 +383,49 @@ class _EventTimeOperator(Operator):
         return {"time": self.time, "window": j(self.window), "value": self.value,
                 "lateness": j(self.lateness)}
 
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         check_key_type(schema, key)
         _time_unit(schema, self.time)
         _value_kind(schema, self.value, "value")
+
+    def _types(self, schema: pa.Schema) -> tuple[pa.DataType, pa.DataType]:
+        """The Arrow types of the time and the value columns in the output."""
+        return (_time_unit(schema, self.time)[0],
+                pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value"))))
+
+
+_META = [("max_ts", "<i8"), ("seen", "<i8"), ("late", "<i8")]
+_NO_TS = np.iinfo(np.int64).min
+
+
+class _EventTimeState(OperatorState):
+    """What the event-time operators' states share: the window and lateness in the time
+    column's units, the keys, and the watermark map ``meta`` (largest time seen, rows
+    seen, late rows dropped)."""
+
+    def __init__(self, op: _EventTimeOperator, pm: PageManager, schema: pa.Schema,
+                 key: Key) -> None:
+        self.pm, self.time, self.value = pm, op.time, op.value
+        per_s = _time_unit(schema, op.time)[1]
+        self.W = _duration_units(op.window, per_s, "window")
+        self.L = _duration_units(op.lateness, per_s, "lateness")
+        self.keys = KeyIndex.open(pm, schema, key)
+        self.vk = _value_kind(schema, op.value, "value")
+        self.out_schema = op.output_schema(schema, key)
+        self.meta = HashMap.create(pm, "meta", "<u1", _META)
+
+    def _meta(self) -> tuple[int, int, int]:
+        """``(max_ts, seen, late)``."""
+        found, v = self.meta.get(np.zeros(1, np.uint8))
+        if not found[0]:
+            return _NO_TS, 0, 0
+        return int(v["max_ts"][0]), int(v["seen"][0]), int(v["late"][0])
+
+    def _put_meta(self, max_ts: int, seen: int, late: int) -> None:
+        self.meta.put(np.zeros(1, np.uint8), np.array([(max_ts, seen, late)], dtype=_META))
+
+    def _watermark(self, max_ts: int) -> int:
+        return max_ts - self.L if max_ts != _NO_TS else _NO_TS
 
 
 class WindowAggregate(_EventTimeOperator):
@@ -384,7 +452,7 @@ class WindowAggregate(_EventTimeOperator):
 
     kind = "window_aggregate"
 
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         super().check_input(schema, key)
         per_s = _time_unit(schema, self.time)[1]
         if _duration_units(self.window, per_s, "window") <= 0:
@@ -392,44 +460,36 @@ class WindowAggregate(_EventTimeOperator):
         if _duration_units(self.lateness, per_s, "lateness") < 0:
             raise ValueError(f"lateness must be >= 0, got {self.lateness!r}")
 
-    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
-        tt = _time_unit(schema, self.time)[0]
-        vt = pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value")))
+    def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
+        tt, vt = self._types(schema)
         return pa.schema([pa.field("window_start", tt, nullable=False),
                           pa.field("window_end", tt, nullable=False),
-                          pa.field(key, schema.field(key).type, nullable=False),
+                          *_key_fields(schema, key),
                           pa.field("count", pa.int64(), nullable=False),
                           pa.field(f"sum_{self.value}", vt, nullable=False),
                           pa.field(f"min_{self.value}", vt, nullable=False),
                           pa.field(f"max_{self.value}", vt, nullable=False)])
 
-    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
         return _WindowAggregateState(self, pm, schema, key)
 
 
-_META = [("max_ts", "<i8"), ("seen", "<i8"), ("late", "<i8")]
-_NO_TS = np.iinfo(np.int64).min
-
-
-class _WindowAggregateState(OperatorState):
-    def __init__(self, op: WindowAggregate, pm: PageManager, schema: pa.Schema, key: str) -> None:
-        self.pm, self.key, self.time, self.value = pm, key, op.time, op.value
-        per_s = _time_unit(schema, op.time)[1]
-        self.W = _duration_units(op.window, per_s, "window")
-        self.L = _duration_units(op.lateness, per_s, "lateness")
-        self.kdt = key_dtype(schema, key)
-        self.vk = _value_kind(schema, op.value, "value")
+class _WindowAggregateState(_EventTimeState):
+    def __init__(self, op: WindowAggregate, pm: PageManager, schema: pa.Schema, key: Key) -> None:
+        super().__init__(op, pm, schema, key)
+        self.kdt = self.keys.dtype
         self.fields = [("count", "<i8"), ("sum", self.vk), ("min", self.vk), ("max", self.vk)]
         self.spec: dict[str, Any] = {"count": "count", "sum": ("sum", "v"), "min": ("min", "v"),
                                      "max": ("max", "v")}
-        self.out_schema = op.output_schema(schema, key)
-        self.meta = HashMap.create(pm, "meta", "<u1", _META)
-
-    def _meta(self) -> tuple[int, int, int]:
-        found, v = self.meta.get(np.zeros(1, np.uint8))
-        if not found[0]:
-            return _NO_TS, 0, 0
-        return int(v["max_ts"][0]), int(v["seen"][0]), int(v["late"][0])
+        # dictionary keys: in how many open windows each id is, so a key no open window
+        # holds leaves the dictionary with the last of them
+        self.refs = None
+        if self.keys.kd is not None:
+            fresh = "keyrefs" not in pm.names()
+            self.refs = HashMap.create(pm, "keyrefs", "<i8", [("n", "<i8")])
+            if fresh:  # state written without the counts: count the open windows' keys
+                for s in self._open_windows():
+                    self.refs.upsert(self._window(s).keys(), None, {"n": "count"})
 
     def _window(self, start: int) -> HashMap:
         return HashMap.create(self.pm, f"win.{start}", self.kdt, self.fields)
@@ -439,48 +499,53 @@ class _WindowAggregateState(OperatorState):
 
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
         max_ts, seen, late = self._meta()
-        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        wm = self._watermark(max_ts)
         out: list[pa.Table] = []
         if table.num_rows:
-            keys = column_numpy(table, self.key)
             ts = column_numpy(table, self.time).astype(np.int64, copy=False)
             vals = column_numpy(table, self.value).astype(self.vk, copy=False)
             starts = np.floor_divide(ts, self.W) * self.W
             ok = starts + self.W > wm if wm != _NO_TS else np.ones(len(ts), bool)
             late += int(len(ts) - np.count_nonzero(ok))
             seen += len(ts)
-            keys, ts, vals, starts = keys[ok], ts[ok], vals[ok], starts[ok]
+            keys = self.keys.ids(_rows(table, ok))  # late rows' keys are never interned
+            ts, vals, starts = ts[ok], vals[ok], starts[ok]
             if len(ts):
                 order = np.argsort(starts, kind="stable")
                 s_sorted = starts[order]
                 bounds = np.flatnonzero(np.diff(s_sorted)) + 1
                 for grp in np.split(order, bounds):
-                    self._window(int(starts[grp[0]])).upsert(keys[grp], {"v": vals[grp]},
-                                                             self.spec)
+                    m = self._window(int(starts[grp[0]]))
+                    if self.refs is not None:
+                        u = np.unique(keys[grp])
+                        self.refs.upsert(u[~m.contains(u)], None, {"n": "count"})
+                    m.upsert(keys[grp], {"v": vals[grp]}, self.spec)
                 max_ts = max(max_ts, int(ts.max()))
-            self.meta.put(np.zeros(1, np.uint8),
-                          np.array([(max_ts, seen, late)], dtype=_META))
-        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+            self._put_meta(max_ts, seen, late)
+        wm = self._watermark(max_ts)
         for start in self._open_windows():
             if wm == _NO_TS or start + self.W > wm:
                 break
             m = self._window(start)
-            out.append(self._table(start, *m.items()))
+            k, v = m.items()
+            out.append(self._table(start, k, v))
             self.pm.destroy(self.pm.recover(m.name))
+            if self.refs is not None:
+                self.keys.remove(_release(self.refs, k, np.ones(len(k), np.int64)))
         if not out:
             return self.out_schema.empty_table()
         return pa.concat_tables(out)
 
     def _table(self, start: int, k: npt.NDArray[Any], v: npt.NDArray[Any]) -> pa.Table:
-        order = np.argsort(k, kind="stable")
+        order = self.keys.order(k)
         k, v = k[order], v[order]
         n = len(k)
         st = self.out_schema.field("window_start").type
         s = pa.array(np.full(n, start, np.int64)).cast(st)
         e = pa.array(np.full(n, start + self.W, np.int64)).cast(st)
-        return pa.Table.from_arrays([s, e, pa.array(k), pa.array(v["count"]), pa.array(v["sum"]),
-                                     pa.array(v["min"]), pa.array(v["max"])],
-                                    schema=self.out_schema)
+        return pa.Table.from_arrays([s, e, *self.keys.arrays(k), pa.array(v["count"]),
+                                     pa.array(v["sum"]), pa.array(v["min"]),
+                                     pa.array(v["max"])], schema=self.out_schema)
 
     def dump(self) -> pa.Table:
         parts = [self._table(s, *self._window(s).items()) for s in self._open_windows()]
@@ -488,6 +553,27 @@ class _WindowAggregateState(OperatorState):
 
     def n_keys(self) -> int:
         return sum(len(self._window(s)) for s in self._open_windows())
+
+
+def _rows(table: pa.Table, ok: npt.NDArray[np.bool_]) -> pa.Table:
+    """`table`'s rows where `ok` (the table itself when every row is)."""
+    return table if ok.all() else table.filter(pa.array(ok))
+
+
+def _release(counts: HashMap, ids: npt.NDArray[Any], n: npt.NDArray[np.int64]
+             ) -> npt.NDArray[Any]:
+    """Subtract `n` from the counts of the distinct `ids`; those reaching 0 are deleted
+    from `counts` and returned."""
+    if not len(ids):
+        return ids
+    _, have = counts.get(ids)
+    left = have["n"] - n
+    gone: npt.NDArray[Any] = ids[left == 0]
+    counts.delete(gone)
+    keep = left > 0
+    if keep.any():
+        counts.put(ids[keep], np.array(left[keep], dtype=[("n", "<i8")]))
+    return gone
 
 
 # ------------------------------------------------------------------------- windowed join
@@ -556,55 +642,46 @@ class WindowJoin(_EventTimeOperator):
 
     kind = "window_join"
 
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         super().check_input(schema, key)
         if SIDE_COLUMN not in schema.names:
             raise SchemaChangedError(f"WindowJoin needs the side column {SIDE_COLUMN!r}; build its "
                                      f"input with sguard.spark.stream_join(left, right, ...)")
 
-    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
-        tt = _time_unit(schema, self.time)[0]
-        vt = pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value")))
-        return pa.schema([pa.field(key, schema.field(key).type, nullable=False),
+    def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
+        tt, vt = self._types(schema)
+        return pa.schema([*_key_fields(schema, key),
                           pa.field(f"left_{self.time}", tt, nullable=False),
                           pa.field(f"left_{self.value}", vt, nullable=False),
                           pa.field(f"right_{self.time}", tt, nullable=False),
                           pa.field(f"right_{self.value}", vt, nullable=False)])
 
-    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
         return _WindowJoinState(self, pm, schema, key)
 
 
-class _WindowJoinState(OperatorState):
-    def __init__(self, op: WindowJoin, pm: PageManager, schema: pa.Schema, key: str) -> None:
-        self.key, self.time, self.value = key, op.time, op.value
-        per_s = _time_unit(schema, op.time)[1]
-        self.W = _duration_units(op.window, per_s, "window")
-        self.L = _duration_units(op.lateness, per_s, "lateness")
-        kdt = key_dtype(schema, key)
-        self.vk = _value_kind(schema, op.value, "value")
+class _WindowJoinState(_EventTimeState):
+    def __init__(self, op: WindowJoin, pm: PageManager, schema: pa.Schema, key: Key) -> None:
+        super().__init__(op, pm, schema, key)
+        kdt = self.keys.dtype
         self.rec = np.dtype([("k", kdt), ("t", "<i8"), ("v", self.vk)])
         self.buf = [PagedDeque.create(pm, f"buf.{s}", self.rec) for s in "LR"]
         self.cnt = [HashMap.create(pm, f"cnt.{s}", kdt, [("n", "<i8")]) for s in "LR"]
-        self.meta = HashMap.create(pm, "meta", "<u1", _META)
-        self.out_schema = op.output_schema(schema, key)
 
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
-        found, mv = self.meta.get(np.zeros(1, np.uint8))
-        max_ts, seen, late = ((int(mv["max_ts"][0]), int(mv["seen"][0]), int(mv["late"][0]))
-                              if found[0] else (_NO_TS, 0, 0))
-        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        max_ts, seen, late = self._meta()
+        wm = self._watermark(max_ts)
         new: list[npt.NDArray[Any]] = []
         if table.num_rows:
             side = column_numpy(table, SIDE_COLUMN)
             recs = np.empty(table.num_rows, self.rec)
-            recs["k"] = column_numpy(table, self.key)
             recs["t"] = column_numpy(table, self.time)
             recs["v"] = column_numpy(table, self.value)
             ok = recs["t"] >= wm if wm != _NO_TS else np.ones(len(recs), bool)
             late += int(len(recs) - np.count_nonzero(ok))
             seen += len(recs)
             recs, side = recs[ok], side[ok]
+            recs["k"] = self.keys.ids(_rows(table, ok))  # late rows' keys never interned
             for s in (0, 1):
                 r = recs[side == s]
                 new.append(r[np.lexsort((r["v"], r["k"], r["t"]))])
@@ -624,8 +701,9 @@ class _WindowJoinState(OperatorState):
         both = np.concatenate(new)
         if len(both):
             max_ts = max(max_ts, int(both["t"].max()))
-        self.meta.put(np.zeros(1, np.uint8), np.array([(max_ts, seen, late)], dtype=_META))
-        wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
+        self._put_meta(max_ts, seen, late)
+        wm = self._watermark(max_ts)
+        out = self._table(outs)  # before evicting: an evicted key may leave the dictionary
         if wm != _NO_TS:
             for s in (0, 1):
                 cur = np.concatenate([old[s], new[s]])
@@ -633,35 +711,36 @@ class _WindowJoinState(OperatorState):
                 n_drop = int(np.argmin(old_mask)) if not old_mask.all() else len(cur)
                 if n_drop:
                     self.buf[s].popleft(n_drop)
-                    gone = cur["k"][:n_drop]
-                    uk, c = np.unique(gone, return_counts=True)
-                    _, have = self.cnt[s].get(uk)
-                    left = have["n"] - c
-                    self.cnt[s].delete(uk[left == 0])
-                    keep = left > 0
-                    if keep.any():
-                        self.cnt[s].put(uk[keep], np.array(left[keep], dtype=[("n", "<i8")]))
-        return self._table(outs)
+                    uk, c = np.unique(cur["k"][:n_drop], return_counts=True)
+                    gone = _release(self.cnt[s], uk, c)
+                    if len(gone) and self.keys.kd is not None:  # a key neither buffer
+                        # holds leaves the dictionary
+                        self.keys.remove(gone[~self.cnt[1 - s].contains(gone)])
+        return out
 
     def _table(self, outs: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]) -> pa.Table:
         if not outs:
             return self.out_schema.empty_table()
         lv = np.concatenate([o[0] for o in outs])
         rv = np.concatenate([o[1] for o in outs])
-        order = np.lexsort((rv["v"], rv["t"], lv["v"], lv["t"], lv["k"]))
+        order = np.lexsort((rv["v"], rv["t"], lv["v"], lv["t"], self.keys.rank(lv["k"])))
         lv, rv = lv[order], rv[order]
         sch = self.out_schema
+        nk = len(self.keys.fields)
         return pa.Table.from_arrays(
-            [pa.array(lv["k"]), pa.array(lv["t"]).cast(sch.field(1).type), pa.array(lv["v"]),
-             pa.array(rv["t"]).cast(sch.field(3).type), pa.array(rv["v"])], schema=sch)
+            [*self.keys.arrays(lv["k"]), pa.array(lv["t"]).cast(sch.field(nk).type),
+             pa.array(lv["v"]), pa.array(rv["t"]).cast(sch.field(nk + 2).type),
+             pa.array(rv["v"])], schema=sch)
 
     def dump(self) -> pa.Table:
         parts = []
         for s, b in enumerate(self.buf):
             r = b.to_numpy()
-            r = r[np.lexsort((r["v"], r["t"], r["k"]))]
-            parts.append(pa.table({"side": np.full(len(r), s, np.int8), "k": r["k"], "t": r["t"],
-                                   "v": r["v"]}))
+            r = r[np.lexsort((r["v"], r["t"], self.keys.rank(r["k"])))]
+            cols = {"side": pa.array(np.full(len(r), s, np.int8))}
+            cols.update((f.name, a) for f, a in zip(self.keys.fields, self.keys.arrays(r["k"])))
+            cols.update(t=pa.array(r["t"]), v=pa.array(r["v"]))
+            parts.append(pa.table(cols))
         return pa.concat_tables(parts)
 
     def n_keys(self) -> int:

@@ -156,7 +156,7 @@ def replay_log(st: OperatorState, root: StorageRoot, layout: OperatorLayout, par
         t = inputlog.read_input(root, b, layout.generation, partition, layout.num_partitions,
                                 layout.key)
         if positions is not None:
-            t = t.filter(pa.array(positions.needs(t.column(layout.key).to_numpy(), b)))
+            t = t.filter(pa.array(positions.needs(inputlog.key_table(t, layout.key), b)))
         st.apply(t, b)
 
 

@@ -14,8 +14,8 @@ from tests.spark.helpers import StreamInput, run_query, stream
 
 
 def test_unsupported_key_type(spark: Any, stream_input: StreamInput, tmp_path: Path) -> None:
-    df = stream(spark, stream_input).selectExpr("cast(k as string) as k", "v", "ts")
-    with pytest.raises(ss.UnsupportedKeyTypeError, match="key column 'k' has type string"):
+    df = stream(spark, stream_input).selectExpr("cast(k as double) as k", "v", "ts")
+    with pytest.raises(ss.UnsupportedKeyTypeError, match="key column 'k' has type double"):
         ss.stateful(df, "k", ss.RunningAggregate(value="v"), str(tmp_path / "s"), 2)
     assert not (tmp_path / "s" / "sguard-operator.json").exists()
 
