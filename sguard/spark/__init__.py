@@ -10,7 +10,7 @@ A Spark user writes::
 
 Modules (one concern each): `api` (the entry points), `operators` (the
 operator contract and the shipped operators), `runtime` (what a task does),
-`keys` (key columns of any type -> the state's integer keys), `placement` (local
+`keys` (key columns of any type -> the state's integer keys), `columns` (input columns, time units, durations), `placement` (local
 state files and locks), `versions` (batch versions and
 rollback), `checkpointing` (asynchronous DFS checkpoints), `inputlog`
 (the HAInput log), `metrics` (JSON-lines metrics), `state` (reading state

@@ -86,6 +86,9 @@ import pyarrow as pa
 from mmm import HashMap, PageManager, PagedDeque
 from mmm._kernels import jit
 from sguard.spark import ttl as _ttl
+from sguard.spark.columns import column_numpy
+from sguard.spark.columns import duration_units as _duration_units
+from sguard.spark.columns import time_unit as _time_unit
 from sguard.spark.errors import SchemaChangedError, UnsupportedKeyTypeError
 from sguard.spark.keys import KeyIndex, key_spec
 
@@ -115,19 +118,6 @@ def _key_fields(schema: pa.Schema, key: Key) -> list[pa.Field]:
     return [f.with_nullable(not spec.direct) for f in spec.fields]
 
 
-def column_numpy(table: pa.Table, name: str) -> npt.NDArray[Any]:
-    """A column as a numpy array (timestamps as int64 in their unit); nulls are refused."""
-    col = table.column(name)
-    if col.null_count:
-        raise ValueError(f"column {name!r} has {col.null_count} null value(s) in this batch; "
-                         f"filter or fill them before the stateful operator")
-    t = col.type
-    if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_duration(t):
-        col = col.cast(pa.int64()) if not pa.types.is_date32(t) else col.cast(pa.int32())
-    arr = col.to_numpy() if col.num_chunks != 1 else col.chunk(0).to_numpy(zero_copy_only=False)
-    return np.asarray(arr)
-
-
 def _value_kind(schema: pa.Schema, name: str, what: str) -> str:
     if name not in schema.names:
         raise SchemaChangedError(f"{what} column {name!r} is not in the stream's columns "
@@ -139,30 +129,6 @@ def _value_kind(schema: pa.Schema, name: str, what: str) -> str:
         return "<f8"
     raise UnsupportedKeyTypeError(f"{what} column {name!r} has type {t}; a numeric column is "
                                   f"needed")
-
-
-def _time_unit(schema: pa.Schema, name: str) -> tuple[pa.DataType, int]:
-    """The time column's Arrow type and how many of its integer units make a second."""
-    if name not in schema.names:
-        raise SchemaChangedError(f"time column {name!r} is not in the stream's columns "
-                                 f"{schema.names}")
-    t = schema.field(name).type
-    if pa.types.is_timestamp(t):
-        return t, {"s": 1, "ms": 1000, "us": 1_000_000, "ns": 1_000_000_000}[t.unit]
-    if pa.types.is_integer(t):
-        return t, 1
-    raise UnsupportedKeyTypeError(f"time column {name!r} has type {t}; a timestamp or "
-                                  f"integer column is needed")
-
-
-def _duration_units(d: float | int | _dt.timedelta, per_s: int, what: str) -> int:
-    if isinstance(d, _dt.timedelta):
-        v = int(round(d.total_seconds() * per_s))
-    elif isinstance(d, (int, float)) and not isinstance(d, bool):
-        v = int(round(float(d) * per_s)) if per_s != 1 else int(d)
-    else:
-        raise TypeError(f"{what} must be a number or a timedelta, got {d!r}")
-    return v
 
 
 def upsert_returning(m: HashMap, keys: npt.NDArray[Any], values: Any,

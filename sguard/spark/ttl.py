@@ -53,6 +53,7 @@ import pyarrow as pa
 
 from mmm import HashMap, PageManager
 from sguard.spark.errors import BatchTimeMissingError, SchemaChangedError
+from sguard.spark.columns import column_numpy, duration_units, time_unit
 
 __all__ = ["TTL", "KeyExpiry", "BATCH_TIME_KEY", "needs_batch_time", "batch_time_ms",
            "with_batch_time"]
@@ -126,20 +127,18 @@ class TTL:
 
     def units(self, schema: pa.Schema) -> int:
         """The duration in clock units (ms for processing time, the column's for event time)."""
-        from sguard.spark.operators import _duration_units, _time_unit
         if self.mode == "processing":
-            return max(1, _duration_units(self.duration, 1000, "ttl"))
-        return max(1, _duration_units(self.duration, _time_unit(schema, str(self.time))[1],
+            return max(1, duration_units(self.duration, 1000, "ttl"))
+        return max(1, duration_units(self.duration, time_unit(schema, str(self.time))[1],
                                       "ttl"))
 
     def check(self, schema: pa.Schema) -> None:
         """Raise if the input schema lacks the event-time column (event mode)."""
         if self.mode == "event":
-            from sguard.spark.operators import _time_unit
             if self.time not in schema.names:
                 raise SchemaChangedError(f"TTL event-time column {self.time!r} is not in the "
                                          f"stream's columns {schema.names}")
-            _time_unit(schema, str(self.time))
+            time_unit(schema, str(self.time))
 
 
 def needs_batch_time(operator: Any) -> bool:
@@ -195,7 +194,6 @@ class KeyExpiry:
                     "sguard.spark.ttl.with_batch_time)")
             return ms
         assert self.clock_map is not None
-        from sguard.spark.operators import column_numpy
         zero = np.zeros(1, np.uint8)
         found, v = self.clock_map.get(zero)
         clock = int(v["clock"][0]) if found[0] else _NO_CLOCK
