@@ -888,14 +888,9 @@ class HashMap(Structure):
         # rewrite buckets whose tombstones crowd out free slots, then shrink
         h = K.hash_keys(kw[found])
         buckets = np.unique(self._bucket_of(h))
-        hdr = self._hdr
-        crowded = []
-        for b in buckets.tolist():
-            fr = self._ps.frames[self._chain(b)]
-            tomb = int(hdr["start"][fr].astype(np.int64).sum() - hdr["count"][fr].sum())
-            if tomb > self.S // 2:
-                crowded.append(b)
-        for b in crowded:
+        crowded = K.crowded(buckets, self._bucket_seq, self._next_of, self._ps.frames,
+                            self._flat, self._pb, self.S // 2)
+        for b in crowded.tolist():
             self._rechain([b], [b], 0, self._n_buckets)
         self._shrink()
 
