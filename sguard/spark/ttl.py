@@ -31,8 +31,10 @@ dropped when it expires. So a key's current stamp is always in its bucket, and
 a bucket may also hold stale older stamps of keys updated since (at most one
 per key and bucket, and only for the TTL plus one bucket width). A batch scans
 only the buckets old enough to hold an expired stamp: a bucket wholly past the
-TTL is dropped whole (its keys read once), the one straddling the boundary is
-filtered with one vectorised comparison; the expired stamps' keys are then
+TTL is dropped whole, the one straddling the boundary is kept until it is; of
+their stamps, one vectorised comparison picks those that expired since the last
+sweep (its clock is kept in ``ttl.meta``, so nothing is deleted from a bucket,
+and a retried or replayed batch sweeps the same stamps); those stamps' keys are then
 checked against ``ttl.last`` in one lookup, and only keys whose *last* update
 expired are evicted. So a batch costs O(keys touched + entries in the expiring
 buckets), not a scan of every key.
@@ -184,8 +186,9 @@ class KeyExpiry:
         self.span = ttl.units(schema)
         self.width = max(1, self.span // _BUCKETS_PER_TTL)
         self.last = HashMap.create(pm, "ttl.last", self.kdt, _STAMP)
-        self.clock_map = (HashMap.create(pm, "ttl.meta", "<u1", _CLOCK)
-                          if ttl.mode == "event" else None)
+        # key 0: the event-time clock (event mode); key 1: the clock of the last sweep
+        self.meta = HashMap.create(pm, "ttl.meta", "<u1", _CLOCK)
+        self.clock_map = self.meta if ttl.mode == "event" else None
         self.now = _NO_CLOCK
         self._handles: dict[int, HashMap] = {}
 
@@ -229,24 +232,29 @@ class KeyExpiry:
         self.now = now = self._clock(table)
         if now == _NO_CLOCK:
             return np.zeros(0, self.kdt)
+        one = np.ones(1, np.uint8)
+        known, sv = self.meta.get(one)
+        swept = int(sv["clock"][0]) if known[0] else _NO_CLOCK  # stamps expired by then are done
         cand: list[npt.NDArray[Any]] = []
         for j in self._buckets():
             if j * self.width + self.span > now:  # its oldest possible stamp is still live
                 break
             b = self._bucket(j)
-            if (j + 1) * self.width - 1 + self.span <= now:  # every entry expired
-                cand.append(b.keys())
+            bk, bv = b.items()
+            end = bv["t"] + self.span
+            sel = end <= now
+            if swept != _NO_CLOCK:
+                sel &= end > swept
+            cand.append(bk[sel])
+            if (j + 1) * self.width - 1 + self.span <= now:  # every entry expired: drop it
                 self.pm.destroy(self.pm.recover(b.name))
                 del self._handles[j]
-                continue
-            bk, bv = b.items()
-            exp = bv["t"] + self.span <= now
-            if exp.any():
-                cand.append(bk[exp])
-                b.delete(bk[exp])
-        if not cand:
-            return np.zeros(0, self.kdt)
-        keys = np.unique(np.concatenate(cand)) if len(cand) > 1 else cand[0]
+        if swept != now:
+            self.meta.put(one, np.array([(now,)], dtype=_CLOCK))
+        keys = np.unique(np.concatenate(cand)) if len(cand) > 1 else (
+            cand[0] if cand else np.zeros(0, self.kdt))
+        if len(keys) == 0:
+            return keys
         # a stale stamp's key was updated since: evict only keys whose last update expired
         found, last = self.last.get(keys)
         keys = keys[found & (last["t"] + self.span <= now)]
@@ -273,7 +281,7 @@ class KeyExpiry:
     def _check(self) -> None:
         """Assert the index's invariants: every stamped key's last update is in the bucket
         of that stamp, with the same stamp; every other bucket entry is an older stamp of
-        a stamped key (stale, not yet expired); the buckets hold nothing else (for a clock
+        a stamped key (stale) or an expired one; no bucket wholly expired is kept (for a clock
         that never goes back, as in the tests; eviction itself only trusts ``ttl.last``)."""
         lk, lv = self.last.items()
         current = 0
@@ -281,9 +289,10 @@ class KeyExpiry:
             bk, bv = self._bucket(j).items()
             assert (bv["t"] // self.width == j).all(), f"bucket {j}: stamps of other buckets"
             found, cur = self.last.get(bk)
-            assert found.all(), f"bucket {j}: entries of keys that are not stamped"
-            assert (cur["t"] >= bv["t"]).all(), f"bucket {j}: entries newer than the key's"
-            assert (bv["t"] + self.span > self.now).all() or self.now == _NO_CLOCK, \
-                f"bucket {j}: expired entries left"
+            expired = bv["t"] + self.span <= self.now
+            assert (found | expired).all(), f"bucket {j}: live entries of unstamped keys"
+            assert (cur["t"][found] >= bv["t"][found]).all(), f"bucket {j}: entries too new"
+            assert not (self.now != _NO_CLOCK and (j + 1) * self.width - 1 + self.span
+                        <= self.now), f"bucket {j}: wholly expired but kept"
             current += int(np.count_nonzero(cur["t"] == bv["t"]))
         assert current == len(lk), f"{current} current bucket entries for {len(lk)} keys"
