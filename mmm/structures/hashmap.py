@@ -865,10 +865,13 @@ class HashMap(Structure):
         kc = self._canon(keys, "keys")
         if len(kc) == 0:
             return np.zeros(0, dtype=bool)
-        uniq, inverse = np.unique(kc, return_inverse=True)
+        if kc.ndim == 1 and kc.dtype.kind in "iu" and bool((kc[1:] > kc[:-1]).all()):
+            uniq, inverse = kc, None  # already sorted and distinct (e.g. from np.unique)
+        else:
+            uniq, inverse = np.unique(kc, return_inverse=True)
         found = np.zeros(len(uniq), dtype=bool)
         self._guarded(lambda: self._delete_rows(uniq, found), 0)
-        return found[inverse.reshape(-1)]
+        return found if inverse is None else found[inverse.reshape(-1)]
 
     def _delete_rows(self, uniq: npt.NDArray[Any], found: npt.NDArray[np.bool_]) -> None:
         kw, kb = self._words(uniq)
