@@ -37,8 +37,8 @@ from numba.extending import intrinsic
 
 from mmm._kernels import cacheable, jit
 
-__all__ = ["hash_keys", "rows", "rechain", "crowded", "DONE", "NEED_CLONE", "NEED_PAGE", "NEED_SPLIT",
-           "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
+__all__ = ["hash_keys", "rows", "rechain", "crowded", "DONE", "NEED_CLONE", "NEED_PAGE",
+           "NEED_SPLIT", "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -834,7 +834,7 @@ def crowded(buckets: Any, bucket_seq: Any, next_of: Any, fseq: Any, pool: Any, p
     for i in range(len(buckets)):
         b = buckets[i]
         q = bucket_seq[b]
-        tomb = 0
+        tomb = np.int64(0)
         while q >= 0:
             base = fseq[q] * pb
             tomb += np.int64(u32[(base + OFF_START) >> 2]) - np.int64(u32[(base + OFF_COUNT) >> 2])
