@@ -37,8 +37,8 @@ from numba.extending import intrinsic
 
 from mmm._kernels import cacheable, jit
 
-__all__ = ["hash_keys", "rows", "rechain", "DONE", "NEED_CLONE", "NEED_PAGE", "NEED_SPLIT",
-           "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
+__all__ = ["hash_keys", "rows", "rechain", "crowded", "DONE", "NEED_CLONE", "NEED_PAGE",
+           "NEED_SPLIT", "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -817,3 +817,29 @@ def rechain(pages: Any, targets: Any, primaries: Any, pool: Any, fseq: Any, next
     for t in range(n_spare):
         spare_out[t] = spare[t]
     return used, n_spare
+
+
+@jit
+def crowded(buckets: Any, bucket_seq: Any, next_of: Any, fseq: Any, pool: Any, pb: Any,
+            limit: Any) -> Any:
+    """The buckets of ``buckets`` whose chains hold more than ``limit`` tombstones.
+
+    A page's tombstones are its used slots (header ``start``) minus its live
+    records (``count``); a bucket's are the sum over its chain (``bucket_seq``,
+    ``next_of``, ``fseq`` = page table frames). One pass, no allocation per bucket.
+    """
+    u32 = pool.view(np.uint32)
+    out = np.empty(len(buckets), np.int64)
+    m = 0
+    for i in range(len(buckets)):
+        b = buckets[i]
+        q = bucket_seq[b]
+        tomb = np.int64(0)
+        while q >= 0:
+            base = fseq[q] * pb
+            tomb += np.int64(u32[(base + OFF_START) >> 2]) - np.int64(u32[(base + OFF_COUNT) >> 2])
+            q = next_of[q]
+        if tomb > limit:
+            out[m] = b
+            m += 1
+    return out[:m]

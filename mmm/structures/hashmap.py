@@ -865,10 +865,13 @@ class HashMap(Structure):
         kc = self._canon(keys, "keys")
         if len(kc) == 0:
             return np.zeros(0, dtype=bool)
-        uniq, inverse = np.unique(kc, return_inverse=True)
+        if kc.ndim == 1 and kc.dtype.kind in "iu" and bool((kc[1:] > kc[:-1]).all()):
+            uniq, inverse = kc, None  # already sorted and distinct (e.g. from np.unique)
+        else:
+            uniq, inverse = np.unique(kc, return_inverse=True)
         found = np.zeros(len(uniq), dtype=bool)
         self._guarded(lambda: self._delete_rows(uniq, found), 0)
-        return found[inverse.reshape(-1)]
+        return found if inverse is None else found[inverse.reshape(-1)]
 
     def _delete_rows(self, uniq: npt.NDArray[Any], found: npt.NDArray[np.bool_]) -> None:
         kw, kb = self._words(uniq)
@@ -888,14 +891,9 @@ class HashMap(Structure):
         # rewrite buckets whose tombstones crowd out free slots, then shrink
         h = K.hash_keys(kw[found])
         buckets = np.unique(self._bucket_of(h))
-        hdr = self._hdr
-        crowded = []
-        for b in buckets.tolist():
-            fr = self._ps.frames[self._chain(b)]
-            tomb = int(hdr["start"][fr].astype(np.int64).sum() - hdr["count"][fr].sum())
-            if tomb > self.S // 2:
-                crowded.append(b)
-        for b in crowded:
+        crowded = K.crowded(buckets, self._bucket_seq, self._next_of, self._ps.frames,
+                            self._flat, self._pb, self.S // 2)
+        for b in crowded.tolist():
             self._rechain([b], [b], 0, self._n_buckets)
         self._shrink()
 

@@ -236,7 +236,7 @@ def test_ttl_arguments_and_layout() -> None:
 
 
 def test_expiry_buckets_are_per_clock_not_per_batch() -> None:
-    """Many batches within one TTL make at most ~17 bucket maps (each key in one)."""
+    """Many batches within one TTL make at most ~17 bucket maps (each key's stamp in one)."""
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
     st: Any = RunningAggregate(value="v", ttl=TTL(10.0)).open(PageManager(4096, 1 << 26),
                                                              schema, "k")
