@@ -78,8 +78,11 @@ def _query(spark: Any, df: Any, partitions: int, run_dir: Path, kind: str = "int
                            num_partitions=partitions, local_dir=str(run_dir / "local"),
                            checkpoint=ck)
     except Exception as e:  # noqa: BLE001 - only a refused key type is "not available"
+        # a refused key type; a composite key that the API takes for one column name
         if kind != "int" and (type(e).__name__ == "UnsupportedKeyTypeError"
-                              or isinstance(e, TypeError)):
+                              or isinstance(e, TypeError)
+                              or (kind == "composite"
+                                  and type(e).__name__ == "SchemaChangedError")):
             raise KeysNotSupported(f"{kind} keys: {type(e).__name__}: "
                                    f"{str(e).splitlines()[0][:200]}") from e
         raise

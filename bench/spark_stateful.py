@@ -25,7 +25,8 @@ repetitions, reversed on odd ones) to spread the drift of this shared machine:
 Two more sets of runs (``--extras``), at the largest key count:
 
 * ``keys``: the same aggregate with the same keys as strings (``str(k)``) and as a
-  composite key (``tenant`` string, ``user`` int64), ``sql`` and ``sguard`` interleaved
+  composite key (``tenant`` string, ``user`` int64), ``sql``, ``sql_rocksdb`` and
+  ``sguard`` interleaved
   over the same parquet input (the conversion is in the files, outside every timing);
   skipped with "not run: string keys not available" while `sguard.spark.stateful`
   refuses such keys;
@@ -72,8 +73,10 @@ Summary fields (issue 9), with the sguard variant's definitions:
   ``prepare_ms_per_batch_*`` the other parts. Spark's counterpart is
   ``spark_commit_ms_per_partition_*`` (``commitTimeMs`` per partition);
 * ``ratio_vs_sql_rocksdb_{10k,100k}`` (>= 1): sguard over ``sql_rocksdb``;
+  ``ratio_vs_best_sql_*`` over the faster of the two Spark SQL stores;
 * ``ratio_vs_sql_str_100k`` (>= 1), ``ratio_vs_sql_composite_100k``: sguard over Spark SQL
-  (HDFS store) with string / composite keys; ``state_ms_per_partition_100k_str`` the
+  (HDFS store) with string / composite keys (``ratio_vs_sql_rocksdb_str_100k``,
+  ``ratio_vs_best_sql_str_100k``... beside them); ``state_ms_per_partition_100k_str`` the
   string-key state work (as ``state_ms_per_partition_100k``) and
   ``str_state_work_over_int`` (<= 2) its ratio to the integer path's in the same run;
 * ``spark_batch_p99_ratio_ckpt_every_batch`` (<= 1.2, issue 19): p99 of ``batchDuration``
@@ -115,7 +118,7 @@ import numpy as np
 
 NAME = "spark_stateful"
 VARIANTS = ("sql", "sql_rocksdb", "aipws", "tws", "ceiling", "sguard")
-KEY_VARIANTS = ("sql", "sguard")  # the string / composite key runs
+KEY_VARIANTS = ("sql", "sql_rocksdb", "sguard")  # the string / composite key runs
 EXTRAS = ("keys", "p99")
 PYTHON_APIS = ("aipws", "tws")
 KEYS = (10_000, 100_000)
@@ -369,6 +372,8 @@ def build_summary(per: dict[int, dict[str, dict[str, Any]]], micro: dict[str, An
         s[f"ratio_vs_best_python_{tag}"] = _ratio(sg, best)
         s[f"ratio_vs_sql_{tag}"] = _ratio(sg, rate.get("sql"))
         s[f"ratio_vs_sql_rocksdb_{tag}"] = _ratio(sg, rate.get("sql_rocksdb"))
+        sqls = [rate[v] for v in ("sql", "sql_rocksdb") if v in rate]
+        s[f"ratio_vs_best_sql_{tag}"] = _ratio(sg, max(sqls) if sqls else None)
         if "sql_rocksdb" in vs and vs["sql_rocksdb"].get("state_store"):
             st = vs["sql_rocksdb"]["state_store"]
             s[f"sql_rocksdb_store_check_{tag}"] = (
@@ -453,7 +458,7 @@ def _key_summary(s: dict[str, Any], keyper: dict[str, dict[str, dict[str, Any]]]
     """String / composite key fields (``note``: why they did not run)."""
     for kind in ("str", "composite"):
         vs = keyper.get(kind, {})
-        sg, sql = vs.get("sguard"), vs.get("sql")
+        sg, sql, rdb = vs.get("sguard"), vs.get("sql"), vs.get("sql_rocksdb")
         if sg is None or sql is None:
             why = note or f"not run: {kind} keys failed (see errors)"
             s[f"ratio_vs_sql_{kind}_{btag}"] = why
@@ -462,6 +467,12 @@ def _key_summary(s: dict[str, Any], keyper: dict[str, dict[str, dict[str, Any]]]
         s[f"rows_per_s_sguard_{kind}_{btag}"] = sg["rows_per_s"]
         s[f"rows_per_s_sql_{kind}_{btag}"] = sql["rows_per_s"]
         s[f"ratio_vs_sql_{kind}_{btag}"] = _ratio(sg["rows_per_s"], sql["rows_per_s"])
+        if rdb is not None:
+            s[f"rows_per_s_sql_rocksdb_{kind}_{btag}"] = rdb["rows_per_s"]
+            s[f"ratio_vs_sql_rocksdb_{kind}_{btag}"] = _ratio(sg["rows_per_s"],
+                                                               rdb["rows_per_s"])
+            s[f"ratio_vs_best_sql_{kind}_{btag}"] = _ratio(
+                sg["rows_per_s"], max(sql["rows_per_s"], rdb["rows_per_s"]))
         s[f"state_ms_per_partition_{btag}_{kind}"] = sg["state_ms_median"]
         s[f"checkpoint_ms_on_critical_path_{btag}_{kind}"] = sg["breakdown_ms"].get("checkpoint")
         s[f"sguard_{kind}_over_int_rows_per_s_{btag}"] = _ratio(
@@ -575,10 +586,10 @@ def _plot_extras(axes: Any, intper: dict[str, dict[str, Any]],
         ax.axis("off")
     ax = axes[0]
     kinds = [("int", intper)] + [(k, keyper[k]) for k in ("str", "composite") if k in keyper]
-    for i, v in enumerate(("sql", "sguard")):
+    for i, v in enumerate(KEY_VARIANTS):
         vals = [d.get(v, {}).get("rows_per_s", np.nan) for _, d in kinds]
-        ax.bar(np.arange(len(kinds)) + i * 0.4, vals, 0.4, label=LABEL[v])
-    ax.set_xticks(np.arange(len(kinds)) + 0.2)
+        ax.bar(np.arange(len(kinds)) + i * 0.27, vals, 0.27, label=LABEL[v])
+    ax.set_xticks(np.arange(len(kinds)) + 0.27)
     ax.set_xticklabels([f"{k} key" for k, _ in kinds], fontsize=8)
     ax.set_ylabel("rows/s (median of runs)")
     ax.set_title(f"Key types, {big // 1000}k keys (missing bar: not run)", fontsize=9)
@@ -750,11 +761,26 @@ def _key_phase(spark: Any, work: Path, kr: dict[str, Any], errors: dict[str, str
                                                         for kind in kr["kinds"]}
     note: str | None = None
     unsupported: set[str] = set()
+    for kind in kr["kinds"]:  # does sguard take these keys? (building the query tells)
+        probe = work / "runs" / f"probe-{kind}"
+        try:
+            from bench import _spark_variants as V
+
+            S.build(spark, V.source(spark, V.input_dir(work / "input", k, kr["batches"], kind),
+                                    kind), k, PARTITIONS, probe, kind)
+        except S.KeysNotSupported as e:
+            unsupported.add(kind)
+            note = "not run: string keys not available"
+            errors[f"sguard_{kind}_{k}"] = f"{note} ({e})"
+            log(f"[{k // 1000}k {kind} keys] {errors[f'sguard_{kind}_{k}']}; its baselines "
+                f"are skipped too")
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
     for rep in range(kr["reps"]):
-        for kind in kr["kinds"]:
+        for kind in [x for x in kr["kinds"] if x not in unsupported]:
             order = kr["variants"] if rep % 2 == 0 else list(reversed(kr["variants"]))
             for v in order:
-                if f"{v}_{kind}_{k}" in errors or (v == "sguard" and kind in unsupported):
+                if f"{v}_{kind}_{k}" in errors or kind in unsupported:
                     continue
                 tag = f"k{k}-{kind}-r{rep}-{v}"
                 try:
