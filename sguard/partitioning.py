@@ -81,24 +81,24 @@ def _fmix(h1: Any, length: Any) -> Any:
 
 
 @jit
-def _hash_ints(words: npt.NDArray[np.uint32], seed: int) -> npt.NDArray[np.uint32]:
-    """Spark ``hashInt`` of each 32-bit word."""
+def _hash_ints(words: npt.NDArray[np.uint32], seeds: npt.NDArray[np.uint32]
+               ) -> npt.NDArray[np.uint32]:
+    """Spark ``hashInt`` of each 32-bit word, each with its own seed."""
     out = np.empty(len(words), np.uint32)
-    s = np.uint64(seed) & np.uint64(_M32)
     for i in range(len(words)):
-        h1 = _mix_h1(s, _mix_k1(np.uint64(words[i])))
+        h1 = _mix_h1(np.uint64(seeds[i]), _mix_k1(np.uint64(words[i])))
         out[i] = _fmix(h1, np.uint64(4))
     return out
 
 
 @jit
-def _hash_longs(words: npt.NDArray[np.uint64], seed: int) -> npt.NDArray[np.uint32]:
-    """Spark ``hashLong`` of each 64-bit word (low half first)."""
+def _hash_longs(words: npt.NDArray[np.uint64], seeds: npt.NDArray[np.uint32]
+                ) -> npt.NDArray[np.uint32]:
+    """Spark ``hashLong`` of each 64-bit word (low half first), each with its own seed."""
     out = np.empty(len(words), np.uint32)
-    s = np.uint64(seed) & np.uint64(_M32)
     for i in range(len(words)):
         w = words[i]
-        h1 = _mix_h1(s, _mix_k1(w & np.uint64(_M32)))
+        h1 = _mix_h1(np.uint64(seeds[i]), _mix_k1(w & np.uint64(_M32)))
         h1 = _mix_h1(h1, _mix_k1(w >> np.uint64(32)))
         out[i] = _fmix(h1, np.uint64(8))
     return out
@@ -106,15 +106,15 @@ def _hash_longs(words: npt.NDArray[np.uint64], seed: int) -> npt.NDArray[np.uint
 
 @jit
 def _hash_bytes(data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64],
-                lengths: npt.NDArray[np.int64], seed: int) -> npt.NDArray[np.uint32]:
+                lengths: npt.NDArray[np.int64], seeds: npt.NDArray[np.uint32]
+                ) -> npt.NDArray[np.uint32]:
     """Spark ``hashUnsafeBytes``: little-endian words, then each tail byte (sign-extended) alone."""
     out = np.empty(len(starts), np.uint32)
-    s = np.uint64(seed) & np.uint64(_M32)
     for i in range(len(starts)):
         a = starts[i]
         n = lengths[i]
         aligned = n - n % 4
-        h1 = s
+        h1 = np.uint64(seeds[i])
         for j in range(a, a + aligned, 4):
             w = (np.uint64(data[j]) | (np.uint64(data[j + 1]) << np.uint64(8))
                  | (np.uint64(data[j + 2]) << np.uint64(16)) | (np.uint64(data[j + 3]) << np.uint64(24)))
@@ -126,6 +126,17 @@ def _hash_bytes(data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64],
             h1 = _mix_h1(h1, _mix_k1(b))
         out[i] = _fmix(h1, np.uint64(n) & np.uint64(_M32))
     return out
+
+
+def _seeds(seed: Any, n: int) -> npt.NDArray[np.uint32]:
+    """One seed per row: a scalar broadcast, or the running hash of the previous columns."""
+    if np.ndim(seed) == 0:
+        return np.full(n, int(seed) & _M32, np.uint32)
+    s = np.ascontiguousarray(np.asarray(seed).view(np.uint32) if np.asarray(seed).dtype.itemsize
+                             == 4 else np.asarray(seed).astype(np.uint32))
+    if len(s) != n:
+        raise ValueError(f"{len(s)} seeds for {n} keys")
+    return s
 
 
 # -- public API --------------------------------------------------------------------------------
@@ -158,17 +169,22 @@ def spark_type_of(dtype: npt.DTypeLike) -> str:
                             f"bytes S<n>, Arrow string/binary)")
 
 
-def murmur3_hash(keys: Any, *, seed: int = SEED) -> npt.NDArray[np.int32]:
-    """Spark's ``hash(key)`` (Murmur3 x86 32, `seed`) of every key, as int32.
+def murmur3_hash(keys: Any, *, seed: Any = SEED) -> npt.NDArray[np.int32]:
+    """Spark's ``hash(*cols)`` (Murmur3 x86 32, `seed`) of every key, as int32.
 
     Parameters
     ----------
-    keys : numpy array, pyarrow Array / ChunkedArray, or sequence
-        One key column (a Python sequence of str is encoded as UTF-8).
-    seed : int
-        42 is what ``hash()`` and ``repartition`` use.
+    keys : numpy array, pyarrow Array / ChunkedArray, sequence, or a table of key columns
+        One key column (a Python sequence of str is encoded as UTF-8), or a
+        ``pyarrow.Table`` / ``RecordBatch`` whose columns form a composite key:
+        hashed as Spark hashes ``hash(c1, c2, ...)`` and ``repartition(P, c1,
+        c2, ...)``, the hash of column ``i`` being the seed of column ``i + 1``.
+        A null leaves the running hash unchanged.
+    seed : int or array of uint32/int32
+        42 is what ``hash()`` and ``repartition`` use; an array gives each row
+        its own seed (the running hash of earlier columns).
 
-    Runtime complexity: O(total key bytes), one compiled pass.
+    Runtime complexity: O(total key bytes), one compiled pass per column.
 
     Raises
     ------
@@ -180,8 +196,19 @@ def murmur3_hash(keys: Any, *, seed: int = SEED) -> npt.NDArray[np.int32]:
     >>> murmur3_hash(np.array([0, 1], np.int32)).tolist()   # spark: SELECT hash(0), hash(1)
     [933211791, -559580957]
     """
+    if isinstance(keys, (pa.Table, pa.RecordBatch)):
+        h: Any = seed
+        for i in range(keys.num_columns):
+            h = murmur3_hash(keys.column(i), seed=h)
+        out = _seeds(h, keys.num_rows).view(np.int32)
+        return out
     if isinstance(keys, pa.ChunkedArray):
-        parts = [murmur3_hash(c, seed=seed) for c in keys.chunks]
+        if np.ndim(seed) == 0:
+            parts = [murmur3_hash(c, seed=seed) for c in keys.chunks]
+        else:
+            offs = np.cumsum([0] + [len(c) for c in keys.chunks])
+            parts = [murmur3_hash(c, seed=np.asarray(seed)[offs[i]:offs[i + 1]])
+                     for i, c in enumerate(keys.chunks)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int32)
     if isinstance(keys, pa.Array):
         return _hash_arrow(keys, seed).view(np.int32)
@@ -191,6 +218,7 @@ def murmur3_hash(keys: Any, *, seed: int = SEED) -> npt.NDArray[np.int32]:
     if arr.ndim != 1:
         arr = arr.reshape(-1)
     t = spark_type_of(arr.dtype)
+    seeds = _seeds(seed, len(arr))
     if t == "binary":
         w = arr.dtype.itemsize
         raw = np.ascontiguousarray(arr).view(np.uint8).reshape(len(arr), w)
@@ -198,11 +226,11 @@ def murmur3_hash(keys: Any, *, seed: int = SEED) -> npt.NDArray[np.int32]:
         # length up to the last non-NUL byte (numpy drops trailing NULs of 'S')
         lengths = np.where(nz.any(axis=1), w - np.argmax(nz[:, ::-1], axis=1), 0).astype(np.int64)
         starts = np.arange(len(arr), dtype=np.int64) * w
-        h = _hash_bytes(raw.reshape(-1), starts, lengths, seed)
+        h = _hash_bytes(raw.reshape(-1), starts, lengths, seeds)
     elif t in ("long", "double", "timestamp"):
-        h = _hash_longs(_long_words(arr, t), seed)
+        h = _hash_longs(_long_words(arr, t), seeds)
     else:
-        h = _hash_ints(_int_words(arr, t), seed)
+        h = _hash_ints(_int_words(arr, t), seeds)
     return h.view(np.int32)
 
 
@@ -260,11 +288,14 @@ def _long_words(arr: npt.NDArray[Any], t: str) -> npt.NDArray[np.uint64]:
     return np.ascontiguousarray(arr.astype(np.int64, copy=False)).view(np.uint64)
 
 
-def _hash_arrow(arr: pa.Array, seed: int) -> npt.NDArray[np.uint32]:
-    """Hash an Arrow array: strings/binaries through their buffers, others via numpy."""
+def _hash_arrow(arr: pa.Array, seed: Any) -> npt.NDArray[np.uint32]:
+    """Hash an Arrow array: strings/binaries through their buffers, others via numpy.
+
+    A null row keeps its seed (Spark skips null columns)."""
     typ = arr.type
+    seeds = _seeds(seed, len(arr))
     if pa.types.is_dictionary(typ):
-        return _hash_arrow(arr.cast(typ.value_type), seed)
+        return _hash_arrow(arr.cast(typ.value_type), seeds)
     if (pa.types.is_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_string(typ)
             or pa.types.is_large_binary(typ)):
         large = pa.types.is_large_string(typ) or pa.types.is_large_binary(typ)
@@ -274,20 +305,25 @@ def _hash_arrow(arr: pa.Array, seed: int) -> npt.NDArray[np.uint32]:
                                 offset=arr.offset * np.dtype(off_dt).itemsize).astype(np.int64)
         data = (np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None
                 else np.zeros(0, np.uint8))
-        h = _hash_bytes(data, offsets[:-1].copy(), np.diff(offsets), seed)
+        h = _hash_bytes(data, offsets[:-1].copy(), np.diff(offsets), seeds)
     elif pa.types.is_timestamp(typ) or pa.types.is_date(typ):
         unit = "D" if pa.types.is_date(typ) else typ.unit
-        vals = arr.cast(pa.date32() if unit == "D" else typ).to_numpy(zero_copy_only=False)
-        h = murmur3_hash(np.asarray(vals).astype(f"datetime64[{unit}]"), seed=seed).view(np.uint32)
+        filled = arr.cast(pa.date32() if unit == "D" else typ)
+        if filled.null_count:
+            filled = filled.fill_null(pa.scalar(0, pa.int32() if unit == "D" else pa.int64()
+                                                ).cast(filled.type))
+        vals = filled.to_numpy(zero_copy_only=False)
+        h = murmur3_hash(np.asarray(vals).astype(f"datetime64[{unit}]"), seed=seeds
+                         ).view(np.uint32)
     else:
         try:
-            vals = arr.fill_null(0).to_numpy(zero_copy_only=False) if arr.null_count else \
-                arr.to_numpy(zero_copy_only=False)
+            vals = arr.fill_null(False if pa.types.is_boolean(typ) else 0).to_numpy(
+                zero_copy_only=False) if arr.null_count else arr.to_numpy(zero_copy_only=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise PartitioningError(f"Arrow key type {typ} is not supported: {exc}") from None
-        h = murmur3_hash(np.asarray(vals), seed=seed).view(np.uint32)
+        h = murmur3_hash(np.asarray(vals), seed=seeds).view(np.uint32)
     if arr.null_count:
-        h = h.copy()
-        h[np.asarray(arr.is_null().to_numpy(zero_copy_only=False))] = np.uint32(seed)
+        valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
+        h = np.where(valid, h, seeds).astype(np.uint32)
     out: npt.NDArray[np.uint32] = h
     return out

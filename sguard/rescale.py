@@ -485,8 +485,105 @@ def _validate(root: StorageRoot, layout: OperatorLayout
             found.setdefault(name, (sig, meta))
         sources.append(_Source(s, hu, man.name, man.state_bytes, um))
     structs = [_resolve(layout, n, found[n][1], f"operator {layout.name!r}")
-               for n in sorted(found)]
+               for n in sorted(found) if not _is_keydict(n)]
     return sources, structs, page_bytes or 65536
+
+
+def _is_keydict(name: str) -> bool:
+    from sguard.spark.keys import KEYDICT
+    return name == KEYDICT or name.startswith(KEYDICT + ".")
+
+
+def _key_spec(layout: OperatorLayout) -> Any:
+    """The `sguard.spark.keys.KeySpec` of a layout whose state keys are dictionary ids
+    (None: the state is keyed by the key values themselves)."""
+    keys = layout.extra.get("keys")
+    if not isinstance(keys, dict) or keys.get("encoding") != "dictionary":
+        return None
+    import base64
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    from sguard.spark.keys import key_spec
+    try:
+        schema = ipc.read_schema(pa.py_buffer(base64.b64decode(layout.extra["arrow_schema"])))
+        return key_spec(schema, layout.key)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise RescaleError(f"operator {layout.name!r}: the layout's key columns "
+                           f"{layout.key!r} cannot be read back ({exc})") from None
+
+
+_KEYS: Final = "\0keys"
+"""A source piece's entry for the key dictionary's keys routed to an output."""
+
+
+def _key_routes(pm: PageManager, keys: Any, modulus: int, index: npt.NDArray[np.int64],
+                n_out: int) -> tuple[npt.NDArray[np.int32], list[Any]]:
+    """Route a source's key dictionary: the Spark hash of every id's decoded key (dense by
+    id) and, per output, ``(ids, (data, offsets), valid)`` of the keys it receives."""
+    import pyarrow as pa
+    from mmm.structures.keydict import KeyDict
+    from sguard.spark.keys import KEYDICT, decode
+    kd = KeyDict.create(pm, KEYDICT)
+    ids, data, offs, valid = kd.items()
+    ids = np.asarray(ids, np.int64)
+    offs = np.asarray(offs, np.int64)
+    valid = np.ones(len(ids), bool) if valid is None else np.asarray(valid, bool)
+    if len(ids):
+        cols = decode(keys, data, offs, valid)
+        h = murmur3_hash(pa.Table.from_arrays(cols, names=list(keys.columns)))
+    else:
+        h = np.zeros(0, np.int32)
+    dense = np.zeros(int(ids.max()) + 1 if len(ids) else 0, np.int32)
+    dense[ids] = h
+    order, bounds = _route(h, modulus, index, n_out)
+    parts = []
+    for i in range(n_out):
+        sel = order[bounds[i]:bounds[i + 1]]
+        lens = offs[sel + 1] - offs[sel]
+        o = np.zeros(len(sel) + 1, np.int64)
+        np.cumsum(lens, out=o[1:])
+        gather = np.repeat(offs[sel] - o[:-1], lens) + np.arange(o[-1])
+        parts.append((ids[sel], (np.asarray(data)[gather], o), valid[sel]))
+    return dense, parts
+
+
+def _intern_keys(pm: PageManager, pieces: Sequence[Mapping[str, Any]]
+                 ) -> list[npt.NDArray[np.int64] | None]:
+    """Intern each source piece's keys into `pm`'s key dictionary; per piece, the
+    old id -> new id map (None: a piece without keys)."""
+    from mmm.structures.keydict import KeyDict
+    from sguard.spark.keys import KEYDICT
+    kd = KeyDict.create(pm, KEYDICT)
+    maps: list[npt.NDArray[np.int64] | None] = []
+    for p in pieces:
+        if _KEYS not in p:
+            maps.append(None)
+            continue
+        old, (data, offs), valid = p[_KEYS]
+        new = np.asarray(kd.intern(data, offs, valid), np.int64) if len(old) else old
+        m = np.full(int(old.max()) + 1 if len(old) else 0, -1, np.int64)
+        m[old] = new
+        maps.append(m)
+    return maps
+
+
+def _remap(st: _Structure, rows: tuple[Any, Any], m: npt.NDArray[np.int64] | None
+           ) -> tuple[Any, Any]:
+    """A piece's rows with their routing column's ids replaced through `m`."""
+    keys, vals = rows
+    if m is None or st.route_in == "replicate":
+        return rows
+    if st.route_in == "key" and st.route is None:
+        return m[keys].astype(keys.dtype), vals
+    if st.route_in == "key":
+        keys = keys.copy()
+        keys[st.route] = m[keys[st.route]]
+        return keys, vals
+    vals = vals.copy()
+    if st.route is None:
+        return keys, m[vals].astype(vals.dtype)
+    vals[st.route] = m[vals[st.route]]
+    return keys, vals
 
 
 def source_groups(from_partitions: int, to_partitions: int) -> list[tuple[list[int], list[int]]]:
@@ -613,7 +710,7 @@ def _take(rows: npt.NDArray[Any], sel: npt.NDArray[np.int64]) -> npt.NDArray[Any
 
 def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure],
                   page_bytes: int, io: IOService, modulus: int, index: npt.NDArray[np.int64],
-                  n_out: int, clock: dict[str, float]
+                  n_out: int, clock: dict[str, float], keys: Any = None
                   ) -> tuple[list[dict[str, tuple[Any, Any]]], Manifest | None]:
     """Restore one source and split every structure's rows into `n_out` outputs.
 
@@ -622,6 +719,10 @@ def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure]
     ``index[r]`` (-1: dropped). Adds the seconds spent to `clock` (``read_s``:
     reading and checksumming the pages into a private pool; ``extract_s``: rows
     out of the pages; ``route_s``: hashes, counting sort, gathers).
+
+    With `keys` (a `sguard.spark.keys.KeySpec`: the state is keyed by dictionary ids),
+    a routing column holds ids: each routes by the Spark hash of its decoded key, and
+    each output also gets the keys it receives (entry ``_KEYS``) for `_intern_keys`.
     """
     out: list[dict[str, tuple[Any, Any]]] = [{} for _ in range(n_out)]
     if src.checkpoint is None:
@@ -631,6 +732,13 @@ def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure]
     man = restore(pm, root, src.haunit, io=io)
     _kill_point("source_restored")
     clock["read_s"] += time.perf_counter() - tick
+    id_hash = None
+    if keys is not None:
+        tick = time.perf_counter()
+        id_hash, kparts = _key_routes(pm, keys, modulus, index, n_out)
+        for i in range(n_out):
+            out[i][_KEYS] = kparts[i]
+        clock["route_s"] += time.perf_counter() - tick
     for st in structs:
         if not pm.exists(st.name):  # e.g. a window another partition has open
             continue
@@ -646,8 +754,9 @@ def _split_source(root: StorageRoot, src: _Source, structs: Sequence[_Structure]
         if n_out == 1 and (index >= 0).all():  # a merge: every row goes to the one target
             out[0][st.name] = (keys, vals)
             continue
-        order, bounds = _route(murmur3_hash(_route_column(st, keys, vals)), modulus, index,
-                               n_out)
+        col = _route_column(st, keys, vals)
+        h = murmur3_hash(col) if id_hash is None else id_hash[col]
+        order, bounds = _route(h, modulus, index, n_out)
         for i in range(n_out):
             sel = order[bounds[i]:bounds[i + 1]]
             if len(sel) == len(vals):  # every row goes to this output
@@ -705,9 +814,10 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
         positions: list[ReplayPositions] = []
         metas: list[Mapping[str, Any]] = []
         read = rows = 0
+        kspec = _key_spec(layout)
         for src in group.sources:
             out, man = _split_source(root, src, structs, page_bytes, io, to_parts, index,
-                                     len(targets), clock)
+                                     len(targets), clock, kspec)
             pieces.append(out)
             positions.append(_positions(src, man, layout.num_partitions))
             if man is not None:
@@ -721,8 +831,11 @@ def _run_group(root: StorageRoot, layout: OperatorLayout, group: _Group,
         for i, t in enumerate(targets):
             tick = time.perf_counter()
             pm = PageManager(page_bytes, capacity_bytes=capacity)
+            remaps = (_intern_keys(pm, [p[i] for p in pieces]) if kspec is not None
+                      else [None] * len(pieces))
             for st in structs:
-                parts = [p[i][st.name] for p in pieces if st.name in p[i]]
+                parts = [_remap(st, p[i][st.name], m) for p, m in zip(pieces, remaps)
+                         if st.name in p[i]]
                 if not parts:
                     continue  # no source of this group holds it
                 keys, vals = _concat(parts)
@@ -973,15 +1086,18 @@ def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: i
         index = np.full(M, -1, np.int64)
         index[want] = 0
         clock = dict.fromkeys(_PHASES, 0.0)
-        out, man = _split_source(sroot, src, structs, page_bytes, io, M, index, 1, clock)
+        kspec = _key_spec(layout)
+        out, man = _split_source(sroot, src, structs, page_bytes, io, M, index, 1, clock,
+                                 kspec)
     finally:
         if own:
             io.shutdown()
     tick = time.perf_counter()
     pm.begin_load().finish()  # drop whatever the worker held
+    remap = _intern_keys(pm, out)[0] if kspec is not None else None
     for st in structs:
         if st.name in out[0]:
-            keys, vals = out[0][st.name]
+            keys, vals = _remap(st, out[0][st.name], remap)
             _write_structure(pm, st, keys, vals)
     clock["build_s"] += time.perf_counter() - tick
     if phases is not None:

@@ -75,14 +75,16 @@ class OperatorLayout:
         How keys map to partitions; ``"spark-murmur3"`` is
         ``pmod(murmur3_hash(key, seed=42), P)``, what ``repartition(P, key)`` does.
     key
-        The name of the key column.
+        The name of the key column, or the list of names of a composite key
+        (``extra["keys"]`` records their types and how the state stores them,
+        `sguard.spark.keys.KeySpec.describe`).
     """
 
     operator: str
     name: str
     schema: dict[str, Any]
     num_partitions: int
-    key: str
+    key: str | list[str]
     generation: int = 0
     schema_version: int = 1
     partitioner: str = "spark-murmur3"
@@ -125,9 +127,14 @@ class OperatorLayout:
         missing = {"operator", "name", "schema", "num_partitions", "key"} - set(kwargs)
         if missing:
             raise LayoutError(f"{where}: missing field(s) {sorted(missing)}")
-        for k in ("operator", "name", "key", "partitioner"):
+        for k in ("operator", "name", "partitioner"):
             if k in kwargs and not isinstance(kwargs[k], str):
                 raise LayoutError(f"{where}: field {k!r} must be a string")
+        key = kwargs.get("key")
+        if not isinstance(key, str) and not (
+                isinstance(key, list) and key and all(isinstance(c, str) for c in key)):
+            raise LayoutError(f"{where}: field 'key' must be a column name or a non-empty "
+                              f"list of column names")
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:

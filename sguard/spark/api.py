@@ -26,6 +26,7 @@ import pyarrow as pa
 from ioservice import StorageRoot, open_root
 from sguard.spark.checkpointing import CheckpointConfig
 from sguard.spark.errors import NotStreamingError, OperatorMismatchError, SchemaChangedError
+from sguard.spark.keys import key_columns, key_spec
 from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
 from sguard.spark.placement import default_local_dir, root_key
 from sguard.spark.rescaling import pending_repartition, repartition_at_startup
@@ -93,7 +94,7 @@ def _repartition(root: StorageRoot, layout: OperatorLayout, operator: Operator,
     return new
 
 
-def stateful(df: Any, key: str, operator: Operator, state_uri: str,
+def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
              num_partitions: int | None = None, *, name: str | None = None,
              checkpoint: CheckpointConfig | None = None, local_dir: str | None = None,
              page_bytes: int = 1 << 16, capacity_bytes: int = 1 << 30,
@@ -105,8 +106,13 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
     ----------
     df : pyspark.sql.DataFrame
         A streaming DataFrame (``spark.readStream...``) over a replayable source.
-    key : str
-        The key column (an integer column).
+    key : str or list of str
+        The key column, or the columns of a composite key
+        (``["tenant", "user"]``): strings, binary, booleans, dates, timestamps
+        or integers (`sguard.spark.keys`). Null keys form their own group, as
+        in Spark's ``groupBy``, except in ``key="k"`` on an integer column
+        (stored directly as its value; use ``key=["k"]`` for nullable ones).
+        The rows are shuffled with ``repartition(P, *columns)``.
     operator : Operator
         E.g. ``RunningAggregate(value="v")``.
     state_uri : str
@@ -161,9 +167,12 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
     if not isinstance(operator, Operator):
         raise TypeError(f"operator must be an sguard.spark Operator, got "
                         f"{type(operator).__name__}")
+    cols = key_columns(key)
+    key = key if isinstance(key, str) else cols
     df = operator.prepare_input(df, key)
     in_schema = to_arrow_schema(df.schema, timezone="UTC")
     in_schema = pa.schema([f.with_nullable(True) for f in in_schema])
+    spec = key_spec(in_schema, key)
     operator.check_input(in_schema, key)
     out_schema = operator.output_schema(in_schema, key)
     opts = dict(storage_options or {})
@@ -183,7 +192,7 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
         schema={"input": _describe(in_schema), "params": operator.params()},
         schema_version=STATE_SCHEMA_VERSION,
         generation=existing.generation if existing is not None else 0,
-        extra={"arrow_schema": schema_to_json(in_schema)})
+        extra={"arrow_schema": schema_to_json(in_schema), "keys": spec.describe()})
     if existing is not None:
         _check_layout(existing, layout, root.uri)
         if num_partitions != existing.num_partitions:
@@ -206,22 +215,23 @@ def stateful(df: Any, key: str, operator: Operator, state_uri: str,
                         checkpoint=checkpoint or CheckpointConfig(),
                         storage_options=opts, lock_timeout_s=lock_timeout_s, metrics=metrics,
                         faults=faults)
-    return df.repartition(num_partitions, key).mapInArrow(task_function(cfg),
-                                                           from_arrow_schema(out_schema))
+    return df.repartition(num_partitions, *cols).mapInArrow(task_function(cfg),
+                                                             from_arrow_schema(out_schema))
 
 
-def stream_join(left: Any, right: Any, key: str, time: str, value: str, window: Any,
+def stream_join(left: Any, right: Any, key: str | list[str], time: str, value: str, window: Any,
                 state_uri: str, *, lateness: Any = 0, **kwargs: Any) -> Any:
     """The windowed stream join of two streaming DataFrames (`WindowJoin`).
 
-    Both inputs need the columns `key`, `time` and `value` (same types). The
-    output has ``key, left_<time>, left_<value>, right_<time>, right_<value>``
+    Both inputs need the columns `key` (one or several), `time` and `value` (same
+    types). The output has ``<key columns>, left_<time>, left_<value>, right_<time>,
+    right_<value>``
     for every pair with equal keys and times at most `window` apart.
     Other keyword arguments go to `stateful`.
     """
     from pyspark.sql import functions as F
 
-    cols = [key, time, value]
+    cols = [*key_columns(key), time, value]
     for side, d in (("left", left), ("right", right)):
         missing = [c for c in cols if c not in d.columns]
         if missing:

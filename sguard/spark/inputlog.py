@@ -27,6 +27,7 @@ previous checkpoint (a damaged latest one) still finds its input.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -37,10 +38,17 @@ import pyarrow.ipc as ipc
 from ioservice import StorageRoot
 from sguard.spark.errors import InputLogGapError
 
-__all__ = ["INPUTLOG_DIR", "log_path", "write_input", "read_input", "trim", "logged_batches"]
+__all__ = ["INPUTLOG_DIR", "log_path", "write_input", "read_input", "trim", "logged_batches",
+           "key_table"]
 
 INPUTLOG_DIR = "inputlog"
 _FILE_RE = re.compile(r"^g(?P<gen>\d+)-p(?P<part>\d{4,})\.arrow$")
+
+
+def key_table(table: pa.Table, key: str | list[str]) -> pa.Table:
+    """The key column(s) of `table`, in key order: what Spark's partitioner hashes
+    (`sguard.partitioning.murmur3_hash` of a table chains over its columns)."""
+    return table.select([key] if isinstance(key, str) else list(key))
 
 
 def batch_dir(batch: int) -> str:
@@ -53,13 +61,13 @@ def log_path(batch: int, generation: int, partition: int) -> str:
 
 
 def write_input(root: StorageRoot, table: pa.Table, batch: int, generation: int, partition: int,
-                num_partitions: int, key: str) -> int:
+                num_partitions: int, key: str | list[str]) -> int:
     """Write the partition's input of `batch`; returns the bytes written.
 
     The file is written to a temporary name and then made visible atomically
     (`StorageRoot.write_atomic`), so a reader never sees half a file.
     """
-    meta = {b"sguard.key": key.encode(), b"sguard.generation": str(generation).encode(),
+    meta = {b"sguard.key": (key if isinstance(key, str) else json.dumps(list(key))).encode(), b"sguard.generation": str(generation).encode(),
             b"sguard.partition": str(partition).encode(),
             b"sguard.num_partitions": str(num_partitions).encode(),
             b"sguard.batch": str(batch).encode()}
@@ -78,7 +86,7 @@ def _read(root: StorageRoot, relpath: str) -> pa.Table:
 
 
 def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
-               num_partitions: int, key: str) -> pa.Table:
+               num_partitions: int, key: str | list[str]) -> pa.Table:
     """The rows partition `partition` (of `num_partitions`, generation `generation`)
     consumed in `batch`.
 
@@ -106,8 +114,7 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
     from sguard import partitioning
     tables = [_read(root, e.relpath) for e in other]
     table = pa.concat_tables(tables)
-    keys = table.column(key).to_numpy()
-    part = np.asarray(partitioning.partition_of(keys, num_partitions))
+    part = np.asarray(partitioning.partition_of(key_table(table, key), num_partitions))
     return table.filter(pa.array(part == partition))
 
 

@@ -19,33 +19,52 @@ Subclass `Operator` (set `Operator.kind`; implement `params`, `check_input`,
 * `apply` must be deterministic in the *set* of input rows: Spark may hand a
   replayed batch's rows in another order, so sort (or aggregate) before any
   order-dependent step, and sort the output;
-* `apply` must not catch and hide exceptions: a failed batch is rolled back.
+* `apply` must not catch and hide exceptions: a failed batch is rolled back;
+* the structure name ``keydict`` (and names starting ``keydict.``) belong to the
+  key dictionary (`sguard.spark.keys.KEYDICT`).
 
-Example (a per-key row counter; tests/spark/test_custom_operator.py runs it)::
+How keys reach an operator: ``key`` is what the user passed to `stateful`, a
+column name or a list of them (composite keys), of any key type (strings,
+binary, booleans, dates, timestamps, integers; `sguard.spark.keys`). Open a
+`KeyIndex` on the page manager: ``keys.ids(table)`` gives each row's state key
+(the integer itself for ``key="k"`` on an integer column, else an exact int64 id
+from the partition's key dictionary, null keys included), ``keys.dtype`` is
+their numpy dtype for the structures, ``keys.arrays(ids)`` gives back the key
+columns with their original names and types for the output and `dump`, and
+``keys.order(ids)`` a canonical order. Ids are local to a partition: never put
+them in the output. Repartitioning routes every structure keyed (or with a
+record field ``k``... see `sguard.rescale`) on these state keys.
+
+Example (a per-key row counter; tests/spark/test_custom_operator.py runs it with
+integer, string and composite keys)::
 
     @register_operator            # lets tools rebuild it from the state URI's layout
     class CountRows(Operator):
         kind = "count_rows"
         def params(self): return {}
-        def check_input(self, schema, key): check_key_type(schema, key)
+        def check_input(self, schema, key): key_spec(schema, key)
         def output_schema(self, schema, key):
-            return pa.schema([schema.field(key), pa.field("n", pa.int64())])
+            return pa.schema(key_spec(schema, key).fields + [pa.field("n", pa.int64())])
         def open(self, pm, schema, key): return _CountRowsState(pm, schema, key)
 
     class _CountRowsState(OperatorState):
         def __init__(self, pm, schema, key):
-            self.key = key
-            self.m = mmm.HashMap.create(pm, "n", key_dtype(schema, key), [("n", "<i8")])
+            self.keys = KeyIndex.open(pm, schema, key)
+            self.m = mmm.HashMap.create(pm, "n", self.keys.dtype, [("n", "<i8")])
+            self.names = [f.name for f in self.keys.fields] + ["n"]
         def apply(self, table, batch_id):
-            keys = column_numpy(table, self.key)
-            self.m.upsert(keys, None, {"n": "count"})
-            u = np.unique(keys)
-            return pa.table({self.key: u, "n": self.m.get(u)[1]["n"]})
+            ids = self.keys.ids(table)
+            self.m.upsert(ids, None, {"n": "count"})
+            u = np.unique(ids)
+            return self._table(u, self.m.get(u)[1]["n"])
         def dump(self):
-            k, v = self.m.items(); o = np.argsort(k)
-            return pa.table({self.key: k[o], "n": v["n"][o]})
+            k, v = self.m.items()
+            o = self.keys.order(k)
+            return self._table(k[o], v["n"][o])
+        def _table(self, ids, n):
+            return pa.Table.from_arrays(self.keys.arrays(ids) + [pa.array(n)], self.names)
 
-    out = sguard.spark.stateful(df, "k", CountRows(), "file:///tmp/cr", 4)
+    out = sguard.spark.stateful(df, ["tenant", "user"], CountRows(), "file:///tmp/cr", 4)
 
 Operators shipped here: `RunningAggregate` (count/sum/min/max per key),
 `WindowAggregate` (tumbling event-time windows, evicted by watermark, closed
@@ -66,33 +85,32 @@ import pyarrow as pa
 from mmm import HashMap, PageManager, PagedDeque
 from mmm._kernels import jit
 from sguard.spark.errors import SchemaChangedError, UnsupportedKeyTypeError
+from sguard.spark.keys import KeyIndex, key_spec
 
 __all__ = ["Operator", "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin",
-           "register_operator", "operator_from_params",
+           "register_operator", "operator_from_params", "KeyIndex", "key_spec",
            "check_key_type", "key_dtype", "column_numpy", "upsert_returning", "SIDE_COLUMN"]
 
 SIDE_COLUMN = "_sguard_side"
-
-_INT_TYPES = {pa.int8(): "<i1", pa.int16(): "<i2", pa.int32(): "<i4", pa.int64(): "<i8",
-              pa.uint8(): "<u1", pa.uint16(): "<u2", pa.uint32(): "<u4", pa.uint64(): "<u8"}
-
-
-def check_key_type(schema: pa.Schema, key: str) -> None:
-    """Raise `UnsupportedKeyTypeError` unless `key` is an integer column of `schema`."""
-    if key not in schema.names:
-        raise SchemaChangedError(f"key column {key!r} is not in the stream's columns {schema.names}")
-    t = schema.field(key).type
-    if t not in _INT_TYPES:
-        raise UnsupportedKeyTypeError(
-            f"key column {key!r} has type {t}; sguard.spark keys state on integer columns "
-            f"(byte, short, int, long); cast or hash the key to a long first, "
-            f"e.g. df.withColumn({key!r}, xxhash64({key!r}))")
+Key = str | Sequence[str]
+"""A key as the user gives it: a column name or a list of names (`sguard.spark.keys`)."""
 
 
-def key_dtype(schema: pa.Schema, key: str) -> str:
-    """The numpy dtype of the key column."""
-    check_key_type(schema, key)
-    return _INT_TYPES[schema.field(key).type]
+def check_key_type(schema: pa.Schema, key: Key) -> None:
+    """Raise `UnsupportedKeyTypeError` (or `SchemaChangedError`) unless `key` can key state
+    (`sguard.spark.keys.key_spec`)."""
+    key_spec(schema, key)
+
+
+def key_dtype(schema: pa.Schema, key: Key) -> str:
+    """The numpy dtype of the state keys (`KeyIndex.dtype`)."""
+    return key_spec(schema, key).dtype.str
+
+
+def _key_fields(schema: pa.Schema, key: Key) -> list[pa.Field]:
+    """The output fields of the key column(s): non-null for a direct integer key."""
+    spec = key_spec(schema, key)
+    return [f.with_nullable(not spec.direct) for f in spec.fields]
 
 
 def column_numpy(table: pa.Table, name: str) -> npt.NDArray[Any]:
@@ -218,18 +236,18 @@ class Operator(abc.ABC):
         """JSON parameters; stored with the state, a change between restarts is refused."""
 
     @abc.abstractmethod
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         """Raise a specific error if the input schema does not fit this operator."""
 
     @abc.abstractmethod
-    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
+    def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
         """The Arrow schema of the output rows."""
 
     @abc.abstractmethod
-    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
         """Create or recover the operator's structures in `pm`."""
 
-    def prepare_input(self, df: Any, key: str) -> Any:
+    def prepare_input(self, df: Any, key: Key) -> Any:
         """Spark-side projection applied before the shuffle (default: none)."""
         return df
 
@@ -268,7 +286,7 @@ class RunningAggregate(Operator):
     def params(self) -> dict[str, Any]:
         return {"value": self.value, "aggs": list(self.aggs)}
 
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         check_key_type(schema, key)
         if self.value is not None:
             _value_kind(schema, self.value, "value")
@@ -277,32 +295,32 @@ class RunningAggregate(Operator):
         vk = _value_kind(schema, self.value, "value") if self.value is not None else "<i8"
         return [(a, "<i8" if a == "count" else vk) for a in self.aggs]
 
-    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
-        out = [pa.field(key, schema.field(key).type, nullable=False)]
+    def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
+        out = _key_fields(schema, key)
         for a, dt in self._fields(schema):
             name = a if a == "count" else f"{a}_{self.value}"
             out.append(pa.field(name, pa.from_numpy_dtype(np.dtype(dt)), nullable=False))
         return pa.schema(out)
 
-    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
         return _RunningAggregateState(self, pm, schema, key)
 
 
 class _RunningAggregateState(OperatorState):
-    def __init__(self, op: RunningAggregate, pm: PageManager, schema: pa.Schema, key: str) -> None:
-        self.key = key
+    def __init__(self, op: RunningAggregate, pm: PageManager, schema: pa.Schema, key: Key) -> None:
+        self.keys = KeyIndex.open(pm, schema, key)
         self.value = op.value
         self.out_schema = op.output_schema(schema, key)
         fields = op._fields(schema)
         self.vdt = np.dtype(fields[0][1]) if op.value is None else None
-        self.map = HashMap.create(pm, "aggregate", key_dtype(schema, key), fields)
+        self.map = HashMap.create(pm, "aggregate", self.keys.dtype, fields)
         self.spec: dict[str, Any] = {a: "count" if a == "count" else (a, "v") for a, _ in fields}
         self.val_kind = next((dt for a, dt in fields if a != "count"), "<i8")
 
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
         if table.num_rows == 0:
             return self.out_schema.empty_table()
-        keys = column_numpy(table, self.key)
+        keys = self.keys.ids(table)
         cols = None
         if self.value is not None:
             cols = {"v": column_numpy(table, self.value).astype(self.val_kind, copy=False)}
@@ -310,12 +328,12 @@ class _RunningAggregateState(OperatorState):
         return self._table(uk, vals)
 
     def _table(self, keys: npt.NDArray[Any], vals: npt.NDArray[Any]) -> pa.Table:
-        arrays = [pa.array(keys)] + [pa.array(vals[n]) for n in (vals.dtype.names or ())]
+        arrays = self.keys.arrays(keys) + [pa.array(vals[n]) for n in (vals.dtype.names or ())]
         return pa.Table.from_arrays(arrays, schema=self.out_schema)
 
     def dump(self) -> pa.Table:
         k, v = self.map.items()
-        order = np.argsort(k, kind="stable")
+        order = self.keys.order(k)
         return self._table(k[order], v[order])
 
     def n_keys(self) -> int:
@@ -337,7 +355,7 @@ class _EventTimeOperator(Operator):
         return {"time": self.time, "window": j(self.window), "value": self.value,
                 "lateness": j(self.lateness)}
 
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         check_key_type(schema, key)
         _time_unit(schema, self.time)
         _value_kind(schema, self.value, "value")
@@ -367,7 +385,7 @@ class WindowAggregate(_EventTimeOperator):
 
     kind = "window_aggregate"
 
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         super().check_input(schema, key)
         per_s = _time_unit(schema, self.time)[1]
         if _duration_units(self.window, per_s, "window") <= 0:
@@ -375,18 +393,18 @@ class WindowAggregate(_EventTimeOperator):
         if _duration_units(self.lateness, per_s, "lateness") < 0:
             raise ValueError(f"lateness must be >= 0, got {self.lateness!r}")
 
-    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
+    def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
         tt = _time_unit(schema, self.time)[0]
         vt = pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value")))
         return pa.schema([pa.field("window_start", tt, nullable=False),
                           pa.field("window_end", tt, nullable=False),
-                          pa.field(key, schema.field(key).type, nullable=False),
+                          *_key_fields(schema, key),
                           pa.field("count", pa.int64(), nullable=False),
                           pa.field(f"sum_{self.value}", vt, nullable=False),
                           pa.field(f"min_{self.value}", vt, nullable=False),
                           pa.field(f"max_{self.value}", vt, nullable=False)])
 
-    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
         return _WindowAggregateState(self, pm, schema, key)
 
 
@@ -395,12 +413,13 @@ _NO_TS = np.iinfo(np.int64).min
 
 
 class _WindowAggregateState(OperatorState):
-    def __init__(self, op: WindowAggregate, pm: PageManager, schema: pa.Schema, key: str) -> None:
-        self.pm, self.key, self.time, self.value = pm, key, op.time, op.value
+    def __init__(self, op: WindowAggregate, pm: PageManager, schema: pa.Schema, key: Key) -> None:
+        self.pm, self.time, self.value = pm, op.time, op.value
         per_s = _time_unit(schema, op.time)[1]
         self.W = _duration_units(op.window, per_s, "window")
         self.L = _duration_units(op.lateness, per_s, "lateness")
-        self.kdt = key_dtype(schema, key)
+        self.keys = KeyIndex.open(pm, schema, key)
+        self.kdt = self.keys.dtype
         self.vk = _value_kind(schema, op.value, "value")
         self.fields = [("count", "<i8"), ("sum", self.vk), ("min", self.vk), ("max", self.vk)]
         self.spec: dict[str, Any] = {"count": "count", "sum": ("sum", "v"), "min": ("min", "v"),
@@ -425,7 +444,7 @@ class _WindowAggregateState(OperatorState):
         wm = max_ts - self.L if max_ts != _NO_TS else _NO_TS
         out: list[pa.Table] = []
         if table.num_rows:
-            keys = column_numpy(table, self.key)
+            keys = self.keys.ids(table)
             ts = column_numpy(table, self.time).astype(np.int64, copy=False)
             vals = column_numpy(table, self.value).astype(self.vk, copy=False)
             starts = np.floor_divide(ts, self.W) * self.W
@@ -455,15 +474,15 @@ class _WindowAggregateState(OperatorState):
         return pa.concat_tables(out)
 
     def _table(self, start: int, k: npt.NDArray[Any], v: npt.NDArray[Any]) -> pa.Table:
-        order = np.argsort(k, kind="stable")
+        order = self.keys.order(k)
         k, v = k[order], v[order]
         n = len(k)
         st = self.out_schema.field("window_start").type
         s = pa.array(np.full(n, start, np.int64)).cast(st)
         e = pa.array(np.full(n, start + self.W, np.int64)).cast(st)
-        return pa.Table.from_arrays([s, e, pa.array(k), pa.array(v["count"]), pa.array(v["sum"]),
-                                     pa.array(v["min"]), pa.array(v["max"])],
-                                    schema=self.out_schema)
+        return pa.Table.from_arrays([s, e, *self.keys.arrays(k), pa.array(v["count"]),
+                                     pa.array(v["sum"]), pa.array(v["min"]),
+                                     pa.array(v["max"])], schema=self.out_schema)
 
     def dump(self) -> pa.Table:
         parts = [self._table(s, *self._window(s).items()) for s in self._open_windows()]
@@ -539,32 +558,33 @@ class WindowJoin(_EventTimeOperator):
 
     kind = "window_join"
 
-    def check_input(self, schema: pa.Schema, key: str) -> None:
+    def check_input(self, schema: pa.Schema, key: Key) -> None:
         super().check_input(schema, key)
         if SIDE_COLUMN not in schema.names:
             raise SchemaChangedError(f"WindowJoin needs the side column {SIDE_COLUMN!r}; build its "
                                      f"input with sguard.spark.stream_join(left, right, ...)")
 
-    def output_schema(self, schema: pa.Schema, key: str) -> pa.Schema:
+    def output_schema(self, schema: pa.Schema, key: Key) -> pa.Schema:
         tt = _time_unit(schema, self.time)[0]
         vt = pa.from_numpy_dtype(np.dtype(_value_kind(schema, self.value, "value")))
-        return pa.schema([pa.field(key, schema.field(key).type, nullable=False),
+        return pa.schema([*_key_fields(schema, key),
                           pa.field(f"left_{self.time}", tt, nullable=False),
                           pa.field(f"left_{self.value}", vt, nullable=False),
                           pa.field(f"right_{self.time}", tt, nullable=False),
                           pa.field(f"right_{self.value}", vt, nullable=False)])
 
-    def open(self, pm: PageManager, schema: pa.Schema, key: str) -> OperatorState:
+    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
         return _WindowJoinState(self, pm, schema, key)
 
 
 class _WindowJoinState(OperatorState):
-    def __init__(self, op: WindowJoin, pm: PageManager, schema: pa.Schema, key: str) -> None:
-        self.key, self.time, self.value = key, op.time, op.value
+    def __init__(self, op: WindowJoin, pm: PageManager, schema: pa.Schema, key: Key) -> None:
+        self.time, self.value = op.time, op.value
         per_s = _time_unit(schema, op.time)[1]
         self.W = _duration_units(op.window, per_s, "window")
         self.L = _duration_units(op.lateness, per_s, "lateness")
-        kdt = key_dtype(schema, key)
+        self.keys = KeyIndex.open(pm, schema, key)
+        kdt = self.keys.dtype
         self.vk = _value_kind(schema, op.value, "value")
         self.rec = np.dtype([("k", kdt), ("t", "<i8"), ("v", self.vk)])
         self.buf = [PagedDeque.create(pm, f"buf.{s}", self.rec) for s in "LR"]
@@ -581,7 +601,7 @@ class _WindowJoinState(OperatorState):
         if table.num_rows:
             side = column_numpy(table, SIDE_COLUMN)
             recs = np.empty(table.num_rows, self.rec)
-            recs["k"] = column_numpy(table, self.key)
+            recs["k"] = self.keys.ids(table)
             recs["t"] = column_numpy(table, self.time)
             recs["v"] = column_numpy(table, self.value)
             ok = recs["t"] >= wm if wm != _NO_TS else np.ones(len(recs), bool)
@@ -631,20 +651,24 @@ class _WindowJoinState(OperatorState):
             return self.out_schema.empty_table()
         lv = np.concatenate([o[0] for o in outs])
         rv = np.concatenate([o[1] for o in outs])
-        order = np.lexsort((rv["v"], rv["t"], lv["v"], lv["t"], lv["k"]))
+        order = np.lexsort((rv["v"], rv["t"], lv["v"], lv["t"], self.keys.rank(lv["k"])))
         lv, rv = lv[order], rv[order]
         sch = self.out_schema
+        nk = len(self.keys.fields)
         return pa.Table.from_arrays(
-            [pa.array(lv["k"]), pa.array(lv["t"]).cast(sch.field(1).type), pa.array(lv["v"]),
-             pa.array(rv["t"]).cast(sch.field(3).type), pa.array(rv["v"])], schema=sch)
+            [*self.keys.arrays(lv["k"]), pa.array(lv["t"]).cast(sch.field(nk).type),
+             pa.array(lv["v"]), pa.array(rv["t"]).cast(sch.field(nk + 2).type),
+             pa.array(rv["v"])], schema=sch)
 
     def dump(self) -> pa.Table:
         parts = []
         for s, b in enumerate(self.buf):
             r = b.to_numpy()
-            r = r[np.lexsort((r["v"], r["t"], r["k"]))]
-            parts.append(pa.table({"side": np.full(len(r), s, np.int8), "k": r["k"], "t": r["t"],
-                                   "v": r["v"]}))
+            r = r[np.lexsort((r["v"], r["t"], self.keys.rank(r["k"])))]
+            cols = {"side": pa.array(np.full(len(r), s, np.int8))}
+            cols.update((f.name, a) for f, a in zip(self.keys.fields, self.keys.arrays(r["k"])))
+            cols.update(t=pa.array(r["t"]), v=pa.array(r["v"]))
+            parts.append(pa.table(cols))
         return pa.concat_tables(parts)
 
     def n_keys(self) -> int:

@@ -148,8 +148,8 @@ def align_sources(root: StorageRoot, layout: OperatorLayout, operator: Operator,
                 for x in range(c + 1, T + 1):
                     t = inputlog.read_input(root, x, layout.generation, p, P, layout.key)
                     if positions is not None:
-                        t = t.filter(pa.array(positions.needs(t.column(layout.key).to_numpy(),
-                                                              x)))
+                        t = t.filter(pa.array(positions.needs(
+                            inputlog.key_table(t, layout.key), x)))
                     state.apply(t, x)
                 pm._flush_structures()
                 meta = {"operator": layout.operator, "name": layout.name,

@@ -104,7 +104,7 @@ class RuntimeConfig:
     state_key: str
     layout: OperatorLayout
     operator: Operator
-    key: str
+    key: str | list[str]
     input_schema: pa.Schema
     output_schema: pa.Schema
     local_dir: str
@@ -271,7 +271,7 @@ class _Partition:
             t = inputlog.read_input(self.rt.root, x, cfg.layout.generation, self.p,
                                     cfg.layout.num_partitions, cfg.key)
             if positions is not None:
-                t = t.filter(pa.array(positions.needs(t.column(cfg.key).to_numpy(), x)))
+                t = t.filter(pa.array(positions.needs(inputlog.key_table(t, cfg.key), x)))
             self.state.apply(t, x)
         self._flush()
         self._write_marker("applied", b - 1, None)

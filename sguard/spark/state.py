@@ -123,7 +123,7 @@ def read_durable_state(state_uri: str, *, upto_batch: int | None = None,
         for b in range(c + 1, last + 1):
             t = inputlog.read_input(root, b, lay.generation, p, lay.num_partitions, lay.key)
             if positions is not None:
-                t = t.filter(pa.array(positions.needs(t.column(lay.key).to_numpy(), b)))
+                t = t.filter(pa.array(positions.needs(inputlog.key_table(t, lay.key), b)))
             st.apply(t, b)
         parts.append(st.dump())
         batches[p] = last

@@ -123,3 +123,55 @@ def test_unsupported_key_types_and_partition_counts_are_refused() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="num_partitions"):
             partition_of(np.zeros(3, np.int64), bad)  # type: ignore[arg-type]
+
+
+def _typed_keys(n: int) -> tuple[T.StructType, list[tuple[Any, ...]], pa.Table]:
+    """Rows of every key type sguard.spark keys state on, each column with nulls."""
+    import datetime as dt
+    rng = np.random.default_rng(7)
+    utc = dt.timezone.utc
+    rows = []
+    for i in range(n):
+        null = rng.random(5) < 0.15
+        s = "".join(chr(int(c)) for c in rng.integers(32, 0x2FFF, int(rng.integers(0, 9))))
+        rows.append((i,
+                     None if null[0] else s,
+                     None if null[1] else s.encode()[: int(rng.integers(0, 7))],
+                     None if null[2] else bool(rng.integers(0, 2)),
+                     None if null[3] else dt.date(1960, 1, 1) + dt.timedelta(
+                         days=int(rng.integers(0, 40000))),
+                     None if null[4] else dt.datetime(1965, 1, 1, tzinfo=utc) + dt.timedelta(
+                         microseconds=int(rng.integers(0, 2**51)))))
+    schema = T.StructType([T.StructField("i", T.LongType()), T.StructField("s", T.StringType()),
+                           T.StructField("b", T.BinaryType()),
+                           T.StructField("f", T.BooleanType()),
+                           T.StructField("d", T.DateType()),
+                           T.StructField("t", T.TimestampType())])
+    cols = list(zip(*rows))
+    table = pa.table({"i": pa.array(cols[0], pa.int64()), "s": pa.array(cols[1], pa.string()),
+                      "b": pa.array(cols[2], pa.binary()), "f": pa.array(cols[3], pa.bool_()),
+                      "d": pa.array(cols[4], pa.date32()),
+                      "t": pa.array(cols[5], pa.timestamp("us", tz="UTC"))})
+    return schema, rows, table
+
+
+@pytest.mark.parametrize("cols", [["s"], ["b"], ["f"], ["d"], ["t"], ["s", "f"],
+                                  ["f", "s", "d"], ["t", "b", "s"], ["d", "i"]])
+def test_typed_nullable_and_composite_keys_go_where_spark_sends_them(
+        spark: SparkSession, cols: list[str]) -> None:
+    """spark_partition_id() after repartition(P, *cols) equals ours, nulls and composites too."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    schema, rows, table = _typed_keys(300)
+    df = spark.createDataFrame(rows, schema)
+    got = df.select("i", F.hash(*cols).alias("h")).orderBy("i").collect()
+    want = np.array([r.h for r in got], np.int32)
+    np.testing.assert_array_equal(murmur3_hash(table.select(cols)), want, err_msg=str(cols))
+    for P in (3, 8):
+        rows_p = df.repartition(P, *cols).select("i", F.spark_partition_id().alias("p")).collect()
+        where = np.empty(len(rows), np.int64)
+        where[[r.i for r in rows_p]] = [r.p for r in rows_p]
+        np.testing.assert_array_equal(partition_of(table.select(cols), P), where,
+                                      err_msg=f"{cols} P={P}")
+    if len(cols) > 1:  # an all-null composite key hashes to the seed
+        nulls = pa.table({c: pa.nulls(2, table.schema.field(c).type) for c in cols})
+        assert murmur3_hash(nulls).tolist() == [42, 42]
