@@ -19,8 +19,8 @@ persisted   a page whose bytes are durable: its pin is dropped
 generation  bumped when pages change underneath structures (rollback, load):
             structures rebuild their in-memory indexes lazily
 """
-from mmm.errors import (MmmError, PageFormatError, PageNotFoundError, PageSetNotFoundError,
-                        PageSizeError, PoolExhaustedError, PoolFileError, RecordTypeError,
+from mmm.errors import (IdNotFoundError, KeyFormatError, MmmError, PageFormatError,
+                        PageNotFoundError, PageSetNotFoundError, PageSizeError, PoolExhaustedError, PoolFileError, RecordTypeError,
                         SchemaError, SchemaMismatchError, SnapshotStateError,
                         StructureNotFoundError)
 from mmm.manager import Loader, PageManager, PageSet
@@ -28,13 +28,14 @@ from mmm.page import Layout, make_page_id, split_page_id
 from mmm.pool import PagePool
 from mmm.snapshot import Snapshot, SnapshotState
 from mmm.structures.hashmap import HashMap
+from mmm.structures.keydict import KeyDict
 from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque, PagedList
 
 __all__ = [
-    "PageManager", "PageSet", "HashMap", "OrderedMap", "PagedList", "PagedDeque", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
+    "PageManager", "PageSet", "HashMap", "KeyDict", "OrderedMap", "PagedList", "PagedDeque", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
     "make_page_id", "split_page_id",
-    "MmmError", "PageFormatError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
+    "IdNotFoundError", "KeyFormatError", "MmmError", "PageFormatError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
     "PoolExhaustedError", "PoolFileError", "RecordTypeError", "SchemaError",
     "SchemaMismatchError", "SnapshotStateError", "StructureNotFoundError",
 ]

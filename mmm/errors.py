@@ -63,3 +63,14 @@ class SnapshotStateError(MmmError, RuntimeError):
 
 class PageFormatError(MmmError, ValueError):
     """Page bytes handed to ``load`` that are not a valid mmm page."""
+
+
+class KeyFormatError(MmmError, ValueError):
+    """Variable-length keys whose offsets decrease or point outside their data buffer."""
+
+
+class IdNotFoundError(MmmError, KeyError):
+    """A key id that is not in the key dictionary (never given, or removed)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
