@@ -426,6 +426,16 @@ def build_summary(per: dict[int, dict[str, dict[str, Any]]], micro: dict[str, An
         s["state_ms_per_partition_100k_direct"] = sd["kept_ms"]["median"]
         s["state_ms_per_partition_100k_direct_after_attach"] = (
             sd["attach_ms"]["median"] + sd["apply_after_attach_ms"]["median"])
+        for kind in ("str", "composite"):
+            sk = micro.get(f"state_direct_{kind}")
+            if sk is None:
+                continue
+            if "kept_ms" not in sk:
+                s[f"state_ms_per_partition_100k_{kind}_direct"] = f"not run: {sk.get('error')}"
+                continue
+            s[f"state_ms_per_partition_100k_{kind}_direct"] = sk["kept_ms"]["median"]
+            s[f"{kind}_state_work_over_int_direct"] = _ratio(sk["kept_ms"]["median"],
+                                                             sd["kept_ms"]["median"])
     if recovery is not None:
         s["recovery_s_100k"] = recovery.get("recovery_s")
         s["recovery_replay_batches"] = recovery.get("replay_batches")
@@ -647,6 +657,17 @@ def _run(a: argparse.Namespace, pl: dict[str, Any], work: Path, t_start: float) 
                 f"{sd['attach_ms']['median']:.1f} + {sd['apply_after_attach_ms']['median']:.1f} ms")
         except Exception as e:  # noqa: BLE001 - reported, the Spark runs go on
             log(f"  FAILED {type(e).__name__}: {e}")
+        if "keys" in a.extras:
+            for kind in ("str", "composite"):
+                log(f"sguard state work without Spark, {kind} keys ...")
+                try:
+                    micro[f"state_direct_{kind}"] = M.state_work_direct(
+                        repeats=3 if a.quick else 7, local_dir=str(work), kind=kind)
+                    log(f"  kept {micro[f'state_direct_{kind}']['kept_ms']['median']:.1f} ms")
+                except Exception as e:  # noqa: BLE001
+                    micro[f"state_direct_{kind}"] = {
+                        "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                    log(f"  not run: {micro[f'state_direct_{kind}']['error']}")
     n_files = max(n for v in a.variants for n in pl["batches"][v].values())
     kr, pp = pl["key_runs"], pl["p99"]
     for k in a.keys:
