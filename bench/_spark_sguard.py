@@ -166,6 +166,11 @@ def collect(ctx: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
         row["commit_ms"] = worst["total"]
         row["commit_ms_mean_over_partitions"] = float(np.mean([c["total"] for c in cp]))
         row["checkpoint_started"] = any(float(r.get("prepare_ms", 0.0)) > 0 for r in recs)
+        for f in ("adopt_ms", "versions_ms"):  # the parts of adopt_and_versions_ms
+            row[f] = max(float(r.get(f, 0.0)) for r in recs)
+        bases = sorted({str(r["checkpoint_base"]) for r in recs if "checkpoint_base" in r})
+        if bases:
+            row["checkpoint_base"] = bases
         row["recovery_actions"] = sorted({str(r.get("recovery", "")) for r in recs})
         row["state_keys"] = sum(int(r.get("state_keys", 0)) for r in recs)
     return {"checkpoints": [{k: c.get(k) for k in ("partition", "checkpoint_seq", "batch",

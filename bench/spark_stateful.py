@@ -325,6 +325,7 @@ def summarize_variant(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "add_batch": mean_of("add_batch_ms"), "driver_offset_commit_logs": mean_of("driver_log_ms")}
     for f in ("prepare_ms", "snapshot_ms", "log_wait_ms", "state_ms_max",
               "task_total_ms", "lock_wait_ms", "checkpoint_start_ms", "adopt_and_versions_ms",
+              "adopt_ms", "versions_ms",
               "commit_ms_mean_over_partitions", "attach_ms_max", "task_total_ms_max"):
         v = mean_of(f)
         if v is not None:
@@ -340,6 +341,9 @@ def summarize_variant(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                                         if b.get("checkpoint_started"))
     if stores:
         extra["state_store"] = stores
+    bases = [x for b in bs for x in b.get("checkpoint_base", [])]
+    if bases:
+        extra["checkpoint_bases"] = {x: bases.count(x) for x in sorted(set(bases))}
     return {**extra, "runs": len(runs), "measured_batches": len(bs),
            "checkpoints": len(ck), "checkpoints_incremental": sum(1 for c in ck if not c["full"]),
            "rows_per_s": float(np.median(rates)), "rows_per_s_min": float(np.min(rates)),
@@ -394,6 +398,9 @@ def build_summary(per: dict[int, dict[str, dict[str, Any]]], micro: dict[str, An
             s[f"lock_wait_ms_{tag}"] = bd.get("lock_wait_ms")
             s[f"checkpoint_start_ms_per_batch_{tag}"] = bd.get("checkpoint_start_ms")
             s[f"adopt_and_versions_ms_per_batch_{tag}"] = bd.get("adopt_and_versions_ms")
+            s[f"adopt_ms_per_batch_{tag}"] = bd.get("adopt_ms")
+            s[f"versions_ms_per_batch_{tag}"] = bd.get("versions_ms")
+            s[f"checkpoint_bases_{tag}"] = vs["sguard"].get("checkpoint_bases")
             s[f"log_wait_ms_per_batch_{tag}"] = bd.get("log_wait_ms")
             s[f"checkpoints_timed_{tag}"] = vs["sguard"].get("measured_batches_with_checkpoint")
             s[f"attach_ms_per_batch_{tag}"] = bd.get("placement")

@@ -320,12 +320,14 @@ class _Partition:
             assert self.pm is not None and self.state is not None and self.ckpt is not None
             # 3. checkpoint "after b-1" (committed, since b arrived) when due
             prepare_ms = 0.0
+            ck_parts: dict[str, Any] = {}
             t_ck = time.perf_counter()
             forced = self._fault(b, "checkpoint", table)
             if forced:  # die once the pages are written, as the manifest is about to be
                 self.ckpt.mgr.root = _KillBeforeManifest(self.ckpt.mgr.root)  # type: ignore[assignment]
             if forced or self.ckpt.due(b - 1):
                 pending = self.ckpt.checkpoint(b - 1, force=forced)
+                ck_parts = {**self.ckpt.last_call_ms, "checkpoint_base": self.ckpt.base_source}
                 if pending is not None:
                     prepare_ms = pending.prepare_s * 1e3
                     pending.add_done_callback(lambda _p: self._maybe_release())
@@ -370,6 +372,7 @@ class _Partition:
                     "rows_out": out.num_rows, "state_keys": self.state.n_keys(),
                     "state_pages": self.pm.stats()["used_frames"], "apply_ms": apply_ms,
                     "prepare_ms": prepare_ms, "checkpoint_call_ms": checkpoint_call_ms,
+                    **ck_parts,
                     "snapshot_ms": snapshot_ms,
                     "log_wait_ms": log_wait_ms, "log_bytes": log_bytes,
                     "total_ms": (time.perf_counter() - t0) * 1e3,
