@@ -574,7 +574,9 @@ def plot(per: dict[int, dict[str, dict[str, Any]]], path: Path,
     parts = [("spark", "Spark: stages, shuffle, Arrow, offset/commit logs"),
              ("placement", "state placement: re-attach / rollback (per partition)"),
              ("state", "state work (per partition)"),
-             ("checkpoint", "checkpoint / state commit on critical path (per partition)")]
+             ("checkpoint", "checkpoint on critical path (sguard: slowest partition's lock "
+                            "wait + start + rollback point + log wait; Spark: commitTimeMs "
+                            "per partition)")]
     for ax, k in zip(axes[1:], keys):
         vk = [v for v in VARIANTS if v in per[k] and v not in PYTHON_APIS]
         bottom = np.zeros(len(vk))
