@@ -79,6 +79,8 @@ Summary fields (issue 9), with the sguard variant's definitions:
   ``ratio_vs_best_sql_str_100k``... beside them); ``state_ms_per_partition_100k_str`` the
   string-key state work (as ``state_ms_per_partition_100k``) and
   ``str_state_work_over_int`` (<= 2) its ratio to the integer path's in the same run;
+  ``str_state_work_over_int_direct`` / ``composite_...`` the same without Spark
+  (`bench._spark_micro.state_work_direct` on the same rows: less noisy);
 * ``spark_batch_p99_ratio_ckpt_every_batch`` (<= 1.2, issue 19): p99 of ``batchDuration``
   over the measured batches (pooled over repetitions) with a checkpoint every batch over
   the p99 without checkpoints; p50 / mean / max beside it;
