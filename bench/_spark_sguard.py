@@ -15,7 +15,8 @@ records (``<state_uri>/metrics/p*/b*.json``, `sguard.spark.metrics`):
   its checkpoint in flight is durable);
 * ``checkpoint_start_ms``: the runtime's ``checkpoint_call_ms``, starting a checkpoint on
   the task's thread: prepare + adopting a recorded base + reading the page versions
-  (``adopt_and_versions_ms`` = that minus the prepare pause);
+  (``start_beyond_prepare_ms`` = that minus the prepare pause; its parts ``adopt_ms``,
+  ``manager_ms`` (the checkpoint manager's call, prepare included), ``versions_ms``);
 * ``commit_ms`` (the "checkpoint" column of the breakdown): everything the runtime does on
   the batch's critical path for durability and rollback: lock wait + checkpoint start +
   snapshot + log wait, of the partition where that sum is largest (`critical_path_ms`).
@@ -129,7 +130,7 @@ def critical_path_ms(rec: dict[str, Any]) -> dict[str, float]:
     start = float(rec.get("checkpoint_call_ms", rec.get("prepare_ms", 0.0)))
     snap, logw = float(rec.get("snapshot_ms", 0.0)), float(rec.get("log_wait_ms", 0.0))
     return {"lock_wait_ms": lock, "checkpoint_start_ms": start,
-            "adopt_and_versions_ms": max(0.0, start - float(rec.get("prepare_ms", 0.0))),
+            "start_beyond_prepare_ms": max(0.0, start - float(rec.get("prepare_ms", 0.0))),
             "snapshot_ms": snap, "log_wait_ms": logw, "total": lock + start + snap + logw}
 
 
@@ -155,7 +156,7 @@ def collect(ctx: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
         cp = [critical_path_ms(r) for r in recs]
         worst = max(cp, key=lambda c: c["total"])
         row["prepare_ms"] = max(float(r.get("prepare_ms", 0.0)) for r in recs)
-        for f in ("lock_wait_ms", "checkpoint_start_ms", "adopt_and_versions_ms",
+        for f in ("lock_wait_ms", "checkpoint_start_ms", "start_beyond_prepare_ms",
                   "snapshot_ms", "log_wait_ms"):
             row[f] = max(c[f] for c in cp)       # each part's slowest partition
             row[f + "_critical"] = worst[f]      # the parts of the slowest partition's total
@@ -166,7 +167,7 @@ def collect(ctx: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
         row["commit_ms"] = worst["total"]
         row["commit_ms_mean_over_partitions"] = float(np.mean([c["total"] for c in cp]))
         row["checkpoint_started"] = any(float(r.get("prepare_ms", 0.0)) > 0 for r in recs)
-        for f in ("adopt_ms", "versions_ms"):  # the parts of adopt_and_versions_ms
+        for f in ("adopt_ms", "manager_ms", "versions_ms"):  # the parts of checkpoint_start_ms
             row[f] = max(float(r.get(f, 0.0)) for r in recs)
         bases = sorted({str(r["checkpoint_base"]) for r in recs if "checkpoint_base" in r})
         if bases:

@@ -69,8 +69,10 @@ Summary fields (issue 9), with the sguard variant's definitions:
   worse of the two key counts (``..._max``: the worst batch). Quick runs time one
   checkpoint (batch 4 of 6) and the batch after it, full runs three (batches 4, 8, 12 of
   16): ``checkpoints_timed_*``. ``lock_wait_ms`` is the lock-wait part (slowest
-  partition, mean per batch, worse key count), ``adopt_and_versions_ms_per_batch_*`` and
-  ``prepare_ms_per_batch_*`` the other parts. Spark's counterpart is
+  partition, mean per batch, worse key count), ``prepare_ms_per_batch_*`` the prepare
+  pause and ``start_beyond_prepare_ms_per_batch_*`` the rest of starting a checkpoint
+  (``adopt_ms_per_batch_*``, ``manager_call_ms_per_batch_*`` with the prepare pause
+  inside it, ``versions_ms_per_batch_*``: each the slowest partition's). Spark's counterpart is
   ``spark_commit_ms_per_partition_*`` (``commitTimeMs`` per partition);
 * ``ratio_vs_sql_rocksdb_{10k,100k}`` (>= 1): sguard over ``sql_rocksdb``;
   ``ratio_vs_best_sql_*`` over the faster of the two Spark SQL stores;
@@ -326,8 +328,8 @@ def summarize_variant(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "batch": d, "spark": spark_rest, "state": state, "checkpoint": commit, "placement": attach,
         "add_batch": mean_of("add_batch_ms"), "driver_offset_commit_logs": mean_of("driver_log_ms")}
     for f in ("prepare_ms", "snapshot_ms", "log_wait_ms", "state_ms_max",
-              "task_total_ms", "lock_wait_ms", "checkpoint_start_ms", "adopt_and_versions_ms",
-              "adopt_ms", "versions_ms",
+              "task_total_ms", "lock_wait_ms", "checkpoint_start_ms", "start_beyond_prepare_ms",
+              "adopt_ms", "manager_ms", "versions_ms",
               "commit_ms_mean_over_partitions", "attach_ms_max", "task_total_ms_max"):
         v = mean_of(f)
         if v is not None:
@@ -399,8 +401,9 @@ def build_summary(per: dict[int, dict[str, dict[str, Any]]], micro: dict[str, An
             s[f"checkpoint_ms_on_critical_path_{tag}_max"] = vs["sguard"].get("checkpoint_ms_max")
             s[f"lock_wait_ms_{tag}"] = bd.get("lock_wait_ms")
             s[f"checkpoint_start_ms_per_batch_{tag}"] = bd.get("checkpoint_start_ms")
-            s[f"adopt_and_versions_ms_per_batch_{tag}"] = bd.get("adopt_and_versions_ms")
+            s[f"start_beyond_prepare_ms_per_batch_{tag}"] = bd.get("start_beyond_prepare_ms")
             s[f"adopt_ms_per_batch_{tag}"] = bd.get("adopt_ms")
+            s[f"manager_call_ms_per_batch_{tag}"] = bd.get("manager_ms")
             s[f"versions_ms_per_batch_{tag}"] = bd.get("versions_ms")
             s[f"checkpoint_bases_{tag}"] = vs["sguard"].get("checkpoint_bases")
             s[f"log_wait_ms_per_batch_{tag}"] = bd.get("log_wait_ms")

@@ -41,7 +41,7 @@ def test_critical_path_is_the_slowest_partition_with_lock_wait_and_checkpoint_st
     assert row["commit_ms_mean_over_partitions"] == pytest.approx((40.6 + 7.6) / 2)
     assert row["lock_wait_ms"] == pytest.approx(40.0)
     assert row["checkpoint_start_ms"] == pytest.approx(7.0)
-    assert row["adopt_and_versions_ms"] == pytest.approx(6.0)
+    assert row["start_beyond_prepare_ms"] == pytest.approx(6.0)
     assert row["checkpoint_started"] is True
     assert row["state_ms"] == pytest.approx(10.0)  # state work stays per partition
 
@@ -50,7 +50,7 @@ def test_records_without_checkpoint_call_fall_back_to_the_prepare_pause(
         bench: tuple[ModuleType, ModuleType]) -> None:
     _, S = bench
     c = S.critical_path_ms(_rec(0, prepare_ms=2.0))
-    assert c["checkpoint_start_ms"] == 2.0 and c["adopt_and_versions_ms"] == 0.0
+    assert c["checkpoint_start_ms"] == 2.0 and c["start_beyond_prepare_ms"] == 0.0
     assert c["total"] == pytest.approx(2.6)
 
 
