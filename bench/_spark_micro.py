@@ -66,7 +66,8 @@ def _st(xs: list[float]) -> dict[str, float]:
 
 
 def state_work_direct(n_keys: int = 100_000, partitions: int = 2, warm_batches: int = 6,
-                      repeats: int = 5, local_dir: str | None = None) -> dict[str, Any]:
+                      repeats: int = 5, local_dir: str | None = None, kind: str = "int"
+                      ) -> dict[str, Any]:
     """The sguard operator's work on one partition's rows of a 100k-row batch, without Spark.
 
     The same code a task runs (`sguard.spark.RunningAggregate`'s state ``apply``) on the rows
@@ -81,6 +82,9 @@ def state_work_direct(n_keys: int = 100_000, partitions: int = 2, warm_batches: 
       `PageManager` (`mmm.PageManager.attach`, as a worker that gets the partition from
       another worker does) and the first ``apply`` there, which pays the map's lazy index
       rebuild.
+
+    ``kind``: the same keys as ``int64``, strings or a composite key
+    (`bench._spark_variants.batch_table`; the same rows go to partition 0 in each).
     """
     import os
     import tempfile
@@ -88,20 +92,21 @@ def state_work_direct(n_keys: int = 100_000, partitions: int = 2, warm_batches: 
     import pyarrow as pa
     import sguard.spark as ss
 
-    from bench._spark_variants import batch_columns
+    from bench._spark_variants import KEY_COLUMNS, batch_columns, batch_table
 
     op = ss.RunningAggregate(value="ts", aggs=("count", "min", "max"))
-    schema = pa.schema([("key", pa.int64()), ("ts", pa.int64())])
+    cols = KEY_COLUMNS[kind]
+    key: Any = cols[0] if len(cols) == 1 else list(cols)
+    schema = batch_table(8, 0, kind).schema
     d = tempfile.mkdtemp(prefix="sguard-bench-state-", dir=local_dir)
     path = os.path.join(d, "pool")
 
     def part(b: int) -> Any:
-        k, t = batch_columns(n_keys, b)
-        sel = (k % partitions) == 0
-        return pa.table({"key": k[sel], "ts": t[sel]})
+        k, _ = batch_columns(n_keys, b)
+        return batch_table(n_keys, b, kind).filter(pa.array((k % partitions) == 0))
 
     pm = mmm.PageManager(capacity_bytes=1 << 30, path=path)
-    st = op.open(pm, schema, "key")
+    st = op.open(pm, schema, key)
     for b in range(warm_batches):
         st.apply(part(b), b)
     kept, att, first, rows = [], [], [], []
@@ -120,7 +125,7 @@ def state_work_direct(n_keys: int = 100_000, partitions: int = 2, warm_batches: 
             t0 = time.perf_counter()
             pm2 = mmm.PageManager.attach(path)
             t1 = time.perf_counter()
-            st2 = op.open(pm2, schema, "key")
+            st2 = op.open(pm2, schema, key)
             st2.apply(tbl, b)
             pm2._flush_structures()
             t2 = time.perf_counter()
@@ -131,7 +136,7 @@ def state_work_direct(n_keys: int = 100_000, partitions: int = 2, warm_batches: 
             b += 1
             pm.close()  # the other process's view is stale now: re-attach it
             pm = mmm.PageManager.attach(path)
-            st = op.open(pm, schema, "key")
+            st = op.open(pm, schema, key)
             st.apply(part(b), b)  # rebuild its index untimed
             b += 1
     finally:

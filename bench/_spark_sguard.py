@@ -11,10 +11,21 @@ records (``<state_uri>/metrics/p*/b*.json``, `sguard.spark.metrics`):
 * ``snapshot_ms``: the rollback point (an mmm snapshot plus ``base.npy`` and the marker);
 * ``log_wait_ms``: waiting for the input-log write that ran beside ``apply``;
 * ``recovery_ms``: bringing the state to "after b-1" (re-attach, rollback or restore);
+* ``lock_wait_ms``: waiting for the partition's lock (the previous worker keeps it until
+  its checkpoint in flight is durable);
+* ``checkpoint_start_ms``: the runtime's ``checkpoint_call_ms``, starting a checkpoint on
+  the task's thread: prepare + adopting a recorded base + reading the page versions
+  (``start_beyond_prepare_ms`` = that minus the prepare pause; its parts ``adopt_ms``,
+  ``manager_ms`` (the checkpoint manager's call, prepare included), ``versions_ms``);
 * ``commit_ms`` (the "checkpoint" column of the breakdown): everything the runtime does on
-  the batch's critical path for durability and rollback: prepare + snapshot + log wait.
+  the batch's critical path for durability and rollback: lock wait + checkpoint start +
+  snapshot + log wait, of the partition where that sum is largest (`critical_path_ms`).
 
-All are means over the partitions of a batch (they run in parallel).
+``state_ms`` and ``attach_ms`` are means over the partitions of a batch (the
+per-partition figures); the durability parts are the slowest partition's.
+
+The query can key on the workload's string or composite key columns (``kind``) and take
+another checkpoint policy (``checkpoint_every``; `NO_CHECKPOINTS` for none).
 
 `recovery` measures restore plus replay after the executor's local state is lost: a
 query runs batches ``0..6`` (the default policy checkpoints "after 3" at the start of
@@ -39,20 +50,50 @@ from bench import _spark_variants as V
 CHECKPOINT_EVERY = 4
 
 
-def _query(spark: Any, df: Any, partitions: int, run_dir: Path) -> Any:
+NO_CHECKPOINTS = 0
+"""``checkpoint_every=NO_CHECKPOINTS``: `CheckpointConfig(every_n_batches=None,
+interval_s=None)`, the runtime's way to take no checkpoints (rollback points and the
+input log stay: exactly-once within the local state, nothing durable)."""
+
+
+class KeysNotSupported(RuntimeError):
+    """`sguard.spark.stateful` refuses this key (string / composite keys not built yet)."""
+
+
+def _key_arg(kind: str) -> Any:
+    cols = V.KEY_COLUMNS[kind]
+    return cols[0] if len(cols) == 1 else list(cols)
+
+
+def _query(spark: Any, df: Any, partitions: int, run_dir: Path, kind: str = "int",
+           checkpoint_every: int = CHECKPOINT_EVERY) -> Any:
     import sguard.spark as ss
 
     op = ss.RunningAggregate(value="ts", aggs=("count", "min", "max"))
-    return ss.stateful(df, key="key", operator=op, state_uri=(run_dir / "state").as_uri(),
-                       num_partitions=partitions, local_dir=str(run_dir / "local"),
-                       checkpoint=ss.CheckpointConfig(every_n_batches=CHECKPOINT_EVERY))
+    ck = (ss.CheckpointConfig(every_n_batches=None, interval_s=None)
+          if checkpoint_every == NO_CHECKPOINTS
+          else ss.CheckpointConfig(every_n_batches=checkpoint_every))
+    try:
+        return ss.stateful(df, key=_key_arg(kind), operator=op,
+                           state_uri=(run_dir / "state").as_uri(),
+                           num_partitions=partitions, local_dir=str(run_dir / "local"),
+                           checkpoint=ck)
+    except Exception as e:  # noqa: BLE001 - only a refused key type is "not available"
+        # a refused key type; a composite key that the API takes for one column name
+        if kind != "int" and (type(e).__name__ == "UnsupportedKeyTypeError"
+                              or isinstance(e, TypeError)
+                              or (kind == "composite"
+                                  and type(e).__name__ == "SchemaChangedError")):
+            raise KeysNotSupported(f"{kind} keys: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0][:200]}") from e
+        raise
 
 
-def build(spark: Any, df: Any, n_keys: int, partitions: int, run_dir: Path
-          ) -> tuple[Any, str, Any]:
+def build(spark: Any, df: Any, n_keys: int, partitions: int, run_dir: Path, kind: str = "int",
+          checkpoint_every: int = CHECKPOINT_EVERY) -> tuple[Any, str, Any]:
     (run_dir / "state").mkdir(parents=True, exist_ok=True)
-    return _query(spark, df, partitions, run_dir), "append", {"run_dir": run_dir,
-                                                              "partitions": partitions}
+    return (_query(spark, df, partitions, run_dir, kind, checkpoint_every), "append",
+            {"run_dir": run_dir, "partitions": partitions})
 
 
 def read_records(run_dir: Path, expect: int, timeout_s: float = 20.0
@@ -75,8 +116,30 @@ _FIELDS = ("apply_ms", "prepare_ms", "snapshot_ms", "log_wait_ms", "recovery_ms"
            "lock_wait_ms", "total_ms")
 
 
+def critical_path_ms(rec: dict[str, Any]) -> dict[str, float]:
+    """One task's durability and rollback work on its batch's critical path (ms).
+
+    * ``lock_wait_ms``: waiting for the partition's lock, which the previous worker holds
+      until its checkpoint in flight is durable (all of it is counted, whatever held it);
+    * ``checkpoint_start_ms``: deciding and starting a checkpoint: the prepare pause plus
+      adopting a recorded base and reading the page versions (the runtime's
+      ``checkpoint_call_ms``; runtimes without that field: ``prepare_ms`` alone);
+    * ``snapshot_ms``: the rollback point; ``log_wait_ms``: the input-log write's tail.
+    """
+    lock = float(rec.get("lock_wait_ms", 0.0))
+    start = float(rec.get("checkpoint_call_ms", rec.get("prepare_ms", 0.0)))
+    snap, logw = float(rec.get("snapshot_ms", 0.0)), float(rec.get("log_wait_ms", 0.0))
+    return {"lock_wait_ms": lock, "checkpoint_start_ms": start,
+            "start_beyond_prepare_ms": max(0.0, start - float(rec.get("prepare_ms", 0.0))),
+            "snapshot_ms": snap, "log_wait_ms": logw, "total": lock + start + snap + logw}
+
+
 def collect(ctx: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Merge the runtime's per-task metrics into the per-batch rows (means over partitions)."""
+    """Merge the runtime's per-task metrics into the per-batch rows.
+
+    The state work (``state_ms``) is the mean over partitions (the per-partition figure);
+    the checkpoint work on the critical path (``commit_ms``) and its parts are the
+    slowest partition's (`critical_path_ms`: the batch ends when its slowest task does)."""
     p = int(ctx["partitions"])
     bs, cs = read_records(ctx["run_dir"], len(rows) * p)
     per: dict[int, list[dict[str, Any]]] = {}
@@ -90,12 +153,25 @@ def collect(ctx: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
         m = {f: float(np.mean([float(r.get(f, 0.0)) for r in recs])) for f in _FIELDS}
         row["state_ms"] = m["apply_ms"]
         row["state_ms_max"] = max(float(r.get("apply_ms", 0.0)) for r in recs)
-        row["prepare_ms"] = m["prepare_ms"]
-        row["snapshot_ms"] = m["snapshot_ms"]
-        row["log_wait_ms"] = m["log_wait_ms"]
+        cp = [critical_path_ms(r) for r in recs]
+        worst = max(cp, key=lambda c: c["total"])
+        row["prepare_ms"] = max(float(r.get("prepare_ms", 0.0)) for r in recs)
+        for f in ("lock_wait_ms", "checkpoint_start_ms", "start_beyond_prepare_ms",
+                  "snapshot_ms", "log_wait_ms"):
+            row[f] = max(c[f] for c in cp)       # each part's slowest partition
+            row[f + "_critical"] = worst[f]      # the parts of the slowest partition's total
         row["attach_ms"] = m["recovery_ms"]
+        row["attach_ms_max"] = max(float(r.get("recovery_ms", 0.0)) for r in recs)
         row["task_total_ms"] = m["total_ms"]
-        row["commit_ms"] = m["prepare_ms"] + m["snapshot_ms"] + m["log_wait_ms"]
+        row["task_total_ms_max"] = max(float(r.get("total_ms", 0.0)) for r in recs)
+        row["commit_ms"] = worst["total"]
+        row["commit_ms_mean_over_partitions"] = float(np.mean([c["total"] for c in cp]))
+        row["checkpoint_started"] = any(float(r.get("prepare_ms", 0.0)) > 0 for r in recs)
+        for f in ("adopt_ms", "manager_ms", "versions_ms"):  # the parts of checkpoint_start_ms
+            row[f] = max(float(r.get(f, 0.0)) for r in recs)
+        bases = sorted({str(r["checkpoint_base"]) for r in recs if "checkpoint_base" in r})
+        if bases:
+            row["checkpoint_base"] = bases
         row["recovery_actions"] = sorted({str(r.get("recovery", "")) for r in recs})
         row["state_keys"] = sum(int(r.get("state_keys", 0)) for r in recs)
     return {"checkpoints": [{k: c.get(k) for k in ("partition", "checkpoint_seq", "batch",

@@ -2,12 +2,17 @@
 
 Workload: deterministic parquet files, one 100k-row micro-batch per file
 (``maxFilesPerTrigger=1``), columns ``key`` (int64, uniform over ``0..K-1``) and
-``ts`` (int64, increasing); the running per-key count / min(ts) / max(ts); a
+``ts`` (int64, increasing); the same keys as strings or as a composite
+``(tenant, user)`` key (`batch_table`, converted when the files are written); the
+running per-key count / min(ts) / max(ts); a
 ``noop`` sink; ``trigger(availableNow=True)``.
 
 Variants (each returns the streaming DataFrame to write, and its output mode):
 
 * ``sql``: ``groupBy(key).agg(count, min, max)``, HDFS-backed state store, update mode;
+* ``sql_rocksdb``: the same with the RocksDB state store, changelog checkpointing and
+  ``trackTotalNumberOfRows=false`` (`ROCKSDB_CONF`); `state_store_evidence` shows which
+  store a run used;
 * ``aipws``: ``applyInPandasWithState`` (state store default: HDFS-backed);
 * ``tws``: ``transformWithState`` (row API, `StatefulProcessor` + ``ValueState``), RocksDB
   state store with changelog checkpointing;
@@ -33,9 +38,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROWS_PER_BATCH = 100_000
+KEY_KINDS = ("int", "str", "composite")
+COMPOSITE_TENANTS = 64  # composite key (tenant, user): tenant = "t%02d" % (k % 64), user = k // 64
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 INPUT_SCHEMA = "key long, ts long"
+INPUT_SCHEMAS = {"int": INPUT_SCHEMA, "str": "key string, ts long",
+                 "composite": "tenant string, user long, ts long"}
+KEY_COLUMNS = {"int": ["key"], "str": ["key"], "composite": ["tenant", "user"]}
+ROCKSDB_CONF = {  # Spark SQL's RocksDB state store at its best for this aggregate
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # Spark's docs: not tracking the row count saves a read per update
+    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
+}
+ROCKSDB_RESET = {"spark.sql.streaming.stateStore.providerClass": HDFS_PROVIDER,
+                 "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "false",
+                 "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "true"}
 OUT_SCHEMA = "key long, count long, min_ts long, max_ts long"
 AGG_DTYPE = np.dtype([("count", "<i8"), ("min_ts", "<i8"), ("max_ts", "<i8")])
 
@@ -50,27 +69,48 @@ def batch_columns(n_keys: int, batch: int, rows: int = ROWS_PER_BATCH
     return keys, ts
 
 
-def write_files(root: Path, n_keys: int, n_batches: int) -> Path:
-    """``root/k<K>/all/batch-XXXXX.parquet`` for batches ``0..n_batches-1`` (kept if present),
-    with strictly increasing modification times (the file source's order)."""
-    d = root / f"k{n_keys}" / "all"
+def batch_table(n_keys: int, batch: int, kind: str = "int") -> pa.Table:
+    """Micro-batch ``batch`` with its keys as ``kind``: ``int`` (int64 ``key``), ``str``
+    (the same keys as decimal strings, ``str(k)``) or ``composite`` (the same keys as
+    ``tenant`` = ``"t%02d" % (k % 64)``, ``user`` = ``k // 64``: a bijection, so the
+    distinct-key count and every key's rows are the same in all three)."""
+    keys, ts = batch_columns(n_keys, batch)
+    if kind == "int":
+        return pa.table({"key": keys, "ts": ts})
+    if kind == "str":
+        return pa.table({"key": pa.array(keys.astype(str), pa.string()), "ts": ts})
+    if kind == "composite":
+        tenants = np.array([f"t{i:02d}" for i in range(COMPOSITE_TENANTS)])
+        return pa.table({"tenant": pa.array(tenants[keys % COMPOSITE_TENANTS], pa.string()),
+                         "user": keys // COMPOSITE_TENANTS, "ts": ts})
+    raise ValueError(f"unknown key kind {kind!r}; choose from {KEY_KINDS}")
+
+
+def _kdir(root: Path, n_keys: int, kind: str) -> Path:
+    return root / (f"k{n_keys}" if kind == "int" else f"k{n_keys}-{kind}")
+
+
+def write_files(root: Path, n_keys: int, n_batches: int, kind: str = "int") -> Path:
+    """``root/k<K>[-kind]/all/batch-XXXXX.parquet`` for batches ``0..n_batches-1`` (kept if
+    present), with strictly increasing modification times (the file source's order). The
+    key conversion (`batch_table`) happens here, before any timing, for every variant."""
+    d = _kdir(root, n_keys, kind) / "all"
     d.mkdir(parents=True, exist_ok=True)
     base = 1_700_000_000
     for b in range(n_batches):
         p = d / f"batch-{b:05d}.parquet"
         if not p.exists():
-            keys, ts = batch_columns(n_keys, b)
             tmp = d / f".tmp-{b:05d}.parquet"
-            pq.write_table(pa.table({"key": keys, "ts": ts}), tmp, compression="snappy")
+            pq.write_table(batch_table(n_keys, b, kind), tmp, compression="snappy")
             os.replace(tmp, p)
         os.utime(p, (base + b, base + b))
     return d
 
 
-def input_dir(root: Path, n_keys: int, n_batches: int) -> Path:
+def input_dir(root: Path, n_keys: int, n_batches: int, kind: str = "int") -> Path:
     """A directory holding hard links to the first ``n_batches`` files (a run's whole input)."""
-    src = root / f"k{n_keys}" / "all"
-    d = root / f"k{n_keys}" / f"first{n_batches}"
+    src = _kdir(root, n_keys, kind) / "all"
+    d = _kdir(root, n_keys, kind) / f"first{n_batches}"
     d.mkdir(parents=True, exist_ok=True)
     for b in range(n_batches):
         name = f"batch-{b:05d}.parquet"
@@ -212,21 +252,24 @@ class CeilingFn:
 
 
 # -- building the queries -----------------------------------------------------------------------------
-def source(spark: Any, path: Path) -> Any:
-    return (spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
+def source(spark: Any, path: Path, kind: str = "int") -> Any:
+    return (spark.readStream.schema(INPUT_SCHEMAS[kind]).option("maxFilesPerTrigger", 1)
             .parquet(str(path)))
 
 
 def build(spark: Any, variant: str, df: Any, n_keys: int, partitions: int,
-          state_dir: Path) -> tuple[Any, str]:
+          state_dir: Path, kind: str = "int") -> tuple[Any, str]:
     """The streaming DataFrame of ``variant`` over ``df`` and its output mode."""
     from pyspark.sql import functions as F
 
-    if variant == "sql":
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
-        return (df.groupBy("key").agg(F.count(F.lit(1)).alias("count"),
-                                      F.min("ts").alias("min_ts"),
-                                      F.max("ts").alias("max_ts")), "update")
+    if variant in ("sql", "sql_rocksdb"):
+        for k, v in (ROCKSDB_CONF if variant == "sql_rocksdb" else ROCKSDB_RESET).items():
+            spark.conf.set(k, v)
+        return (df.groupBy(*KEY_COLUMNS[kind]).agg(F.count(F.lit(1)).alias("count"),
+                                                   F.min("ts").alias("min_ts"),
+                                                   F.max("ts").alias("max_ts")), "update")
+    if kind != "int":
+        raise ValueError(f"variant {variant!r} runs with integer keys only")
     if variant == "aipws":
         from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -259,8 +302,33 @@ def run_query(spark: Any, sdf: Any, mode: str, checkpoint: Path, name: str) -> d
     if exc is not None:
         raise RuntimeError(f"query {name} failed: {exc}")
     progress = [json.loads(p.json) for p in q.recentProgress]
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
+    for k, v in ROCKSDB_RESET.items():
+        spark.conf.set(k, v)
     return {"wall_s": wall, "progress": progress}
+
+
+def state_store_evidence(progress: list[dict[str, Any]], checkpoint: Path) -> dict[str, Any]:
+    """What shows which state store a run used: the state operators' custom metric names
+    (RocksDB's start with ``rocksdb``) and the files under ``<checkpoint>/state`` by kind
+    (RocksDB with changelog checkpointing writes ``N.changelog`` files and ``.zip``
+    snapshots; the HDFS-backed store ``N.delta`` / ``N.snapshot``)."""
+    names: set[str] = set()
+    for p in progress:
+        for o in p.get("stateOperators") or []:
+            names.update((o.get("customMetrics") or {}).keys())
+    files: dict[str, int] = {}
+    sd = checkpoint / "state"
+    if sd.is_dir():
+        for f in sd.rglob("*"):
+            if f.is_file() and not f.name.startswith("."):
+                ext = f.suffix or f.name
+                files[ext] = files.get(ext, 0) + 1
+    rocks = sorted(n for n in names if n.lower().startswith("rocksdb"))
+    return {"rocksdb_metrics": len(rocks), "rocksdb_metric_examples": rocks[:4],
+            "state_files": files,
+            "store": ("rocksdb" if rocks else "hdfs" if files.get(".delta") else "none")
+            if names or files else None,
+            "changelog_files": files.get(".changelog", 0)}
 
 
 def batch_rows(progress: list[dict[str, Any]], partitions: int) -> list[dict[str, Any]]:

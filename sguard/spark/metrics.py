@@ -11,7 +11,12 @@ turns them into what ``sguard spark status`` prints.
 
 Batch record fields: ``batch``, ``partition``, ``rows_in``, ``rows_out``,
 ``state_keys``, ``state_pages``, ``apply_ms`` (operator work),
-``prepare_ms`` (checkpoint pause, 0 when none started), ``snapshot_ms``
+``prepare_ms`` (checkpoint pause, 0 when none started), ``checkpoint_call_ms``
+(deciding and starting a checkpoint on the task's thread: the prepare pause plus
+adopting a recorded base and reading the page versions; when one started, its parts
+``adopt_ms``, ``manager_ms`` (the checkpoint manager's call, its prepare pause
+included) and ``versions_ms``, and ``checkpoint_base``, how its base was found),
+``snapshot_ms``
 (rollback point), ``log_ms`` (input log write), ``total_ms``,
 ``checkpoint_lag`` (batches since the last durable checkpoint),
 ``recovery`` (the `sguard.spark.versions.Action` value) with

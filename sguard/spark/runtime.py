@@ -325,17 +325,22 @@ class _Partition:
             assert self.pm is not None and self.state is not None and self.ckpt is not None
             # 3. checkpoint "after b-1" (committed, since b arrived) when due
             prepare_ms = 0.0
+            ck_parts: dict[str, Any] = {}
+            t_ck = time.perf_counter()
             forced = self._fault(b, "checkpoint", table)
             if forced:  # die once the pages are written, as the manifest is about to be
                 self.ckpt.mgr.root = _KillBeforeManifest(self.ckpt.mgr.root)  # type: ignore[assignment]
             if forced or self.ckpt.due(b - 1):
                 pending = self.ckpt.checkpoint(b - 1, force=forced)
+                ck_parts = {**self.ckpt.last_call_ms, "checkpoint_base": self.ckpt.base_source}
                 if pending is not None:
                     prepare_ms = pending.prepare_s * 1e3
                     pending.add_done_callback(lambda _p: self._maybe_release())
                     if forced:
                         pending.exception(60)
                         raise AssertionError("the checkpoint fault did not fire")
+            # the whole start of a checkpoint: prepare + adopting a base + page versions
+            checkpoint_call_ms = (time.perf_counter() - t_ck) * 1e3
             # 4. rollback point "after b-1"
             t_snap = time.perf_counter()
             if self.snap is not None:
@@ -371,7 +376,9 @@ class _Partition:
                     "batch": b, "partition": self.p, "rows_in": table.num_rows,
                     "rows_out": out.num_rows, "state_keys": self.state.n_keys(),
                     "state_pages": self.pm.stats()["used_frames"], "apply_ms": apply_ms,
-                    "prepare_ms": prepare_ms, "snapshot_ms": snapshot_ms,
+                    "prepare_ms": prepare_ms, "checkpoint_call_ms": checkpoint_call_ms,
+                    **ck_parts,
+                    "snapshot_ms": snapshot_ms,
                     "log_wait_ms": log_wait_ms, "log_bytes": log_bytes,
                     "total_ms": (time.perf_counter() - t0) * 1e3,
                     "checkpoint_lag": (b - self.durable), "durable_batch": self.durable,
