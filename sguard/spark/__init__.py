@@ -12,15 +12,17 @@ Modules (one concern each): `api` (the entry points), `operators` (the
 operator contract and the shipped operators), `runtime` (what a task does),
 `placement` (local state files and locks), `versions` (batch versions and
 rollback), `checkpointing` (asynchronous DFS checkpoints), `inputlog`
-(the HAInput log), `metrics` (JSON-lines metrics), `state` (reading state
+(the HAInput log), `fencing` (ownership epochs), `recovery` (rebuilding a
+partition from a checkpoint and the log), `metrics` (JSON-lines metrics), `state` (reading state
 back), `rescaling` (repartitioning at start-up), `cli` (``sguard spark
 demo|status``), `demo` (the main job).
 """
 from sguard.spark.api import local_session, stateful, stream_join
 from sguard.spark.checkpointing import CheckpointConfig
-from sguard.spark.errors import (InputLogGapError, NotStreamingError, OperatorMismatchError,
+from sguard.spark.errors import (FencedError, InputLogGapError, NotStreamingError, OperatorMismatchError,
                                  PartitionLockTimeout, SchemaChangedError, SparkStateError,
-                                 StateAheadError, UnsupportedKeyTypeError)
+                                 StateAheadError, UnrecoverableStateError,
+                                 UnsupportedKeyTypeError)
 from sguard.spark.operators import (Operator, OperatorState, RunningAggregate, WindowAggregate,
                                     WindowJoin)
 from sguard.spark.runtime import Fault, FaultPlan, InjectedFault
@@ -29,4 +31,5 @@ __all__ = ["stateful", "stream_join", "local_session", "CheckpointConfig", "Oper
            "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin", "Fault",
            "FaultPlan", "InjectedFault", "SparkStateError", "UnsupportedKeyTypeError",
            "SchemaChangedError", "OperatorMismatchError",
-           "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]
+           "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError",
+           "FencedError", "UnrecoverableStateError"]

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 __all__ = ["SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError",
            "OperatorMismatchError", "StateAheadError",
-           "InputLogGapError", "PartitionLockTimeout", "NotStreamingError"]
+           "InputLogGapError", "PartitionLockTimeout", "NotStreamingError", "FencedError",
+           "UnrecoverableStateError"]
 
 
 class SparkStateError(Exception):
@@ -36,3 +37,13 @@ class PartitionLockTimeout(SparkStateError, TimeoutError):
 
 class NotStreamingError(SparkStateError, RuntimeError):
     """The operator ran outside a streaming micro-batch (no batch id)."""
+
+
+class FencedError(SparkStateError, RuntimeError):
+    """This task attempt no longer owns its partition (a newer attempt or host claimed a
+    higher epoch, `sguard.spark.fencing`): what it would commit is refused, and the task
+    fails so that its result never counts."""
+
+
+class UnrecoverableStateError(InputLogGapError):
+    """No checkpoint plus input log rebuilds a partition's state (each way is named)."""
