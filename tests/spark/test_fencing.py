@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ioservice import CheckpointDamagedError, list_checkpoints, open_root
-from sguard.spark import FencedError
+from ioservice import list_checkpoints, open_root, read_manifest
+from sguard.spark.fencing import epoch_of_seq
 from sguard.spark.runtime import _runtime, run_partition_batch
 from sguard.spark.state import read_durable_state, read_local_state
 from tests.spark.fence_host import config, rows
@@ -132,6 +132,19 @@ def trial(tmp: Path, state_uri: str, opts: dict[str, Any], point: str, order: st
     local, lb = read_local_state(state_uri, local_dir=str(tmp / "C"), storage_options=opts)
     assert lb == {0: k + m}
     assert _as_rows(local) == want, (point, order, seed, "runtime recovery")
+    # 3. what the stale host left (pages of a refused checkpoint, a late manifest or log
+    # file) was collected by the owner's retention and trimming; claims: C's only
+    root = open_root(state_uri, **opts)
+    kept = [c for c in list_checkpoints(root) if c.has_manifest]
+    assert len(kept) == 2 and epoch_of_seq(kept[-1].seq) == 3, [c.name for c in kept]  # C's
+    referenced = {f.path for c in kept for f in read_manifest(root, c.name).files}
+    on_store = {e.relpath for e in root.list_dir("checkpoint", recursive=True)
+                if not e.is_dir and e.name.endswith(".pages")}
+    assert on_store == referenced, sorted(on_store - referenced)  # no orphan page file
+    upto = json.loads(root.read_bytes("inputlog/trimmed/g0-p0000.json"))["upto"]
+    logged = [int(e.relpath.split("/")[1][1:]) for e in root.list_dir("inputlog", recursive=True)
+              if e.name.endswith(".arrow")]
+    assert upto >= 0 and min(logged) > upto, (upto, logged)  # every epoch's files trimmed
     return {"a_fenced": not a_last["ok"], "same_rows": same_rows}
 
 
