@@ -32,7 +32,7 @@ _fired: set[str] = set()
 def armed(point: str) -> bool:
     """Whether `point` would stop this process now."""
     spec = os.environ.get(ENV_POINTS)
-    return bool(spec) and point in spec.split(",") and point not in _fired
+    return spec is not None and point in spec.split(",") and point not in _fired
 
 
 def reached(point: str) -> None:
