@@ -13,8 +13,9 @@ epoch) *claims* epoch ``e = highest claim + 1`` by writing a claim file named
 by the epoch and a random token, then lists the claims again: if any other
 claim has an epoch ``>= e`` (a concurrent claimer), it claims again above
 them. The name also carries the batch the claim was made at, so one listing
-tells everything. A claim is written with a create-only write (`StorageRoot.write_new`:
-an exclusive link on ``file://``); on S3 (no conditional PUT through pyarrow)
+tells everything; the file is created exclusively (``O_EXCL`` on ``file://``),
+with no temporary file beside it (a listing must never race with one). On S3
+(no conditional PUT through pyarrow)
 the token in the name keeps two claims of one epoch apart, and the re-listing
 makes sure at most one of them goes on. The **owner** is the claim with the
 highest epoch; every other claimant is **fenced**.
@@ -156,7 +157,11 @@ def claim(root: StorageRoot, haunit: str, batch: int, *, max_tries: int = 64) ->
         if epoch > _MAX_EPOCH:
             raise FencedError(f"{haunit}: epochs used up ({epoch})")
         try:
-            root.write_new(_path(haunit, Claim(epoch, token, batch)), body)
+            # create-only, and no temp file beside it: the name is the claim, and a
+            # listing must never race with a temp file vanishing in this directory
+            with root.open_output_stream(_path(haunit, Claim(epoch, token, batch)),
+                                         exclusive=True) as out:
+                out.write(body)
         except StorageExistsError:  # cannot happen with a fresh token; claim higher anyway
             epoch += 1
             continue

@@ -165,20 +165,3 @@ def test_adopt_base_makes_the_next_checkpoint_incremental(tmp_path: Path) -> Non
             m3.adopt_base(base)
         m3.adopt_base(None)
         assert m3.base is None
-
-
-def test_adopt_base_refused_while_in_flight(tmp_path: Path) -> None:
-    pm = new_pm()
-    s = open_structures(pm)
-    mutate(s, 0, n=3000)
-    gate = threading.Event()
-
-    with CheckpointManager(pm, str(tmp_path), "f",
-                           before_commit=lambda p: gate.wait(30)) as mgr:
-        p = mgr.checkpoint()
-        with pytest.raises(CheckpointInProgressError):
-            mgr.adopt_base(None)
-        gate.set()
-        man = p.result()
-        mgr.adopt_base(man)
-        assert mgr.base is man
