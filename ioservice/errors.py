@@ -44,6 +44,7 @@ __all__ = [
     "InvalidPathError",
     "InvalidURIError",
     "RootNotWritableError",
+    "StorageExistsError",
     "StorageIOError",
     "StorageNotFoundError",
     "StoragePermissionError",
@@ -75,6 +76,10 @@ class InvalidPathError(IOServiceError, ValueError):
 
 class StorageIOError(IOServiceError, OSError):
     """A storage operation failed for a reason not covered by a narrower class."""
+
+
+class StorageExistsError(IOServiceError, FileExistsError):
+    """A create-only write (`StorageRoot.write_new`, ``exclusive=True``) found the target there."""
 
 
 class StorageNotFoundError(IOServiceError, FileNotFoundError):

@@ -171,9 +171,14 @@ def checkpoint_dir(name: str) -> str:
     return f"{CHECKPOINT_DIR}/{name}"
 
 
-def page_file_name(worker: int) -> str:
-    """File name written by I/O worker `worker`: ``w000.pages``, ``w001.pages`` ..."""
-    return f"w{worker:03d}.pages"
+def page_file_name(worker: int, tag: str | None = None) -> str:
+    """File name written by I/O worker `worker`: ``w000.pages``, ``w001.pages`` ...;
+    with a `tag` (a writer's unique id): ``w000-<tag>.pages``."""
+    if tag is None:
+        return f"w{worker:03d}.pages"
+    if not re.fullmatch(r"[A-Za-z0-9_.]{1,64}", tag):
+        raise ValueError(f"page file tag must be 1-64 of [A-Za-z0-9_.], got {tag!r}")
+    return f"w{worker:03d}-{tag}.pages"
 
 
 def page_checksums(pages: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:

@@ -54,6 +54,7 @@ from ioservice.errors import (
     InvalidURIError,
     IOServiceError,
     RootNotWritableError,
+    StorageExistsError,
     StorageIOError,
     StorageNotFoundError,
     StoragePermissionError,
@@ -442,8 +443,15 @@ class StorageRoot:
 
     # ---------------------------------------------------------------- writes
 
-    def open_output_stream(self, relpath: str, *, create_parents: bool = True) -> pa.NativeFile:
+    def open_output_stream(self, relpath: str, *, create_parents: bool = True,
+                           exclusive: bool = False) -> pa.NativeFile:
         """Open a new file at `relpath` for sequential writing (truncates an old one).
+
+        With ``exclusive=True`` an existing file is never truncated: on a local
+        filesystem the file is first created with ``O_CREAT | O_EXCL`` and the
+        call raises `StorageExistsError` if it is there; other backends have no
+        create-only open through pyarrow (S3 has no conditional PUT), so there
+        the caller must use names no other writer uses.
 
         Use it as a context manager; the data is complete only after ``close()``
         returns. On S3 the object becomes visible only then (multipart upload);
@@ -479,6 +487,13 @@ class StorageRoot:
         with self._translating("open for writing", relpath):
             if create_parents:
                 self._create_parent(relpath)
+            if exclusive and self._native_local:
+                try:
+                    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                except FileExistsError:
+                    raise StorageExistsError(
+                        f"{relpath} already exists on {self.backend} root {self.uri} "
+                        f"(create-only open)") from None
             return self.filesystem.open_output_stream(path)
 
     def _create_parent(self, relpath: str) -> None:
@@ -536,6 +551,50 @@ class StorageRoot:
                 if self._kind == "hdfs":
                     if self.filesystem.get_file_info(path).type != pafs.FileType.NotFound:
                         self.filesystem.delete_file(path)
+                self.filesystem.move(tmp, path)
+            except BaseException:
+                _delete_quietly(self.filesystem, tmp)
+                raise
+
+    def write_new(self, relpath: str, data: bytes | bytearray | memoryview) -> None:
+        """Like `write_atomic`, but never replaces an existing file (create-only).
+
+        - *local*: the data goes to a temp file (fsynced), which is then
+          hard-linked to the target: ``link`` fails if the target exists, so of
+          two writers exactly one succeeds; the directory is fsynced.
+        - *HDFS*: temp file, then ``move``, which does not overwrite on HDFS.
+        - *S3*: pyarrow has no conditional PUT, so this checks that the target
+          is absent and then writes it: two writers racing on one name can both
+          "succeed" and the later PUT wins. Callers that need fencing on S3
+          must use names unique per writer (as sguard's epochs do).
+
+        Raises
+        ------
+        StorageExistsError
+            If the target exists (it is unchanged).
+        InvalidPathError, StoragePermissionError, StorageUnreachableError, StorageIOError
+        """
+        path = self.full_path(relpath)
+        exists_msg = f"{relpath} already exists on {self.backend} root {self.uri} (create-only write)"
+        if self._native_local:
+            with self._translating("create-only write", relpath):
+                if not _write_new_local(path, data):
+                    raise StorageExistsError(exists_msg)
+            return
+        with self._translating("create-only write", relpath):
+            if self.filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+                raise StorageExistsError(exists_msg)
+            self._create_parent(relpath)
+            if not self.atomic_rename:
+                self._put_or_remove(path, data)
+                return
+            parent, _, name = path.rpartition("/")
+            tmp = f"{parent}/{_TMP_PREFIX}{uuid.uuid4().hex}-{name}"
+            try:
+                with self.filesystem.open_output_stream(tmp) as out:
+                    out.write(data)
+                if self.filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+                    raise StorageExistsError(exists_msg)
                 self.filesystem.move(tmp, path)
             except BaseException:
                 _delete_quietly(self.filesystem, tmp)
@@ -989,6 +1048,29 @@ def _write_atomic_local(path: str, data: bytes | bytearray | memoryview) -> None
             pass
         raise
     _fsync_dir(parent)
+
+
+def _write_new_local(path: str, data: bytes | bytearray | memoryview) -> bool:
+    """Create `path` with `data` unless it exists (temp file + fsync + link); False if it did."""
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f"{_TMP_PREFIX}{uuid.uuid4().hex}-{name}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    _fsync_dir(parent)
+    return True
 
 
 def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:

@@ -30,9 +30,22 @@ writable again, no manifest is written, the partial files are deleted
 (best effort), ``on_failed(seq, exc)`` is called, and the previous checkpoint
 stays valid. Its changed pages are written by the next checkpoint.
 
-Invariants: one writer per HA unit and root; this manager is the only one
-that completes snapshots of its page manager (the manager's *base* manifest
-and the page manager's notion of "unchanged" must agree).
+Invariants: one writer per HA unit and root at a time; this manager is the
+only one that completes snapshots of its page manager (the manager's *base*
+manifest and the page manager's notion of "unchanged" must agree;
+`adopt_base` is the one way to tell it otherwise).
+
+Several writers over time (fencing, e.g. `sguard.spark.fencing`): a writer
+that may overlap with others passes ``exclusive=True`` and a ``seq_range``
+of its own. Its checkpoint names then never collide with another writer's,
+its page files carry a unique tag and are opened create-only where the
+backend allows it, its manifests are created, never replaced
+(`StorageRoot.write_new`); ``before_commit`` lets it refuse its own commit
+once it has lost ownership, and ``may_delete`` stops it from deleting
+anything (retention, a failed checkpoint's files) when it is no longer the
+owner. Retention only ever deletes checkpoints with a smaller sequence number
+than the writer's newest, so a writer with a lower range never deletes a
+higher one's.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ import enum
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,9 +69,10 @@ from ioservice.errors import (
     CheckpointWriteError,
     IOServiceError,
 )
+from ioservice import faultpoints
 from ioservice.format import Manifest, PageFile, PageTable, checkpoint_dir, checkpoint_name
 from ioservice.fs import StorageRoot, open_root, validate_name
-from ioservice.recovery import list_checkpoints, read_manifest, restore
+from ioservice.recovery import CheckpointInfo, list_checkpoints, read_manifest, restore
 from ioservice.scheduling import ChunkGrant, WriteScheduler, resolve_scheduler
 from ioservice.service import IOService, WriteResult
 from mmm.manager import PageManager
@@ -67,6 +82,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CheckpointManager", "CheckpointPolicy", "CheckpointState", "PendingCheckpoint"]
 
+_SEQ_LIMIT = 10 ** 18  # checkpoint names carry at most 18 digits
 CheckpointState = enum.Enum("CheckpointState", "WRITING COMMITTED FAILED")
 
 
@@ -216,6 +232,21 @@ class CheckpointManager:
         ``schedule_counters["unscheduled_fallbacks"]``).
     check_root : bool
         Probe that the root is writable now (a clear error early).
+    seq_range : (int, int), optional
+        Draw sequence numbers from ``[lo, hi)`` only (above any checkpoint
+        already there in that range): a writer with a range of its own never
+        picks another writer's checkpoint name. Default: above every existing one.
+    exclusive : bool
+        Write as one of several writers over time: page files get a unique tag
+        per checkpoint and are opened create-only where possible, manifests
+        are created only, never replaced (see the module docstring).
+    before_commit : callable, optional
+        ``before_commit(pending)`` on the I/O thread once every page file is
+        written, right before the manifest: raising cancels the checkpoint
+        (the exception is what its future fails with).
+    may_delete : callable, optional
+        ``may_delete() -> bool``, asked before this manager deletes anything
+        (retention, the files of a failed checkpoint); False skips it.
     clock : callable
         Monotonic time source for ``interval_s`` (tests inject one).
 
@@ -258,6 +289,10 @@ class CheckpointManager:
                  on_failed: Callable[[int, BaseException], None] | None = None,
                  scheduler: WriteScheduler | str | None = None,
                  check_root: bool = True,
+                 seq_range: tuple[int, int] | None = None,
+                 exclusive: bool = False,
+                 before_commit: Callable[[PendingCheckpoint], None] | None = None,
+                 may_delete: Callable[[], bool] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.haunit = validate_name(haunit)
         self.scheduler = resolve_scheduler(scheduler)
@@ -275,8 +310,16 @@ class CheckpointManager:
         self._pending: PendingCheckpoint | None = None
         self._base: Manifest | None = None
         self._manifests: dict[str, Manifest] = {}
-        existing = list_checkpoints(self.root, self.haunit)
-        self._next_seq = max((c.seq for c in existing), default=0) + 1
+        if seq_range is not None:
+            lo, hi = (int(seq_range[0]), int(seq_range[1]))
+            if not 0 <= lo < hi or hi > _SEQ_LIMIT:
+                raise ValueError(f"seq_range must be 0 <= lo < hi <= {_SEQ_LIMIT}, got {seq_range!r}")
+            self._seq_range = (lo, hi)
+        else:
+            self._seq_range = (0, _SEQ_LIMIT)
+        self.exclusive = exclusive
+        self.before_commit, self.may_delete = before_commit, may_delete
+        self._next_seq = self._seq_after(list_checkpoints(self.root, self.haunit))
         self._last_start = clock()
         self._tuples = 0
         self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0}
@@ -293,11 +336,65 @@ class CheckpointManager:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _seq_after(self, existing: list[CheckpointInfo]) -> int:
+        """The next sequence number: in this manager's range, above any there already."""
+        lo, hi = self._seq_range
+        seqs = [c.seq for c in existing if lo <= c.seq < hi]
+        return max(max(seqs, default=0) + 1, lo if lo > 0 else 1, getattr(self, "_next_seq", 0))
+
     # ------------------------------------------------------------------ status
     @property
     def base(self) -> Manifest | None:
         """The latest committed (or restored) checkpoint: the base of the next one."""
         return self._base
+
+    @property
+    def last_seq(self) -> int:
+        """The highest sequence number this manager has seen or used in its range
+        (0: none): a checkpoint it listed when created, restored, or started."""
+        return self._next_seq - 1
+
+    def adopt_base(self, manifest: Manifest | None) -> None:
+        """Make `manifest` the base of the next incremental checkpoint (None: no base, the
+        next checkpoint is full).
+
+        For a page manager that holds exactly the state of a committed
+        checkpoint without having restored it through this manager (e.g. a
+        pool file re-attached by another process): the caller must already
+        have told the page manager which pages are unchanged since that
+        checkpoint (their ``mod`` stamps), because the next checkpoint writes
+        only changed pages and references the others in `manifest`'s files.
+
+        Raises
+        ------
+        CheckpointInProgressError
+            If a checkpoint is in flight (nothing changes).
+        ValueError
+            If `manifest` is of another HA unit or page size (nothing changes).
+        """
+        if manifest is None:
+            with self._lock:
+                if self.in_flight is not None:
+                    raise CheckpointInProgressError(
+                        f"HA unit {self.haunit!r}: cannot drop the base while checkpoint "
+                        f"{self._pending.name} is in flight")  # type: ignore[union-attr]
+                self._base = None
+            return
+        if manifest.haunit != self.haunit:
+            raise ValueError(f"cannot adopt checkpoint {manifest.name} of HA unit "
+                             f"{manifest.haunit!r} as a base of {self.haunit!r}")
+        if manifest.page_bytes != self.pm.page_bytes:
+            raise ValueError(f"cannot adopt checkpoint {manifest.name}: {manifest.page_bytes}-byte "
+                             f"pages, the page manager uses {self.pm.page_bytes}-byte pages")
+        with self._lock:
+            if self.in_flight is not None:
+                raise CheckpointInProgressError(
+                    f"HA unit {self.haunit!r}: cannot adopt {manifest.name} as a base while "
+                    f"checkpoint {self._pending.name} is in flight")  # type: ignore[union-attr]
+            self._base = manifest
+            self._manifests[manifest.name] = manifest
+            if self._seq_range[0] <= manifest.seq < self._seq_range[1]:
+                self._next_seq = max(self._next_seq, manifest.seq + 1)
 
     @property
     def in_flight(self) -> PendingCheckpoint | None:
@@ -332,8 +429,9 @@ class CheckpointManager:
             self.io.shutdown()
 
     # ----------------------------------------------------------------- recovery
-    def restore(self) -> Manifest | None:
-        """Load the latest restorable checkpoint into the page manager (`recovery.restore`).
+    def restore(self, *, before_seq: int | None = None) -> Manifest | None:
+        """Load the latest restorable checkpoint into the page manager (`recovery.restore`);
+        with `before_seq`, the latest one with a smaller sequence number.
 
         Returns
         -------
@@ -354,10 +452,11 @@ class CheckpointManager:
             raise CheckpointInProgressError(f"HA unit {self.haunit!r}: cannot restore while "
                                             f"checkpoint {self._pending.name} is in flight")  # type: ignore[union-attr]
         existing = list_checkpoints(self.root, self.haunit)
-        self._next_seq = max(self._next_seq, max((c.seq for c in existing), default=0) + 1)
-        if not any(c.has_manifest for c in existing):
+        self._next_seq = self._seq_after(existing)
+        if not any(c.has_manifest and (before_seq is None or c.seq < before_seq)
+                   for c in existing):
             return None
-        man = restore(self.pm, self.root, self.haunit, io=self.io)
+        man = restore(self.pm, self.root, self.haunit, io=self.io, before_seq=before_seq)
         self._base = man
         self._manifests[man.name] = man
         self._last_start = self._clock()
@@ -440,6 +539,10 @@ class CheckpointManager:
                              self.haunit, base.name)
                 return None
             seq = self._next_seq
+            if seq >= self._seq_range[1]:
+                snap.cancel()
+                raise CheckpointError(f"HA unit {self.haunit!r}: sequence range "
+                                      f"{self._seq_range} is used up")
             name = checkpoint_name(self.haunit, seq)
             try:
                 meta = dict(user_meta or {})
@@ -468,8 +571,9 @@ class CheckpointManager:
             pending.scheduled = self.scheduler is not None
             self._pending = pending
         directory = checkpoint_dir(name)
+        tag = uuid.uuid4().hex[:12] if self.exclusive else None
         fut = self.io.write_snapshot(self.root, directory, snap, write_idx, name=name,  # step 3
-                                     scheduler=self.scheduler, haunit=self.haunit)
+                                     scheduler=self.scheduler, haunit=self.haunit, file_tag=tag)
         fut.add_done_callback(
             lambda f: self._finish(pending, snap, base, ref_rows, meta, f))
         return pending
@@ -488,8 +592,14 @@ class CheckpointManager:
                 if res.fallback is not None:
                     self.schedule_counters["unscheduled_fallbacks"] += 1
             man = self._manifest(pending, snap, base, ref_rows, meta, res)
+            if self.before_commit is not None:
+                self.before_commit(pending)
+            faultpoints.reached("manifest")
             try:
-                self.root.write_atomic(man.manifest_path, man.to_json())      # step 4
+                if self.exclusive:                                            # step 4
+                    self.root.write_new(man.manifest_path, man.to_json())
+                else:
+                    self.root.write_atomic(man.manifest_path, man.to_json())
             except IOServiceError as exc:
                 raise CheckpointWriteError(f"checkpoint {pending.name}: writing its manifest "
                                            f"failed: {exc}") from exc
@@ -543,7 +653,8 @@ class CheckpointManager:
         if snap.state is SnapshotState.ACTIVE:
             snap.cancel()
         try:
-            self.root.delete_dir(checkpoint_dir(pending.name), missing_ok=True)
+            if self._may_delete():
+                self.root.delete_dir(checkpoint_dir(pending.name), missing_ok=True)
         except Exception as del_exc:  # noqa: BLE001 - best effort
             logger.warning("checkpoint %s: could not delete its partial files: %s",
                            pending.name, del_exc)
@@ -565,8 +676,19 @@ class CheckpointManager:
         pending.future.set_exception(exc)
 
     # -------------------------------------------------------------- retention
+    def _may_delete(self) -> bool:
+        if self.may_delete is None:
+            return True
+        try:
+            return bool(self.may_delete())
+        except Exception as exc:  # noqa: BLE001 - when in doubt, delete nothing
+            logger.warning("HA unit %s: may_delete raised, deleting nothing: %s", self.haunit, exc)
+            return False
+
     def _retain(self) -> None:
         """Keep the last `policy.keep` restorable checkpoints; delete unreferenced files."""
+        if not self._may_delete():
+            return
         keep_n = self.policy.keep
         infos = list_checkpoints(self.root, self.haunit)
         current = self._base.seq if self._base is not None else 0

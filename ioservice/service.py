@@ -61,6 +61,7 @@ from ioservice.errors import (
     StorageNotFoundError,
 )
 from ioservice.format import Manifest, PageFile, PageTable, page_checksums, page_file_name
+from ioservice import faultpoints
 from ioservice.fs import StorageRoot
 from ioservice.scheduling import ChunkGrant, ScheduledWrite, WriteIntent, WriteScheduler
 from mmm.manager import Loader
@@ -206,7 +207,7 @@ class IOService:
                        indices: npt.ArrayLike | None = None, *, name: str | None = None,
                        on_progress: ProgressFn | None = None,
                        scheduler: WriteScheduler | None = None,
-                       haunit: str = "") -> cf.Future[WriteResult]:
+                       haunit: str = "", file_tag: str | None = None) -> cf.Future[WriteResult]:
         """Write pages of `snap` into `directory`, one file per worker, asynchronously.
 
         Parameters
@@ -230,6 +231,10 @@ class IOService:
             failure or timeout the rest is written unscheduled (logged).
         haunit : str
             HA unit name told to the scheduler.
+        file_tag : str, optional
+            Part of every page file name (``w000-<tag>.pages``): a writer that
+            tags its files uniquely never touches another writer's files. Files
+            are opened create-only where the backend allows it (local).
 
         Returns
         -------
@@ -252,105 +257,18 @@ class IOService:
         """
         if self._closed:
             raise RuntimeError("IOService is shut down")
-        label = name or directory
-        pb = snap.page_bytes
         idx = np.arange(len(snap.page_ids), dtype=np.int64) if indices is None \
             else np.asarray(indices, dtype=np.int64)
-        if scheduler is not None and len(idx):
-            per_chunk = max(1, int(scheduler.chunk_bytes) // pb)
-            n_files = -(-len(idx) // per_chunk)
+        w = _SnapshotWrite(self, root, directory, snap, idx, name or directory, on_progress,
+                           scheduler, file_tag)
+        if not w.n_files:
+            w.result.set_result(WriteResult((), PageTable.empty(), 0, 0.0))
+        elif scheduler is None:
+            for k in range(w.n_files):
+                w.launch(k)
         else:
-            n_files = min(self.n_workers, len(idx))
-        shares = np.array_split(idx, n_files) if n_files else []
-        result: cf.Future[WriteResult] = cf.Future()
-        result.set_running_or_notify_cancel()
-        start = time.perf_counter()
-        if not n_files:
-            result.set_result(WriteResult((), PageTable.empty(), 0, 0.0))
-            return result
-        stop = threading.Event()
-        lock = threading.Lock()
-        done = [0, 0]  # finished workers, pages written
-        outcomes: list[Any] = [None] * n_files
-        errors: list[BaseException] = []
-        total = len(idx)
-        launched = [False] * n_files
-        first_start: list[float] = []
-        sched = _SchedState()
-
-        def progress(n: int) -> None:
-            with lock:
-                done[1] += n
-                now = done[1]
-            if on_progress is not None:
-                on_progress(now, total)
-
-        def complete() -> None:
-            sched.finish()
-            if errors:
-                result.set_exception(errors[0])
-                return
-            files = tuple(PageFile(f"{directory}/{page_file_name(k)}", len(shares[k]) * pb)
-                          for k in range(n_files))
-            ids = np.concatenate([snap.page_ids[s] for s in shares])
-            file_col = np.concatenate([np.full(len(s), k, np.uint32) for k, s in enumerate(shares)])
-            offsets = np.concatenate([np.arange(len(s), dtype=np.uint64) * np.uint64(pb)
-                                      for s in shares])
-            sums = np.concatenate(outcomes)
-            table = PageTable.concat([PageTable(ids, file_col, offsets, sums)])
-            secs = time.perf_counter() - start
-            nbytes = total * pb
-            logger.debug("wrote %d pages (%d B) of %s in %.3f s", total, nbytes, label, secs)
-            result.set_result(WriteResult(files, table, nbytes, secs,
-                                          (first_start[0] if first_start else start) - start,
-                                          scheduler is not None, sched.fallback,
-                                          tuple(sched.grants)))
-
-        def finished(k: int, fut: cf.Future[npt.NDArray[np.uint64]]) -> None:
-            exc = fut.exception()
-            if exc is None:  # report before counting, so every report precedes the last
-                sched.chunk_done(k)
-            skipped = 0
-            with lock:
-                if exc is not None and not isinstance(exc, _Stop):
-                    errors.append(exc)
-                    stop.set()
-                else:
-                    outcomes[k] = fut.result() if exc is None else None
-                done[0] += 1
-                if stop.is_set():  # chunks never granted will not start: count them now
-                    for j in range(n_files):
-                        if not launched[j]:
-                            launched[j] = True
-                            skipped += 1
-                    done[0] += skipped
-                last = done[0] == n_files
-            if last:
-                complete()
-
-        def launch(k: int) -> bool:
-            """Start chunk ``k`` unless it already started; False if it had."""
-            with lock:
-                if launched[k]:
-                    return False
-                launched[k] = True
-                if not first_start:
-                    first_start.append(time.perf_counter())
-            relpath = f"{directory}/{page_file_name(k)}"
-            fut = self._pool.submit(self._write_share, root, relpath, snap, shares[k], stop,
-                                    label, progress)
-            fut.add_done_callback(functools.partial(finished, k))
-            return True
-
-        if scheduler is None:
-            for k in range(n_files):
-                launch(k)
-            return result
-        intent = WriteIntent(haunit, label, n_files, max(1, int(scheduler.chunk_bytes) // pb) * pb,
-                             total * pb)
-        threading.Thread(target=_dispatch, name=f"sguard-sched-{label}", daemon=True,
-                         args=(scheduler, intent, sched, launch, stop, n_files)).start()
-        return result
+            w.dispatch(haunit)
+        return w.result
 
     def _write_share(self, root: StorageRoot, relpath: str, snap: SnapshotLike,
                      share: npt.NDArray[np.int64], stop: threading.Event, label: str,
@@ -368,8 +286,10 @@ class IOService:
         view_pages = getattr(snap, "pages_view", None) if root.backend == "local" else None
         if stop.is_set():
             raise _Stop()
+        faultpoints.reached("page_file")
         try:
-            out = root.open_output_stream(relpath)
+            # a tagged file is the writer's own: never truncate what another wrote there
+            out = root.open_output_stream(relpath, exclusive="-" in relpath.rsplit("/", 1)[-1])
         except IOServiceError as exc:
             raise CheckpointWriteError(f"{where}: {exc}") from exc
         try:
@@ -381,7 +301,14 @@ class IOService:
                 if pages is None:
                     pages = snap.copy_pages(part, out=buf)[:len(part)]
                 sums[s:s + len(part)] = page_checksums(pages)
-                out.write(pages)
+                if s == 0 and faultpoints.armed("mid_page"):
+                    flat = pages.reshape(-1)
+                    out.write(flat[:pb // 2])
+                    out.flush()
+                    faultpoints.reached("mid_page")
+                    out.write(flat[pb // 2:])
+                else:
+                    out.write(pages)
                 snap.mark_persisted(part)
                 progress(len(part))
             out.close()
@@ -637,6 +564,116 @@ def _settle_chunk(target: npt.NDArray[np.uint8], frames: npt.NDArray[np.int64] |
     else:
         sink(target)
     progress(len(sel))
+
+
+class _SnapshotWrite:
+    """One `IOService.write_snapshot` call: its shares, their outcomes, and the result.
+
+    The steps, each a method: `launch` starts one share's file on a worker;
+    `finished` collects a worker's outcome (stopping the others on the first
+    failure); `complete` builds the `WriteResult` once every share is done;
+    `dispatch` hands the shares to a write scheduler instead of starting them all.
+    """
+
+    def __init__(self, io: IOService, root: StorageRoot, directory: str, snap: SnapshotLike,
+                 idx: npt.NDArray[np.int64], label: str, on_progress: ProgressFn | None,
+                 scheduler: WriteScheduler | None, file_tag: str | None) -> None:
+        self.io, self.root, self.directory, self.snap = io, root, directory, snap
+        self.label, self.on_progress, self.scheduler = label, on_progress, scheduler
+        self.file_tag = file_tag
+        pb = self.pb = snap.page_bytes
+        if scheduler is not None and len(idx):
+            n_files = -(-len(idx) // max(1, int(scheduler.chunk_bytes) // pb))
+        else:
+            n_files = min(io.n_workers, len(idx))
+        self.n_files = n_files
+        self.shares = np.array_split(idx, n_files) if n_files else []
+        self.total = len(idx)
+        self.result: cf.Future[WriteResult] = cf.Future()
+        self.result.set_running_or_notify_cancel()
+        self.start = time.perf_counter()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.done = [0, 0]  # finished workers, pages written
+        self.outcomes: list[Any] = [None] * n_files
+        self.errors: list[BaseException] = []
+        self.launched = [False] * n_files
+        self.first_start: list[float] = []
+        self.sched = _SchedState()
+
+    def relpath(self, k: int) -> str:
+        return f"{self.directory}/{page_file_name(k, self.file_tag)}"
+
+    def progress(self, n: int) -> None:
+        with self.lock:
+            self.done[1] += n
+            now = self.done[1]
+        if self.on_progress is not None:
+            self.on_progress(now, self.total)
+
+    def launch(self, k: int) -> bool:
+        """Start share ``k`` unless it already started; False if it had."""
+        with self.lock:
+            if self.launched[k]:
+                return False
+            self.launched[k] = True
+            if not self.first_start:
+                self.first_start.append(time.perf_counter())
+        fut = self.io._pool.submit(self.io._write_share, self.root, self.relpath(k), self.snap,
+                                   self.shares[k], self.stop, self.label, self.progress)
+        fut.add_done_callback(functools.partial(self.finished, k))
+        return True
+
+    def finished(self, k: int, fut: cf.Future[npt.NDArray[np.uint64]]) -> None:
+        exc = fut.exception()
+        if exc is None:  # report before counting, so every report precedes the last
+            self.sched.chunk_done(k)
+        with self.lock:
+            if exc is not None and not isinstance(exc, _Stop):
+                self.errors.append(exc)
+                self.stop.set()
+            else:
+                self.outcomes[k] = fut.result() if exc is None else None
+            self.done[0] += 1
+            if self.stop.is_set():  # chunks never granted will not start: count them now
+                for j in range(self.n_files):
+                    if not self.launched[j]:
+                        self.launched[j] = True
+                        self.done[0] += 1
+            last = self.done[0] == self.n_files
+        if last:
+            self.complete()
+
+    def complete(self) -> None:
+        self.sched.finish()
+        if self.errors:
+            self.result.set_exception(self.errors[0])
+            return
+        pb, shares = self.pb, self.shares
+        files = tuple(PageFile(self.relpath(k), len(shares[k]) * pb) for k in range(self.n_files))
+        ids = np.concatenate([self.snap.page_ids[s] for s in shares])
+        file_col = np.concatenate([np.full(len(s), k, np.uint32) for k, s in enumerate(shares)])
+        offsets = np.concatenate([np.arange(len(s), dtype=np.uint64) * np.uint64(pb)
+                                  for s in shares])
+        table = PageTable.concat([PageTable(ids, file_col, offsets, np.concatenate(self.outcomes))])
+        secs = time.perf_counter() - self.start
+        nbytes = self.total * pb
+        logger.debug("wrote %d pages (%d B) of %s in %.3f s", self.total, nbytes, self.label, secs)
+        first = self.first_start[0] if self.first_start else self.start
+        self.result.set_result(WriteResult(files, table, nbytes, secs, first - self.start,
+                                           self.scheduler is not None, self.sched.fallback,
+                                           tuple(self.sched.grants)))
+
+    def dispatch(self, haunit: str) -> None:
+        """Start a dispatcher thread that launches each chunk when the scheduler grants it."""
+        scheduler = self.scheduler
+        assert scheduler is not None
+        intent = WriteIntent(haunit, self.label, self.n_files,
+                             max(1, int(scheduler.chunk_bytes) // self.pb) * self.pb,
+                             self.total * self.pb)
+        threading.Thread(target=_dispatch, name=f"sguard-sched-{self.label}", daemon=True,
+                         args=(scheduler, intent, self.sched, self.launch, self.stop,
+                               self.n_files)).start()
 
 
 class _SchedState:

@@ -13,16 +13,18 @@ operator contract and the shipped operators), `runtime` (what a task does),
 `keys` (key columns of any type -> the state's integer keys), `columns` (input columns, time units, durations), `placement` (local
 state files and locks), `versions` (batch versions and
 rollback), `checkpointing` (asynchronous DFS checkpoints), `inputlog`
-(the HAInput log), `metrics` (JSON-lines metrics), `state` (reading state
-back), `reader` (the durable state as a DataFrame: `read_state`), `ttl`
-(state time-to-live), `rescaling` (repartitioning at start-up), `cli`
+(the HAInput log), `fencing` (ownership epochs), `recovery` (rebuilding a
+partition from a checkpoint and the log), `metrics` (JSON-lines metrics), `state`
+(reading state back), `reader` (the durable state as a DataFrame: `read_state`),
+`ttl` (state time-to-live), `rescaling` (repartitioning at start-up), `cli`
 (``sguard spark demo|status``), `demo` (the main job).
 """
 from sguard.spark.api import local_session, stateful, stream_join
 from sguard.spark.checkpointing import CheckpointConfig
-from sguard.spark.errors import (InputLogGapError, NotStreamingError, OperatorMismatchError,
+from sguard.spark.errors import (FencedError, InputLogGapError, NotStreamingError, OperatorMismatchError,
                                  PartitionLockTimeout, SchemaChangedError, SparkStateError,
-                                 StateAheadError, UnsupportedKeyTypeError)
+                                 StateAheadError, UnrecoverableStateError,
+                                 UnsupportedKeyTypeError)
 from sguard.spark.keys import KeyIndex, NullKeyError, key_spec
 from sguard.spark.operators import (Operator, OperatorState, RunningAggregate, WindowAggregate,
                                     WindowJoin)
@@ -35,4 +37,4 @@ __all__ = ["stateful", "stream_join", "local_session", "CheckpointConfig", "Oper
            "FaultPlan", "InjectedFault", "read_state", "BatchNotAvailableError", "TTL",
            "SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError", "OperatorMismatchError",
            "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError",
-           "KeyIndex", "NullKeyError", "key_spec"]
+           "KeyIndex", "NullKeyError", "key_spec", "FencedError", "UnrecoverableStateError"]

@@ -53,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mmm import PageManager
+from sguard.spark import fencing
 from sguard.spark.placement import record_path
 
 logger = logging.getLogger(__name__)
@@ -145,11 +146,17 @@ class PartitionCheckpointer:
     on_durable
         ``on_durable(batch_id, previous_batch_id, manifest)`` on an I/O thread
         when a checkpoint is durable.
+    claim
+        The ownership claim this writer holds (`sguard.spark.fencing`): its
+        checkpoints take sequence numbers of its epoch only, are written
+        create-only with tagged page files, are refused (`FencedError`) once
+        another claim owns the partition, and a fenced writer deletes nothing.
     """
 
     def __init__(self, pm: PageManager, root: StorageRoot, haunit: str, config: CheckpointConfig,
                  io: IOService, meta: dict[str, Any],
-                 on_durable: Callable[[int, int, Manifest], None]) -> None:
+                 on_durable: Callable[[int, int, Manifest], None],
+                 claim: fencing.Claim | None = None) -> None:
         self.config = config
         self.meta = dict(meta)
         self._on_durable = on_durable
@@ -161,6 +168,13 @@ class PartitionCheckpointer:
             if isinstance(config.scheduler, str):
                 import sguard.scheduling  # noqa: F401  (registers peace:// in this worker)
             kwargs["scheduler"] = config.scheduler
+        if claim is not None:
+            kwargs.update(
+                seq_range=fencing.seq_range(claim.epoch), exclusive=True,
+                before_commit=lambda p: fencing.check_owner(root, haunit, claim,
+                                                            f"checkpoint {p.name}"),
+                may_delete=lambda: fencing.is_owner(root, haunit, claim))
+        self.claim = claim
         self.mgr = CheckpointManager(
             pm, root, haunit, io=io, check_root=False, on_done=self._done,
             policy=CheckpointPolicy(keep=config.keep, full_every=config.full_every), **kwargs)
@@ -185,13 +199,20 @@ class PartitionCheckpointer:
         self.last_batch = last_batch
         self._adopt = self.mgr.base is None and self._record is not None
 
-    def restore(self) -> Manifest | None:
-        """Load the latest restorable checkpoint into the page manager (None: there is none)."""
-        man = self.mgr.restore()
+    def restore(self, before_seq: int | None = None) -> Manifest | None:
+        """Load the latest restorable checkpoint (below `before_seq`, if given) into the
+        page manager (None: there is none)."""
+        man = self.mgr.restore(before_seq=before_seq)
         if man is not None:
             b = int(man.user_meta.get("batch_id", -1))
             self.durable_batch = self.last_batch = b
         return man
+
+    def restored(self, man: Manifest | None, batch: int) -> None:
+        """Recovery settled on `man` (None: the empty state) holding the state after
+        `batch`: it is the base of the next checkpoint and the policy starts there."""
+        self.mgr.adopt_base(man)
+        self.durable_batch = self.last_batch = batch
 
     def due(self, state_batch: int) -> bool:
         """Whether the policy asks for a checkpoint of the state after `state_batch`."""
@@ -240,7 +261,7 @@ class PartitionCheckpointer:
                 return "record of another pool file"
             # the manager listed the HA unit's checkpoint directories when it was made
             # (under the partition's lock): the record's must be the newest of them
-            if int(meta["seq"]) != self.mgr._next_seq - 1:
+            if int(meta["seq"]) != self.mgr.last_seq:
                 return "record is not of the latest checkpoint"
             man = read_manifest(self._root, meta["name"])
             if man.seq != int(meta["seq"]):
@@ -265,9 +286,8 @@ class PartitionCheckpointer:
             # unchanged: recorded version and not written here; written pages keep their epoch
             ps.mod[seqs] = np.where(same & (ps.mod[seqs] <= 0), 0,
                                     np.maximum(ps.mod[seqs], pm.epoch))
-        self.mgr._base = man          # the manager's base and the page manager's notion
-        self.mgr._manifests[man.name] = man  # of "unchanged" agree (module doc)
-        return "adopted"
+        self.mgr.adopt_base(man)  # the manager's base and the page manager's notion of
+        return "adopted"          # "unchanged" agree (module doc)
 
     def _write_record(self, man: Manifest) -> None:
         """Record the durable checkpoint's page versions next to the pool file."""

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 __all__ = ["SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError",
            "OperatorMismatchError", "StateAheadError",
-           "InputLogGapError", "PartitionLockTimeout", "NotStreamingError", "BatchTimeMissingError"]
+           "InputLogGapError", "PartitionLockTimeout", "NotStreamingError", "BatchTimeMissingError",
+           "FencedError", "UnrecoverableStateError"]
 
 
 class SparkStateError(Exception):
@@ -40,3 +41,13 @@ class NotStreamingError(SparkStateError, RuntimeError):
 
 class BatchTimeMissingError(SparkStateError, KeyError):
     """A processing-time TTL got a batch without its recorded processing time."""
+
+
+class FencedError(SparkStateError, RuntimeError):
+    """This task attempt no longer owns its partition (a newer attempt or host claimed a
+    higher epoch, `sguard.spark.fencing`): what it would commit is refused, and the task
+    fails so that its result never counts."""
+
+
+class UnrecoverableStateError(InputLogGapError):
+    """No checkpoint plus input log rebuilds a partition's state (each way is named)."""

@@ -103,6 +103,10 @@ class Marker:
         The last batch covered by a durable DFS checkpoint (-1: none).
     boot_id
         The host's boot id when written.
+    epoch, claim
+        The ownership epoch and claim token the writer held (`sguard.spark.fencing`;
+        0 and "" in markers written before fencing): the local state is the
+        partition's only while that claim owns it.
     """
 
     token: str
@@ -111,6 +115,8 @@ class Marker:
     base_batch: int | None
     durable_batch: int
     boot_id: str
+    epoch: int = 0
+    claim: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -120,7 +126,8 @@ class Marker:
         d = json.loads(data)
         return cls(token=str(d["token"]), status=str(d["status"]), batch=int(d["batch"]),
                    base_batch=None if d["base_batch"] is None else int(d["base_batch"]),
-                   durable_batch=int(d["durable_batch"]), boot_id=str(d["boot_id"]))
+                   durable_batch=int(d["durable_batch"]), boot_id=str(d["boot_id"]),
+                   epoch=int(d.get("epoch", 0)), claim=str(d.get("claim", "")))
 
 
 def new_token() -> str:

@@ -33,6 +33,7 @@ never mixes batches across partitions.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +41,12 @@ import pyarrow as pa
 
 from ioservice import StorageRoot, list_checkpoints, open_root, read_manifest
 from mmm import PageManager
-from sguard.spark import inputlog
+from sguard.spark import fencing, inputlog
 from sguard.spark.errors import InputLogGapError, SparkStateError
 from sguard.spark.operators import operator_from_params
-from sguard.spark.state import load_layout, replay_log
-from sguard.statelayout import OperatorLayout
+from sguard.spark.recovery import rebuild_partition
+from sguard.spark.state import load_layout
+from sguard.statelayout import OperatorLayout, schema_from_layout
 
 __all__ = ["read_state", "read_partition_at", "available_batches", "state_schema",
            "BatchNotAvailableError", "PARTITION_COLUMN"]
@@ -199,26 +201,30 @@ def _page_bytes(root: StorageRoot, seq: int | None, layout: OperatorLayout,
 
 def _read_once(root: StorageRoot, layout: OperatorLayout, partition: int, batch: int
                ) -> pa.Table:
-    from ioservice import restore
-    from sguard.spark.api import schema_from_layout
+    """The newest checkpoint at or below `batch` that loads and whose log reaches it, plus
+    the replay (`sguard.spark.recovery`, as the runtime recovers; a stale owner's files
+    are ignored)."""
+    from ioservice import DamagedCheckpointWarning, restore
+    hu = layout.haunit(partition)
     pts = [pt for pt in _points(root, layout, partition) if pt.batch <= batch]
     if not pts:
         raise BatchNotAvailableError(
             f"batch {batch}: partition {partition} has no checkpoint at or below it in "
             f"{root.uri} (older checkpoints were deleted)")
-    pt = pts[-1]
-    pm = PageManager(_page_bytes(root, pt.seq, layout, partition), 1 << 30)
-    c, positions = -1, None
-    if pt.seq is not None:
-        man = restore(pm, root, layout.haunit(partition), before_seq=pt.seq + 1)
-        c = int(man.user_meta.get("batch_id", -1))
-        if man.user_meta.get("sources"):
-            from sguard.rescale import ReplayPositions  # keys at different batches
-            positions = ReplayPositions.from_user_meta(man.user_meta)
+    pm = PageManager(_page_bytes(root, pts[-1].seq, layout, partition), 1 << 30)
+
+    def restore_fn(before: int | None) -> Any:
+        if not any(c.has_manifest and (before is None or c.seq < before)
+                   for c in list_checkpoints(root, hu)):
+            return None
+        return restore(pm, root, hu, before_seq=before)
+
     op = operator_from_params(layout.operator, layout.schema["params"])
-    st = op.open(pm, schema_from_layout(layout), layout.key)
-    replay_log(st, root, layout, partition, c + 1, batch, positions)
-    t = st.dump()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DamagedCheckpointWarning)  # logged by ioservice
+        got = rebuild_partition(pm, root, layout, partition, op, schema_from_layout(layout),
+                                batch, restore_fn, fencing.read_claims(root, hu), ahead="skip")
+    t = got.state.dump()
     return t.append_column(pa.field(PARTITION_COLUMN, pa.int32(), nullable=False),
                            pa.array([partition] * t.num_rows, pa.int32()))
 

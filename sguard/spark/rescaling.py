@@ -53,7 +53,9 @@ from ioservice import (CheckpointManager, CheckpointPolicy, IOService, StorageRo
 from ioservice.errors import StorageNotFoundError
 from mmm import PageManager
 from sguard.spark import inputlog
+from sguard.spark import fencing
 from sguard.spark.checkpointing import latest_checkpoint_batch
+from sguard.spark.recovery import rebuild_partition
 from sguard.spark.operators import Operator
 from sguard.spark.placement import PartitionSlot, state_id
 from sguard.statelayout import OperatorLayout, read_layout, schema_from_layout
@@ -135,22 +137,17 @@ def align_sources(root: StorageRoot, layout: OperatorLayout, operator: Operator,
             infos = [i for i in list_checkpoints(root, layout.haunit(p)) if i.has_manifest]
             pb = read_manifest(root, infos[-1].name).page_bytes if infos else page_bytes
             pm = PageManager(pb, capacity_bytes)
-            mgr = CheckpointManager(pm, root, layout.haunit(p), io=io, check_root=False,
-                                    policy=CheckpointPolicy(keep=keep, full_every=8))
+            hu = layout.haunit(p)
+            claim = fencing.claim(root, hu, T + 1)  # any writer still around is stale now
+            mgr = CheckpointManager(pm, root, hu, io=io, check_root=False,
+                                    policy=CheckpointPolicy(keep=keep, full_every=8),
+                                    seq_range=fencing.seq_range(claim.epoch), exclusive=True)
             try:
-                man = mgr.restore()
-                positions = None
-                if man is not None and man.user_meta.get("sources"):
-                    from sguard.rescale import ReplayPositions  # an offline repartition's
-                    positions = ReplayPositions.from_user_meta(man.user_meta)
-                c = -1 if man is None else int(man.user_meta.get("batch_id", -1))
-                state = operator.open(pm, schema, layout.key)
-                for x in range(c + 1, T + 1):
-                    t = inputlog.read_input(root, x, layout.generation, p, P, layout.key)
-                    if positions is not None:
-                        t = t.filter(pa.array(positions.needs(
-                            inputlog.key_table(t, layout.key), x)))
-                    state.apply(t, x)
+                got = rebuild_partition(pm, root, layout, p, operator, schema, T,
+                                        lambda before: mgr.restore(before_seq=before),
+                                        fencing.read_claims(root, hu))
+                man, c = got.manifest, got.checkpoint_batch
+                mgr.adopt_base(man)
                 pm._flush_structures()
                 meta = {"operator": layout.operator, "name": layout.name,
                         "generation": layout.generation, "partition": p, "num_partitions": P,

@@ -3,17 +3,23 @@
 `task_function` returns the function `sguard.spark.stateful` hands to
 ``mapInArrow``. For batch ``b`` of partition ``p`` it:
 
-1. takes the partition's lock (`sguard.spark.placement`);
+1. takes the partition's lock (`sguard.spark.placement`) and makes sure this
+   host owns the partition: its local state carries the current ownership
+   epoch, or it claims a new one (`sguard.spark.fencing`), which makes any
+   other host's attempt stale, and then never trusts its local state;
 2. brings the state to "after b-1" (`sguard.spark.versions.decide`): keep the
    pages this process holds, re-attach the pool file another worker left,
    roll back a wholly or partly applied ``b`` (in memory or in the file), or
-   restore from the DFS checkpoint and replay the input log;
+   restore from the DFS checkpoint and replay the input log
+   (`sguard.spark.recovery`);
 3. starts a checkpoint of that state when the policy says so (the prepare
    pause only; `sguard.spark.checkpointing`);
 4. takes the rollback point (a snapshot, recorded in ``base.npy``) and marks
    the partition "applying b";
-5. writes the input to the input log (an I/O thread) while the operator
-   applies the batch; marks "applied b" once both are done;
+5. writes the input to the input log (an I/O thread, a file of its epoch)
+   while the operator applies the batch; checks that it still owns the
+   partition (else `FencedError`: the task fails, its result never counts);
+   marks "applied b";
 6. writes a metrics record (`sguard.spark.metrics`, asynchronously) and
    returns the output. The lock is released when the task ends, or when the
    checkpoint in flight is durable if that is later.
@@ -39,10 +45,11 @@ import pyarrow as pa
 
 from ioservice import IOService, Manifest, StorageRoot, open_root
 from mmm import PageManager, PoolFileError, Snapshot
-from sguard.spark import inputlog, metrics
+from sguard.spark import fencing, inputlog, metrics
 from sguard.spark import ttl as _ttl
 from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
+from sguard.spark.recovery import rebuild_partition
 from sguard.spark.operators import Operator, OperatorState
 from sguard.spark.placement import Marker, PartitionSlot, boot_id, new_token, state_id
 from sguard.spark.versions import Action, LocalStateDamaged, attach_at, decide
@@ -183,6 +190,8 @@ class _Partition:
     def __init__(self, rt: _StateRuntime, p: int) -> None:
         self.rt, self.cfg, self.p = rt, rt.cfg, p
         self.slot = PartitionSlot(self.cfg.local_dir, self.cfg.sid, p)
+        self.haunit = self.cfg.layout.haunit(p)
+        self.claim: fencing.Claim | None = None
         self.pm: PageManager | None = None
         self.state: OperatorState | None = None
         self.ckpt: PartitionCheckpointer | None = None
@@ -215,17 +224,24 @@ class _Partition:
         meta = {"operator": cfg.layout.operator, "name": cfg.layout.name,
                 "generation": cfg.layout.generation, "partition": self.p,
                 "num_partitions": cfg.layout.num_partitions}
-        self.ckpt = PartitionCheckpointer(pm, self.rt.root, cfg.layout.haunit(self.p),
+        self.ckpt = PartitionCheckpointer(pm, self.rt.root, self.haunit,
                                           cfg.checkpoint, _io(cfg.checkpoint.io_workers), meta,
-                                          self._durable)
+                                          self._durable, self.claim)
         self.ckpt.seed(durable, last)
         self.durable = durable
 
     def _durable(self, batch: int, prev: int, man: Manifest) -> None:
         """On an I/O thread: a checkpoint of the state after `batch` is durable."""
         self.durable = max(self.durable, batch)
+        claim = self.claim
         try:
-            inputlog.trim(self.rt.root, prev, self.cfg.layout.generation, self.p)
+            # only the owner deletes: a stale writer's trim could remove log files the
+            # new owner's recovery needs (fencing module docstring)
+            if claim is not None and fencing.is_owner(self.rt.root, self.haunit, claim):
+                lay = self.cfg.layout
+                inputlog.trim(self.rt.root, prev, lay.generation, self.p, lay.num_partitions)
+                if prev >= claim.batch - 1:  # the kept checkpoints and their log are ours
+                    fencing.collect(self.rt.root, self.haunit, claim)
         except Exception as exc:  # noqa: BLE001 - trimming is best effort
             logger.warning("partition %d: input log trim failed: %s", self.p, exc)
         if self.cfg.metrics:
@@ -238,45 +254,49 @@ class _Partition:
 
     def _write_marker(self, status: str, batch: int, base: int | None) -> None:
         self.token = new_token()
-        self.slot.write_marker(Marker(self.token, status, batch, base, self.durable, boot_id()))
+        c = self.claim
+        self.slot.write_marker(Marker(self.token, status, batch, base, self.durable, boot_id(),
+                                      c.epoch if c else 0, c.token if c else ""))
 
     def _restore(self, b: int) -> int:
-        """Rebuild "after b-1" from the DFS: latest checkpoint plus the input log. Returns
-        the number of batches replayed."""
+        """Rebuild "after b-1" from the DFS: the newest checkpoint that the input log can
+        take there, plus that log (`sguard.spark.recovery`). Returns the number of batches
+        replayed."""
         cfg = self.cfg
         self._drop()
         self.slot.wipe()
         pm = PageManager(cfg.page_bytes, cfg.capacity_bytes, path=self.slot.pool_path)
         self._bind(pm, -1, -1)
-        assert self.ckpt is not None and self.state is not None
-        man = self.ckpt.restore()
-        c = -1 if man is None else int(man.user_meta.get("batch_id", -1))
-        if c > b - 1:
+        assert self.ckpt is not None
+        fence = fencing.read_claims(self.rt.root, self.haunit)
+        try:
+            got = rebuild_partition(pm, self.rt.root, cfg.layout, self.p, cfg.operator,
+                                    cfg.input_schema, b - 1, self.ckpt.restore, fence)
+        except BaseException:
             self._drop()
             self.slot.wipe()
-            raise StateAheadError(
-                f"partition {self.p}: the durable state at {cfg.state_uri} includes batch {c}, "
-                f"but Spark is about to run batch {b}: this state URI belongs to another query "
-                f"(another checkpointLocation); use a fresh state URI or the query's own "
-                f"checkpointLocation")
-        if man is not None:
-            self.state = cfg.operator.open(pm, cfg.input_schema, cfg.key)
-        self.durable = c
-        positions = None
-        if man is not None and "sources" in man.user_meta:
-            # a repartitioned checkpoint: its keys came from source partitions that were at
-            # different batches, so each logged row is applied only if its key missed it
-            from sguard.rescale import ReplayPositions
-            positions = ReplayPositions.from_user_meta(man.user_meta)
-        for x in range(c + 1, b):
-            t = inputlog.read_input(self.rt.root, x, cfg.layout.generation, self.p,
-                                    cfg.layout.num_partitions, cfg.key)
-            if positions is not None:
-                t = t.filter(pa.array(positions.needs(inputlog.key_table(t, cfg.key), x)))
-            self.state.apply(t, x)
+            raise
+        self.state = got.state
+        self.ckpt.restored(got.manifest, got.checkpoint_batch)
+        self.durable = got.checkpoint_batch
         self._flush()
         self._write_marker("applied", b - 1, None)
-        return max(0, b - 1 - c)
+        return max(0, b - 1 - got.checkpoint_batch)
+
+    def _own(self, b: int, marker: Marker | None) -> bool:
+        """Make sure this host owns the partition for batch `b`; True if it had to claim
+        it now (then its local state is not to be trusted: another host may have run
+        batches since)."""
+        view = fencing.read_claims(self.rt.root, self.haunit)
+        if marker is not None and marker.epoch > 0 and view.owns(marker.epoch, marker.claim):
+            if self.claim is None or self.claim.epoch != marker.epoch:
+                o = view.owner()
+                assert o is not None
+                self.claim = o
+            return False
+        self._drop()
+        self.claim = fencing.claim(self.rt.root, self.haunit, b)
+        return True
 
     def _flush(self) -> None:
         assert self.pm is not None
@@ -296,9 +316,15 @@ class _Partition:
                     self.rt.root, b, cfg.layout.generation, self.p))
             self._fault(b, "start", table)
             marker = slot.read_marker()
-            d = decide(marker, b, self.token if self.pm is not None else None, slot.has_pool(),
-                       self.snap is not None)
-            action, reason, replayed = d.action, d.reason, 0
+            if self._own(b, marker):
+                old = "none" if marker is None else marker.epoch
+                action, reason = Action.RESTORE, (f"took the partition over (epoch "
+                                                  f"{self.claim.epoch}, local state's {old})")  # type: ignore[union-attr]
+            else:
+                d = decide(marker, b, self.token if self.pm is not None else None,
+                           slot.has_pool(), self.snap is not None)
+                action, reason = d.action, d.reason
+            replayed = 0
             t_rec = time.perf_counter()
             if action is Action.ROLLBACK_CACHED:
                 assert self.pm is not None and self.snap is not None
@@ -350,9 +376,10 @@ class _Partition:
             self._write_marker("applying", b, b - 1)
             snapshot_ms = (time.perf_counter() - t_snap) * 1e3
             # 5. log the input (I/O thread) while applying it
+            assert self.claim is not None
             log_fut = _bg().submit(inputlog.write_input, self.rt.root, table, b,
                                    cfg.layout.generation, self.p, cfg.layout.num_partitions,
-                                   cfg.key)
+                                   cfg.key, self.claim.epoch)
             t_apply = time.perf_counter()
             if cfg.faults is not None and self._has_fault(b, "mid"):
                 self.state.apply(table.slice(0, table.num_rows // 2), b)
@@ -368,6 +395,8 @@ class _Partition:
             t_log = time.perf_counter()
             log_bytes = log_fut.result()
             log_wait_ms = (time.perf_counter() - t_log) * 1e3
+            # still the owner once the input is logged? else this attempt must not count
+            fencing.check_owner(self.rt.root, self.haunit, self.claim, f"batch {b}")
             self._write_marker("applied", b, b - 1)
             self._fault(b, "end", table)
             out = out.cast(cfg.output_schema) if out.schema != cfg.output_schema else out
@@ -448,6 +477,11 @@ class _KillBeforeManifest:
         if relpath.endswith("manifest.json"):
             os.kill(os.getpid(), signal.SIGKILL)
         self._root.write_atomic(relpath, data)
+
+    def write_new(self, relpath: str, data: Any) -> None:
+        if relpath.endswith("manifest.json"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        self._root.write_new(relpath, data)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._root, name)

@@ -3,28 +3,30 @@
 `read_local_state` reads each partition's live state from the executors'
 local directory (this host) through a *private* copy-on-write mapping of the
 pool file, so the file, including the rollback point a replay may still need,
-is never modified. `read_durable_state` rebuilds it from the state URI alone:
-the latest checkpoint of each partition plus the input log (per partition:
-`read_partition_state`; `sguard.spark.reader` picks the checkpoint for a given batch).
+is never modified. `read_durable_state` rebuilds it from the state URI alone
+(`read_partition_state` per partition): the newest checkpoint that rebuilds
+each partition plus the input log after it, the same way the runtime recovers
+(`sguard.spark.reader` reads the state after a given batch).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ioservice import StorageRoot, open_root
+from ioservice import DamagedCheckpointWarning, StorageRoot, list_checkpoints, open_root
 from mmm import PageManager, PagePool
-from sguard.spark import inputlog
+from sguard.spark import fencing, inputlog
 from sguard.spark.checkpointing import latest_checkpoint_batch
-from sguard.spark.operators import OperatorState, operator_from_params
+from sguard.spark.operators import operator_from_params
 from sguard.spark.placement import PartitionSlot, default_local_dir, root_key, state_id
+from sguard.spark.recovery import rebuild_partition
 from sguard.spark.versions import _RollbackPool
 from sguard.statelayout import OperatorLayout, read_layout, schema_from_layout
 
-__all__ = ["read_local_state", "read_durable_state", "read_partition_state", "replay_log",
-           "load_layout"]
+__all__ = ["read_local_state", "read_durable_state", "read_partition_state", "load_layout"]
 
 
 class _PrivateRollbackPool(_RollbackPool):
@@ -95,69 +97,63 @@ def read_durable_state(state_uri: str, *, upto_batch: int | None = None,
     """The state rebuilt from the state URI alone (checkpoints plus input log).
 
     Replays each partition's log up to `upto_batch` (default: the last batch
-    logged for it; see `read_partition_state`). Returns ``(table, {partition: batch})``.
+    logged for it) from the checkpoint actually restored: a damaged newest
+    checkpoint falls back to an older one and a longer replay
+    (`read_partition_state`). Returns ``(table, {partition: batch})``.
+
+    Raises
+    ------
+    UnrecoverableStateError
+        If no checkpoint and log rebuild a partition.
     """
     root = open_root(state_uri, create=False, **(storage_options or {}))
     lay = load_layout(state_uri, storage_options)
     parts, batches = [], {}
     for p in range(lay.num_partitions):
-        t, batches[p] = read_partition_state(root, lay, p, upto_batch)
+        t, last = read_partition_state(root, lay, p, upto_batch)
         parts.append(t)
+        batches[p] = last
     return _concat(parts), batches
 
 
 def read_partition_state(root: StorageRoot, layout: OperatorLayout, partition: int,
                          upto_batch: int | None = None) -> tuple[pa.Table, int]:
-    """One partition's state rebuilt from `root` alone: ``(dump table, last batch)``.
+    """One partition's state rebuilt from `root`: ``(rows, last batch)``.
 
-    Restores the partition's latest checkpoint into a private, in-memory page
-    manager and replays its input log up to `upto_batch` (default: the last
-    batch logged for it). Read-only: nothing under `root` is written, no lock
-    is taken.
-    """
-    op = operator_from_params(layout.operator, layout.schema["params"])
-    schema = schema_from_layout(layout)
-    from ioservice import restore
-    logged = inputlog.logged_batches(root)
-    p = partition
-    hu = layout.haunit(p)
-    c = latest_checkpoint_batch(root, hu)
-    pm = PageManager(_checkpoint_page_bytes(root, hu), 1 << 30)
-    positions = None
-    if c >= 0 or layout.generation > 0:  # a repartitioned checkpoint may be at batch -1
-        try:
-            man = restore(pm, root, hu)
-        except FileNotFoundError:
-            man = None
-        if man is not None and man.user_meta.get("sources"):
-            from sguard.rescale import ReplayPositions  # keys at different batches
-            positions = ReplayPositions.from_user_meta(man.user_meta)
-    st = op.open(pm, schema, layout.key)
-    last = upto_batch if upto_batch is not None else max(
-        [b for b in logged if root.exists(inputlog.log_path(b, layout.generation, p))],
-        default=c)
-    replay_log(st, root, layout, p, c + 1, last, positions)
-    return st.dump(), last
-
-
-def replay_log(st: OperatorState, root: StorageRoot, layout: OperatorLayout, partition: int,
-               first: int, last: int, positions: Any = None) -> None:
-    """Apply the partition's logged input of batches ``first..last`` to `st`.
-
-    `positions` (a `sguard.rescale.ReplayPositions`, for a repartitioned
-    checkpoint) keeps only the rows whose key had not seen the batch yet.
+    The state after `upto_batch` (default: the last batch the partition's input
+    log holds a valid file for, or its checkpoint's batch when none is newer):
+    the newest checkpoint that loads and whose log reaches that batch, plus the
+    replay of that log (`sguard.spark.recovery`). Files a fenced (stale) owner
+    wrote are ignored (`sguard.spark.fencing`).
 
     Raises
     ------
-    InputLogGapError
-        If a batch's input is not in the log.
+    UnrecoverableStateError
+        If no checkpoint and log rebuild it.
     """
-    for b in range(first, last + 1):
-        t = inputlog.read_input(root, b, layout.generation, partition, layout.num_partitions,
-                                layout.key)
-        if positions is not None:
-            t = t.filter(pa.array(positions.needs(inputlog.key_table(t, layout.key), b)))
-        st.apply(t, b)
+    from ioservice import restore
+    op = operator_from_params(layout.operator, layout.schema["params"])
+    schema = schema_from_layout(layout)
+    hu = layout.haunit(partition)
+    fence = fencing.read_claims(root, hu)
+    if upto_batch is None:
+        logged = inputlog.valid_batches(root, layout.generation, partition, fence)
+        upto = max(max(logged, default=-1), latest_checkpoint_batch(root, hu))
+    else:
+        upto = upto_batch
+    pm = PageManager(_checkpoint_page_bytes(root, hu), 1 << 30)
+
+    def restore_fn(before: int | None) -> Any:
+        if not any(c.has_manifest and (before is None or c.seq < before)
+                   for c in list_checkpoints(root, hu)):
+            return None
+        return restore(pm, root, hu, before_seq=before)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DamagedCheckpointWarning)  # logged by ioservice
+        got = rebuild_partition(pm, root, layout, partition, op, schema, upto, restore_fn,
+                                fence, ahead="skip")
+    return got.state.dump(), got.last_batch
 
 
 def _checkpoint_page_bytes(root: Any, haunit: str) -> int:

@@ -3,7 +3,8 @@
 
 Runs the running aggregate over the input to its end (restarting the query from its
 checkpointLocation if it fails), then writes the sink rows and the final local state
-to ``<work-dir>/result.json``.
+to ``<work-dir>/result.json``. ``SGUARD_TEST_SPARK_CONF`` (a JSON object) adds Spark
+settings (e.g. speculation).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def main(argv: list[str]) -> int:
     faults = [ss.Fault(k, int(b), int(p), pt) for k, b, p, pt in (f.split(":") for f in argv[3:])]
     (work / "faults").mkdir(parents=True, exist_ok=True)
     plan = ss.FaultPlan(tuple(faults), str(work / "faults")) if faults else None
-    spark = ss.local_session(master, "sguard-test-driver", shuffle_partitions=2)
+    conf = json.loads(os.environ.get("SGUARD_TEST_SPARK_CONF", "{}"))
+    spark = ss.local_session(master, "sguard-test-driver", shuffle_partitions=2, conf=conf)
     rows, state, failures = run_query(spark, StreamInput(inp, []), work,
                                       ss.RunningAggregate(value="v"), faults=plan)
     (work / "result.json").write_text(json.dumps({"rows": rows, "state": state,

@@ -132,12 +132,12 @@ def test_driver_sigkilled_then_scaled_out_and_in(spark: Any, tmp_path: Path) -> 
             proc.wait()
     root = open_root(str(tmp_path / "state"))
     killed = {e.name for e in root.list_dir(inputlog.batch_dir(3))}
-    assert "g0-p0000.arrow" in killed  # the killed run logged batch 3 (never committed)
+    assert "g0-p0000-e1.arrow" in killed  # the killed run logged batch 3 (never committed)
     op = ss.RunningAggregate(value="v")
     run_query(spark, inp, tmp_path, op, partitions=3,
               checkpoint=ss.CheckpointConfig(every_n_batches=100))
     assert {e.name for e in root.list_dir(inputlog.batch_dir(3))} >= killed | {
-        "g1-p0000.arrow", "g1-p0001.arrow", "g1-p0002.arrow"}
+        "g1-p0000-e1.arrow", "g1-p0001-e1.arrow", "g1-p0002-e1.arrow"}
     _feed(inp, stage, 7)
     rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=1)
     want_rows, want_state = running_oracle(inp.tables)
