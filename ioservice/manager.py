@@ -87,6 +87,10 @@ class CheckpointPolicy:
         A full checkpoint at least every this many checkpoints (1: always full).
     keep : int or None
         Restorable checkpoints kept (None: keep everything).
+    precopy : bool
+        Un-share the frozen pages in a background thread right after the
+        freeze (`mmm.PageManager.chkpt` ``precopy``), so the operator rarely
+        clones a page itself while the checkpoint is written.
     """
 
     interval_s: float | None = None
@@ -94,6 +98,7 @@ class CheckpointPolicy:
     skip_unchanged: bool = True
     full_every: int = 8
     keep: int | None = 3
+    precopy: bool = True
 
     def __post_init__(self) -> None:
         if self.interval_s is not None and self.interval_s < 0:
@@ -429,7 +434,7 @@ class CheckpointManager:
             t0 = time.perf_counter()
             self._last_start = self._clock()
             self._tuples = 0
-            snap = self.pm.chkpt()                                            # step 2
+            snap = self.pm.chkpt(precopy=self.policy.precopy)                      # step 2
             base = self._base
             if (self.policy.skip_unchanged and full is not True and base is not None
                     and snap.n_changed == 0 and np.array_equal(snap.page_ids, base.pages.page_id)

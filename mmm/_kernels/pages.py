@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 
-from mmm._kernels import jit
+from mmm._kernels import cacheable, jit
 
-__all__ = ["group_pages", "chain_order", "copy_rows_out", "copy_rows_in"]
+__all__ = ["group_pages", "chain_order", "copy_rows_out", "copy_rows_in", "copy_frames",
+           "copy_frames_holding_gil"]
 
 _NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -146,3 +148,21 @@ def copy_rows_in(frames: Any, fr: Any, first: Any, count: Any, off: Any, size: A
         a = off + first[j] * size
         frames[fr[j], a:a + nb] = src[o:o + nb]
         o += nb
+
+
+@jit
+def copy_frames(frames: Any, src: Any, dst: Any) -> None:
+    """Copy whole frames: ``frames[dst[j]] = frames[src[j]]`` (no GIL held: the
+    background precopy of `mmm.precopy` and bulk copy-on-write)."""
+    for j in range(src.shape[0]):
+        frames[dst[j], :] = frames[src[j], :]
+
+
+def _copy_frames_py(frames: Any, src: Any, dst: Any) -> None:
+    for j in range(src.shape[0]):
+        frames[dst[j], :] = frames[src[j], :]
+
+
+copy_frames_holding_gil = numba.njit(cache=cacheable(_copy_frames_py))(_copy_frames_py)
+"""`copy_frames` that keeps the GIL: the operator thread's own copy-on-write, so that no
+other thread takes the GIL while it copies and makes it wait to get it back."""
