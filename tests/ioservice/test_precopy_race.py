@@ -11,6 +11,7 @@ checkpoint; the page manager's invariants hold.
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,16 @@ def test_copier_io_and_operator_race_on_every_page(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    copier_pages: int) -> None:
     monkeypatch.setattr(precopy_mod, "CHUNK_BYTES", copier_pages * PAGE_BYTES)
+    # on odd checkpoints the copier waits until the operator has touched every page
+    # once (so the operator's own clones race the copier's), on even ones it runs free
+    gate = threading.Event()
+    real_copy = precopy_mod.copy_frames
+
+    def gated_copy(frames: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
+        gate.wait(30)
+        real_copy(frames, src, dst)
+
+    monkeypatch.setattr(precopy_mod, "copy_frames", gated_copy)
     root, fs = faulty_root(pafs.LocalFileSystem(), str(tmp_path / "store"), latency_s=0.001)
     io = IOService(2, chunk_bytes=3 * PAGE_BYTES)
     pm = new_pm()
@@ -51,13 +62,18 @@ def test_copier_io_and_operator_race_on_every_page(tmp_path: Path,
 
     step = 0
     in_flight_steps = 0
-    for _ in range(6):
+    for c in range(6):
         apply(s, "mutate", step)
         step += 1
+        if c % 2:
+            gate.clear()
+        else:
+            gate.set()
         pending = mgr.checkpoint()
         assert pending is not None
         at_freeze[pending.seq] = state_of(s)
         apply(s, "touch", step)  # right away: races the copier's first chunks
+        gate.set()
         while not pending.done():
             apply(s, "mutate", step)
             apply(s, "touch", step)
