@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from mmm._kernels.pages import copy_frames
+from mmm._kernels.pages import precopy_frames
 from mmm.errors import PoolExhaustedError
+from mmm.page import HEADER_BYTES, HEADER_DTYPE
 from mmm.pool import LIVE
 from mmm.snapshot import Snapshot, SnapshotState
 
@@ -55,6 +56,15 @@ __all__ = ["Precopy", "CHUNK_BYTES"]
 
 CHUNK_BYTES = 1 << 20
 """Bytes copied per kernel call (between two publications)."""
+
+_VERSION_AT: int = HEADER_DTYPE.fields["version"][1]  # type: ignore[index]
+
+
+def copy_frames(frames: npt.NDArray[np.uint8], src: npt.NDArray[np.int64],
+                dst: npt.NDArray[np.int64]) -> None:
+    """Copy frozen frames into shadows without the GIL; a shadow's header version is 0
+    until it is adopted (`mmm._kernels.pages.precopy_frames`)."""
+    precopy_frames(frames, src, dst, HEADER_BYTES, _VERSION_AT)
 
 _executor: cf.ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
@@ -135,7 +145,7 @@ class Precopy:
                 break
             with self._lock:
                 self._outstanding += len(dst)
-            copy_frames(pool.frames, src, dst)  # nogil
+            copy_frames(pool.frames, src, dst)
             with self._lock:
                 self._pending.append((idx, dst))
                 self.copied += len(dst)

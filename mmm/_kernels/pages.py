@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 
-from mmm._kernels import cacheable, jit
+from mmm._kernels import jit
 
 __all__ = ["group_pages", "chain_order", "copy_rows_out", "copy_rows_in", "copy_frames",
-           "copy_frames_holding_gil"]
+           "precopy_frames"]
 
 _NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -158,11 +157,16 @@ def copy_frames(frames: Any, src: Any, dst: Any) -> None:
         frames[dst[j], :] = frames[src[j], :]
 
 
-def _copy_frames_py(frames: Any, src: Any, dst: Any) -> None:
+@jit
+def precopy_frames(frames: Any, src: Any, dst: Any, hdr: Any, ver: Any) -> None:
+    """`copy_frames` for copies made ahead of use (`mmm.precopy`): the copy's header
+    ``version`` field (bytes ``ver:ver+8`` of the ``hdr``-byte header) is zeroed
+    first and stays zero, and the header is written after the body. A copy a crash
+    interrupts is thus never taken for the page on a re-attach (the newest version
+    of a PageID wins, and every page in use has a version of at least 1)."""
     for j in range(src.shape[0]):
-        frames[dst[j], :] = frames[src[j], :]
-
-
-copy_frames_holding_gil = numba.njit(cache=cacheable(_copy_frames_py))(_copy_frames_py)
-"""`copy_frames` that keeps the GIL: the operator thread's own copy-on-write, so that no
-other thread takes the GIL while it copies and makes it wait to get it back."""
+        d, s = dst[j], src[j]
+        frames[d, ver:ver + 8] = 0
+        frames[d, hdr:] = frames[s, hdr:]
+        frames[d, :ver] = frames[s, :ver]
+        frames[d, ver + 8:hdr] = frames[s, ver + 8:hdr]

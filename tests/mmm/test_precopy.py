@@ -172,3 +172,33 @@ def test_rollback_after_a_later_checkpoint_completed_still_writes_the_touched_pa
     nxt = pm.chkpt()
     assert nxt.n_changed == touched
     nxt.release()
+
+
+def test_a_file_backed_pool_reattached_with_unadopted_copies_keeps_the_pages(tmp_path) -> None:
+    """A process that dies before adopting the copies leaves them in its pool file with
+    the same PageIDs; a re-attach keeps the real pages (a copy's version is 0)."""
+    path = str(tmp_path / "pool")
+    pm = mmm.PageManager(page_bytes=PB, capacity_bytes=32 << 20, path=path)
+    m = _map(pm)
+    want_k, want_v = m.items()
+    snap = pm.chkpt(precopy=True)
+    _wait(pm)
+    assert pm._precopy[0].copied == len(snap)
+    h = pm.pool.headers
+    ps = pm.page_set(m.psid)
+    live = ps.frames[ps.seqs()]
+    job = pm._precopy[0]
+    job.drain()
+    shadows = job.shadow_of[job.shadow_of >= 0]
+    assert np.all(h["version"][shadows] == 0) and np.all(h["version"][live] >= 1)
+    assert np.array_equal(np.sort(h["page_id"][shadows]), np.sort(snap.page_ids))
+    pm.flush()
+    pm2 = mmm.PageManager.attach(path, page_bytes=PB)  # as a new process would
+    m2 = HashMap.create(pm2, "m", key="<u4", value=VAL)
+    k, v = m2.items()
+    o1, o2 = np.argsort(k), np.argsort(want_k)
+    assert np.array_equal(k[o1], want_k[o2]) and np.array_equal(v[o1], want_v[o2])
+    assert pm2.stats()["used_frames"] == len(snap)  # the copies were dropped
+    pm2._check()
+    snap.release()
+    pm.adopt_precopied()
