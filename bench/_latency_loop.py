@@ -128,6 +128,7 @@ def run(runner: Any, batches: list[list[tuple[Any, Any]]], period_s: float,
     warm_up(runner, batches, n_parts, checkpoint)
     lat = np.empty(len(batches))
     service = np.empty(len(batches))  # processing the batch (and starting a checkpoint)
+    cpu = np.empty(len(batches))  # the operator thread's CPU time in it (service - cpu: waits)
     wake = np.full(len(batches), np.nan)  # lateness of the wake-up after an on-time sleep
     events: list[dict[str, Any]] = []
     queue: list[int] = []
@@ -154,6 +155,7 @@ def run(runner: Any, batches: list[list[tuple[Any, Any]]], period_s: float,
             time.sleep(arrive - now)
             wake[i] = time.perf_counter() - arrive
         begin = time.perf_counter()
+        c0 = time.thread_time()
         if checkpoint:
             now = time.perf_counter() - t0
             if inflight is None and not queue and now >= next_due:
@@ -177,6 +179,7 @@ def run(runner: Any, batches: list[list[tuple[Any, Any]]], period_s: float,
         end = time.perf_counter()
         lat[i] = end - arrive
         service[i] = end - begin
+        cpu[i] = time.thread_time() - c0
     wall = time.perf_counter() - w0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     gc.callbacks.remove(on_gc)
@@ -194,8 +197,30 @@ def run(runner: Any, batches: list[list[tuple[Any, Any]]], period_s: float,
             "service_p99_ms": float(np.percentile(service, 99) * 1e3),
             "service_max_ms": float(service.max() * 1e3),
             "wake_delay_max_ms": float(on_time.max() * 1e3) if len(on_time) else 0.0,
-            "gc_ms": gc_s[0] * 1e3}
+            "gc_ms": gc_s[0] * 1e3,
+            "slowest": _slowest(lat, service, cpu, wake, events, t0_rel=period_s)}
     return {"latency_s": lat, "events": events, "diag": diag}
+
+
+def _slowest(lat: np.ndarray, service: np.ndarray, cpu: np.ndarray, wake: np.ndarray,
+             events: list[dict[str, Any]], t0_rel: float, k: int = 6) -> list[dict[str, Any]]:
+    """Where the time of the ``k`` slowest batches went: the operator thread's own
+    time (``service``), of it on a CPU (``cpu``; the rest waited for the GIL, a lock
+    or a core), the wake-up delay, the wait behind earlier batches (``queued``),
+    and the batch's position after the last checkpoint start."""
+    starts = np.array([e["start_s"] for e in events]) if events else np.zeros(0)
+    out = []
+    for i in np.argsort(-lat)[:k].tolist():
+        at = i * t0_rel
+        before = starts[starts <= at + t0_rel]
+        w = 0.0 if np.isnan(wake[i]) else float(wake[i])
+        out.append({"batch": i, "latency_ms": float(lat[i] * 1e3),
+                    "service_ms": float(service[i] * 1e3), "cpu_ms": float(cpu[i] * 1e3),
+                    "wake_ms": w * 1e3,
+                    "queued_ms": float(max(0.0, lat[i] - service[i] - w) * 1e3),
+                    "batches_after_checkpoint": (int(round((at - before[-1]) / t0_rel))
+                                                 if len(before) else None)})
+    return out
 
 
 def set_priority(kind: str) -> str:

@@ -14,13 +14,20 @@ temporary directory; every variant fsyncs what it writes). Variants:
   (the `Aggregate` operator, batch API) or in a Python dict of
   ``[count, first, last]`` lists updated tuple by tuple (the idiomatic operator);
 * ``mmm``: `ioservice.CheckpointManager` (prepare = freeze pages, then the I/O
-  threads write them while the operator runs; copy-on-write of touched pages);
+  threads write them while the operator runs; a background copier un-shares the
+  frozen pages right after the freeze, `mmm.precopy`, and the operator clones
+  only the pages it touches before the copier got to them);
 * ``sync pickle``: ``pickle.dumps`` of the dict, write and fsync the file, all
   in the operator thread;
 * ``async pickle``: ``pickle.dumps`` in the operator thread; write and fsync in
   a background thread;
 * ``fork``: ``os.fork``; the child pickles the dict, writes and fsyncs the file
-  and exits (Redis BGSAVE); the parent keeps processing.
+  and exits (Redis BGSAVE); the parent keeps processing. It runs in a fresh
+  process of its own (`bench._latency_loop.ForkBaseline`) that holds only its
+  dict state and its input: forking this process, which also holds the mmm
+  state, the numpy input and the compiled kernels, would copy their page tables
+  too and overstate fork's pause. Its process size is reported
+  (``fork_process_maxrss_mb`` beside ``main_process_maxrss_mb``).
 
 Partitions: the state is split by ``key % P`` into P = 1 or 4 independent
 operators (4 `Aggregate` s with 4 page managers / 4 HA units, or 4 dicts); every
@@ -195,6 +202,13 @@ def _print_run(r: int, v: str, s: dict[str, Any], out: dict[str, Any]) -> None:
           f"{s['late_batches']:4d}  load {s['loadavg_1min']:4.1f}  gc "
           f"{s['gc_ms']:5.1f} ms  ({len(out['events'])} chkpts, max pause "
           f"{s['max_pause_ms']:.1f} ms)", flush=True)
+    if v == "mmm":
+        print(f"      pages cloned by the operator {s.get('pages_cloned')}, copied ahead "
+              f"{s.get('pages_precopied')}; slowest batches (latency/service/cpu/queued ms, "
+              f"batches after a checkpoint start): " + ", ".join(
+                  f"{b['latency_ms']:.1f}/{b['service_ms']:.1f}/{b['cpu_ms']:.1f}/"
+                  f"{b['queued_ms']:.1f} @{b['batches_after_checkpoint']}"
+                  for b in s["slowest"][:4]), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -267,16 +281,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         _print_run(r, v, rounds[v][-1], out)
                         continue
                     runner = Runner(v, ops, dicts, workdir, args.workers)
+                    st0 = [op.pm.stats() for op in ops]
                     try:
                         out = run(runner, cols if runner.uses_mmm else recs, period, interval,
                                   first, checkpoint=not v.startswith("none"))
                     finally:
                         runner.close()
                     s = _record(out)
-                    if runner.mgrs:
+                    if runner.mgrs:  # this run's: cloned by the operator, copied ahead
                         st = [op.pm.stats() for op in ops]
-                        s["pages_cloned"] = int(sum(x["pages_cloned"] for x in st))
-                        s["pages_precopied"] = int(sum(x["pages_precopied"] for x in st))
+                        for key in ("pages_cloned", "pages_precopied"):
+                            s[key] = int(sum(x[key] - y[key] for x, y in zip(st, st0)))
                     rounds[v].append(s)
                     curves[f"{n_parts}:{v}"] = out["latency_s"]
                     _print_run(r, v, s, out)

@@ -36,8 +36,10 @@ makes a mutation fail that would have succeeded without it.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -68,6 +70,25 @@ def copy_frames(frames: npt.NDArray[np.uint8], src: npt.NDArray[np.int64],
 
 _executor: cf.ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
+_jobs: "weakref.WeakSet[Precopy]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: a new copier thread for new
+    jobs, and every job already started is over (its copy in flight, if any, is lost:
+    those frames stay allocated, as a crashed clone's would)."""
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()
+    for job in list(_jobs):
+        job._lock = threading.Lock()
+        job._stop = True
+        job._outstanding -= job._inflight
+        job._inflight = 0
+        job.done.set()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _pool() -> cf.ThreadPoolExecutor:
@@ -98,6 +119,7 @@ class Precopy:
         self._lock = threading.Lock()
         self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
         self._outstanding = 0  # frames held by the job (copying or published), not adopted
+        self._inflight = 0  # of them, frames being copied (not yet published)
         self._stop = False
         self.copied = 0
         self.adopted = 0
@@ -107,6 +129,7 @@ class Precopy:
         self.shadow_of = np.full(len(snap), -1, dtype=np.int64)
         self.n_ready = 0
         self.done = threading.Event()
+        _jobs.add(self)
         self._future = _pool().submit(self._run)
 
     # -- copier thread ------------------------------------------------------------------
@@ -145,8 +168,10 @@ class Precopy:
                 break
             with self._lock:
                 self._outstanding += len(dst)
+                self._inflight = len(dst)
             copy_frames(pool.frames, src, dst)
             with self._lock:
+                self._inflight = 0
                 self._pending.append((idx, dst))
                 self.copied += len(dst)
         self.copy_s = time.perf_counter() - t0

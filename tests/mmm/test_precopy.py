@@ -202,3 +202,38 @@ def test_a_file_backed_pool_reattached_with_unadopted_copies_keeps_the_pages(tmp
     pm2._check()
     snap.release()
     pm.adopt_precopied()
+
+
+def test_a_forked_child_gets_a_copier_of_its_own() -> None:
+    """Threads do not survive fork(): in a child, jobs started by the parent are over
+    and new checkpoints get a new copier thread."""
+    import os
+
+    pm = mmm.PageManager(page_bytes=PB, capacity_bytes=64 << 20)
+    m = _map(pm)
+    first = pm.chkpt(precopy=True)
+    _wait(pm)
+    pid = os.fork()
+    if pid == 0:  # child: any failure shows in the exit code
+        code = 1
+        try:
+            first.release()
+            m.upsert(np.arange(20_000, dtype="<u4"), combine={"n": "count"})
+            pm.adopt_precopied()
+            before = pm.stats()["pages_precopied"]
+            snap = pm.chkpt(precopy=True)
+            for job in pm._precopy:
+                assert job.done.wait(30)
+            m.upsert(np.arange(20_000, dtype="<u4"), combine={"n": "count"})
+            ok = pm.stats()["pages_precopied"] > before  # the child's own copier ran
+            snap.release()
+            pm.adopt_precopied()
+            k, v = m.items()
+            code = 0 if ok and np.all(v["n"] == 3) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    first.release()
+    pm.adopt_precopied()
+    pm._check()
