@@ -36,6 +36,7 @@ makes a mutation fail that would have succeeded without it.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import os
 import threading
 import time
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
     from mmm.manager import PageManager
 
 __all__ = ["Precopy", "CHUNK_BYTES"]
+
+logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
 """Bytes copied per kernel call (between two publications)."""
@@ -130,7 +133,7 @@ class Precopy:
         self.n_ready = 0
         self.done = threading.Event()
         _jobs.add(self)
-        self._future = _pool().submit(self._run)
+        _pool().submit(self._run)
 
     # -- copier thread ------------------------------------------------------------------
     def _order(self) -> npt.NDArray[np.int64]:
@@ -140,6 +143,8 @@ class Precopy:
     def _run(self) -> None:
         try:
             self._copy_all()
+        except BaseException:  # noqa: BLE001 - the operator then clones pages itself
+            logger.exception("background copy of snapshot %d failed", self.snap.snapshot_id)
         finally:
             self.done.set()
 
@@ -169,7 +174,14 @@ class Precopy:
             with self._lock:
                 self._outstanding += len(dst)
                 self._inflight = len(dst)
-            copy_frames(pool.frames, src, dst)
+            try:
+                copy_frames(pool.frames, src, dst)
+            except BaseException:
+                pool.free(dst)
+                with self._lock:
+                    self._outstanding -= len(dst)
+                    self._inflight = 0
+                raise
             with self._lock:
                 self._inflight = 0
                 self._pending.append((idx, dst))
@@ -229,7 +241,7 @@ class Precopy:
         """Ask the copier to stop after its current chunk (and wait for it)."""
         self._stop = True
         if wait:
-            self._future.result()
+            self.done.wait()
 
     def stats(self) -> dict[str, Any]:
         return {"copied": self.copied, "adopted": self.adopted, "discarded": self.discarded,
