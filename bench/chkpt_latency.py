@@ -125,7 +125,7 @@ class Runner:
     """One variant with P partitions: process a batch; start a partition's checkpoint."""
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
-                 workdir: str, n_workers: int) -> None:
+                 workdir: str, n_workers: int, precopy: bool = True) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
         self.workdir = workdir
@@ -136,7 +136,8 @@ class Runner:
         if variant == "mmm":
             root = os.path.join(workdir, "mmm")
             self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
-                                           policy=CheckpointPolicy(keep=2), n_workers=n_workers)
+                                           policy=CheckpointPolicy(keep=2, precopy=precopy),
+                                           n_workers=n_workers)
                          for p, op in enumerate(ops)]
         if variant == "async pickle":
             self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pickle-writer")
@@ -227,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--no-precopy", action="store_true",
+                    help="mmm without the background copier (copy-on-write by the operator "
+                         "alone), for comparison")
     ap.add_argument("--priority", choices=("rt", "normal"), default="normal",
                     help="scheduling of the timed runs: rt = SCHED_FIFO for this process's "
                          "threads (children reset to normal) when permitted; opt-in")
@@ -280,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         curves[f"{n_parts}:{v}"] = out["latency_s"]
                         _print_run(r, v, rounds[v][-1], out)
                         continue
-                    runner = Runner(v, ops, dicts, workdir, args.workers)
+                    runner = Runner(v, ops, dicts, workdir, args.workers,
+                                    precopy=not args.no_precopy)
                     st0 = [op.pm.stats() for op in ops]
                     try:
                         out = run(runner, cols if runner.uses_mmm else recs, period, interval,
@@ -380,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
               "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
               "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
+              "mmm_precopy": not args.no_precopy,
               "partitions": args.partitions, "rounds": n_rounds,
               "ratios": "median over rounds of the ratio within each round",
               "storage": "file:// (temporary dir, fsync)",
