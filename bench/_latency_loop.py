@@ -161,6 +161,8 @@ def run(runner: Any, batches: list[list[tuple[Any, Any]]], period_s: float,
             if inflight is None and not queue and now >= next_due:
                 queue = list(range(n_parts))
                 next_due += interval_s
+                if next_due <= now:  # a tick missed behind a checkpoint longer than the
+                    next_due = now + interval_s  # interval is skipped, not caught up
             if inflight is not None and inflight.done():
                 events[-1]["end_s"] = time.perf_counter() - t0
                 inflight = None
