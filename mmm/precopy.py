@@ -217,9 +217,10 @@ class Precopy:
         """Snapshot page indices of pages ``seqs`` of ``psid`` that have a ready shadow."""
         ids = self.snap.page_ids
         want = (np.uint64(psid) << np.uint64(32)) | seqs.astype(np.uint64)
-        i = np.minimum(np.searchsorted(ids, want), len(ids) - 1)
+        i: npt.NDArray[np.int64] = np.minimum(np.searchsorted(ids, want), len(ids) - 1)
         i = i[ids[i] == want]
-        return i[self.shadow_of[i] >= 0]
+        out: npt.NDArray[np.int64] = i[self.shadow_of[i] >= 0]
+        return out
 
     def settled(self, n: int) -> None:
         """``n`` shadows left the job (adopted or freed)."""
