@@ -161,8 +161,6 @@ def run(runner: Any, batches: list[list[tuple[Any, Any]]], period_s: float,
             if inflight is None and not queue and now >= next_due:
                 queue = list(range(n_parts))
                 next_due += interval_s
-                if next_due <= now:  # a tick missed behind a checkpoint longer than the
-                    next_due = now + interval_s  # interval is skipped, not caught up
             if inflight is not None and inflight.done():
                 events[-1]["end_s"] = time.perf_counter() - t0
                 inflight = None
@@ -175,6 +173,8 @@ def run(runner: Any, batches: list[list[tuple[Any, Any]]], period_s: float,
                 e = time.perf_counter()
                 events.append({"partition": p, "start_s": s - t0, "pause_s": e - s,
                                "end_s": None})
+                if e - t0 >= next_due:  # ticks missed during a pause longer than the
+                    next_due = e - t0 + interval_s  # interval are skipped, not caught up
                 if inflight is None:  # mmm skipped it: nothing changed
                     events[-1]["end_s"] = e - t0
         runner.process(parts)
