@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["run", "warm_up", "summarize", "set_priority", "make_stream", "write_file", "Done",
-           "Child", "wait_handle", "dict_update", "build_dicts", "ForkBaseline"]
+           "Child", "wait_handle", "dict_update", "build_dicts", "ForkBaseline", "rss_mb"]
 
 
 def dict_update(state: dict[int, list[int]], keys: list[int], ts: list[int]) -> None:
@@ -313,8 +313,14 @@ class ForkRunner:
         self.round += 1
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def rss_mb() -> float:
+    """This process's resident memory now (``ru_maxrss`` would carry the parent's
+    high-water mark across the exec of a subprocess)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def serve(argv: Sequence[str]) -> int:
@@ -329,7 +335,7 @@ def serve(argv: Sequence[str]) -> int:
     gc.freeze()
     gc.enable()
     out = sys.stdout
-    print(json.dumps({"ready": True, "maxrss_mb": _rss_mb()}), file=out, flush=True)
+    print(json.dumps({"ready": True, "rss_mb": rss_mb()}), file=out, flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
             break
@@ -341,7 +347,7 @@ def serve(argv: Sequence[str]) -> int:
             set_priority("normal")
         res["latency_s"] = res["latency_s"].tolist()
         res["priority"] = prio
-        res["maxrss_mb"] = _rss_mb()
+        res["rss_mb"] = rss_mb()
         print(json.dumps(res), file=out, flush=True)
     return 0
 

@@ -27,7 +27,7 @@ temporary directory; every variant fsyncs what it writes). Variants:
   dict state and its input: forking this process, which also holds the mmm
   state, the numpy input and the compiled kernels, would copy their page tables
   too and overstate fork's pause. Its process size is reported
-  (``fork_process_maxrss_mb`` beside ``main_process_maxrss_mb``).
+  (``fork_process_rss_mb`` beside ``main_process_rss_mb``).
 
 Partitions: the state is split by ``key % P`` into P = 1 or 4 independent
 operators (4 `Aggregate` s with 4 page managers / 4 HA units, or 4 dicts); every
@@ -75,7 +75,6 @@ import concurrent.futures as cf
 import gc
 import os
 import pickle
-import resource
 import shutil
 import tempfile
 import time
@@ -86,7 +85,7 @@ import numpy as np
 
 import mmm
 from bench._harness import figure, parse_args, write_result
-from bench._latency_loop import (Done, ForkBaseline, dict_update, make_stream, run,
+from bench._latency_loop import (Done, ForkBaseline, dict_update, make_stream, rss_mb, run,
                                  set_priority, summarize, write_file)
 from ioservice import CheckpointManager, CheckpointPolicy
 from sguard.operators import Aggregate
@@ -267,9 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      first, workdir, args.priority)
             res: dict[str, Any] = {"n_keys": n_keys, "mmm_state_bytes": mmm_bytes,
                                    "pickled_bytes": pickled, "variants": {},
-                                   "fork_process_maxrss_mb": fork_base.info["maxrss_mb"],
-                                   "main_process_maxrss_mb": resource.getrusage(
-                                       resource.RUSAGE_SELF).ru_maxrss / 1024}
+                                   "fork_process_rss_mb": fork_base.info["rss_mb"],
+                                   "main_process_rss_mb": rss_mb()}
             rounds: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
             prio = set_priority(args.priority)  # threads started from now on inherit it
             for r in range(n_rounds):

@@ -41,7 +41,7 @@ def test_the_fork_baseline_builds_the_same_state_and_runs(loop_module,  # type: 
     fb = loop_module.ForkBaseline(1000, 2, 60, 20, 1, 0.002, 0.05, 0.02, str(tmp_path),
                                   "normal")
     try:
-        assert fb.info["ready"] and fb.info["maxrss_mb"] > 0
+        assert fb.info["ready"] and fb.info["rss_mb"] > 0
         res = fb.run()
     finally:
         fb.close()
