@@ -434,7 +434,7 @@ class CheckpointManager:
             t0 = time.perf_counter()
             self._last_start = self._clock()
             self._tuples = 0
-            snap = self.pm.chkpt(precopy=self.policy.precopy)                      # step 2
+            snap = self.pm.chkpt(precopy=self.policy.precopy)                 # step 2
             base = self._base
             if (self.policy.skip_unchanged and full is not True and base is not None
                     and snap.n_changed == 0 and np.array_equal(snap.page_ids, base.pages.page_id)

@@ -33,8 +33,8 @@ def test_the_fork_baseline_process_imports_no_state_core() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_the_fork_baseline_builds_the_same_state_and_runs(loop_module,  # type: ignore[no-untyped-def]
-                                                          tmp_path: Path) -> None:
+def test_the_fork_baseline_builds_the_same_state_and_runs(  # type: ignore[no-untyped-def]
+        loop_module, tmp_path: Path) -> None:
     d = loop_module.build_dicts(1000, 4)
     assert [len(x) for x in d] == [250] * 4
     assert d[1][5] == [1, 5, 5] and 5 not in d[0]
