@@ -14,9 +14,10 @@ temporary directory; every variant fsyncs what it writes). Variants:
   (the `Aggregate` operator, batch API) or in a Python dict of
   ``[count, first, last]`` lists updated tuple by tuple (the idiomatic operator);
 * ``mmm``: `ioservice.CheckpointManager` (prepare = freeze pages, then the I/O
-  threads write them while the operator runs; a background copier un-shares the
-  frozen pages right after the freeze, `mmm.precopy`, and the operator clones
-  only the pages it touches before the copier got to them);
+  threads write them while the operator runs; copy-on-write of touched pages;
+  with ``--precopy`` a background copier un-shares the frozen pages right after
+  the freeze, `mmm.precopy`, and the operator clones only the pages it touches
+  before the copier got to them);
 * ``sync pickle``: ``pickle.dumps`` of the dict, write and fsync the file, all
   in the operator thread;
 * ``async pickle``: ``pickle.dumps`` in the operator thread; write and fsync in
@@ -124,7 +125,7 @@ class Runner:
     """One variant with P partitions: process a batch; start a partition's checkpoint."""
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
-                 workdir: str, n_workers: int, precopy: bool = True) -> None:
+                 workdir: str, n_workers: int, precopy: bool = False) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
         self.workdir = workdir
@@ -227,9 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--no-precopy", action="store_true",
-                    help="mmm without the background copier (copy-on-write by the operator "
-                         "alone), for comparison")
+    ap.add_argument("--precopy", action="store_true",
+                    help="mmm with the background copier (`CheckpointPolicy.precopy`, off "
+                         "by default): frozen pages un-shared right after the freeze")
     ap.add_argument("--priority", choices=("rt", "normal"), default="normal",
                     help="scheduling of the timed runs: rt = SCHED_FIFO for this process's "
                          "threads (children reset to normal) when permitted; opt-in")
@@ -283,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         _print_run(r, v, rounds[v][-1], out)
                         continue
                     runner = Runner(v, ops, dicts, workdir, args.workers,
-                                    precopy=not args.no_precopy)
+                                    precopy=args.precopy)
                     st0 = [op.pm.stats() for op in ops]
                     try:
                         out = run(runner, cols if runner.uses_mmm else recs, period, interval,
@@ -383,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
               "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
               "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
-              "mmm_precopy": not args.no_precopy,
+              "mmm_precopy": args.precopy,
               "partitions": args.partitions, "rounds": n_rounds,
               "ratios": "median over rounds of the ratio within each round",
               "storage": "file:// (temporary dir, fsync)",

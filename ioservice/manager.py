@@ -90,7 +90,10 @@ class CheckpointPolicy:
     precopy : bool
         Un-share the frozen pages in a background thread right after the
         freeze (`mmm.PageManager.chkpt` ``precopy``), so the operator rarely
-        clones a page itself while the checkpoint is written.
+        clones a page itself while the checkpoint is written. Off by default:
+        on a loaded 2-core machine the copier thread's share of the GIL made
+        the freeze pause about 10x longer and the batches during a checkpoint
+        slower (`bench.chkpt_latency --precopy`).
     """
 
     interval_s: float | None = None
@@ -98,7 +101,7 @@ class CheckpointPolicy:
     skip_unchanged: bool = True
     full_every: int = 8
     keep: int | None = 3
-    precopy: bool = True
+    precopy: bool = False
 
     def __post_init__(self) -> None:
         if self.interval_s is not None and self.interval_s < 0:

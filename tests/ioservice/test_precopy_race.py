@@ -1,7 +1,7 @@
 """Stress: the background copier, the I/O threads and the operator race on every page.
 
-Checkpoints are taken with the background precopy on (`CheckpointPolicy.precopy`,
-the default) while the operator keeps mutating every structure, touching every
+Checkpoints are taken with the background precopy on (`CheckpointPolicy.precopy`)
+while the operator keeps mutating every structure, touching every
 page of the hash map in each round. Storage is slowed down and written in small
 chunks (the I/O threads release pages a few at a time) and the copier publishes
 a page or two at a time, so the three threads interleave on every page. Oracles:
@@ -51,7 +51,7 @@ def test_copier_io_and_operator_race_on_every_page(tmp_path: Path,
     pm = new_pm()
     s = open_structures(pm)
     mgr = CheckpointManager(pm, root, "race", io=io,
-                            policy=CheckpointPolicy(keep=None, full_every=3))
+                            policy=CheckpointPolicy(keep=None, full_every=3, precopy=True))
     assert mgr.policy.precopy
     at_freeze: dict[int, dict[str, str]] = {}
     ops: list[tuple[str, int]] = []  # what was applied, to replay without checkpoints
