@@ -14,13 +14,21 @@ temporary directory; every variant fsyncs what it writes). Variants:
   (the `Aggregate` operator, batch API) or in a Python dict of
   ``[count, first, last]`` lists updated tuple by tuple (the idiomatic operator);
 * ``mmm``: `ioservice.CheckpointManager` (prepare = freeze pages, then the I/O
-  threads write them while the operator runs; copy-on-write of touched pages);
+  threads write them while the operator runs; copy-on-write of touched pages;
+  with ``--precopy`` a background copier un-shares the frozen pages right after
+  the freeze, `mmm.precopy`, and the operator clones only the pages it touches
+  before the copier got to them);
 * ``sync pickle``: ``pickle.dumps`` of the dict, write and fsync the file, all
   in the operator thread;
 * ``async pickle``: ``pickle.dumps`` in the operator thread; write and fsync in
   a background thread;
 * ``fork``: ``os.fork``; the child pickles the dict, writes and fsyncs the file
-  and exits (Redis BGSAVE); the parent keeps processing.
+  and exits (Redis BGSAVE); the parent keeps processing. It runs in a fresh
+  process of its own (`bench._latency_loop.ForkBaseline`) that holds only its
+  dict state and its input: forking this process, which also holds the mmm
+  state, the numpy input and the compiled kernels, would copy their page tables
+  too and overstate fork's pause. Its process size is reported
+  (``fork_process_rss_mb`` beside ``main_process_rss_mb``).
 
 Partitions: the state is split by ``key % P`` into P = 1 or 4 independent
 operators (4 `Aggregate` s with 4 page managers / 4 HA units, or 4 dicts); every
@@ -68,19 +76,18 @@ import concurrent.futures as cf
 import gc
 import os
 import pickle
-import resource
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 import mmm
 from bench._harness import figure, parse_args, save_figure, write_result
-from bench.mmm_ops import dict_update
+from bench._latency_loop import (Done, ForkBaseline, dict_update, make_stream, rss_mb, run,
+                                 set_priority, summarize, write_file)
 from ioservice import CheckpointManager, CheckpointPolicy
 from sguard.operators import Aggregate
 
@@ -113,48 +120,12 @@ def to_dict(op: Aggregate) -> dict[int, list[int]]:
                                                 v["first_ts"].tolist(), v["last_ts"].tolist())}
 
 
-def write_file(path: str, data: bytes) -> None:
-    """Write and fsync (durable, as the mmm checkpoint is)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-# -- checkpoint handles ---------------------------------------------------------------------------
-class Done:
-    """A checkpoint already finished (synchronous variants)."""
-
-    def done(self) -> bool:
-        return True
-
-
-class Child:
-    """A forked checkpoint process; done once reaped."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.status: int | None = None
-
-    def done(self) -> bool:
-        if self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.status = status
-                if os.waitstatus_to_exitcode(status) != 0:
-                    raise RuntimeError(f"fork checkpoint child {self.pid} failed: {status}")
-        return self.status is not None
-
-    def wait(self) -> None:
-        while not self.done():
-            time.sleep(0.001)
-
-
+# -- the variants ----------------------------------------------------------------------------------
 class Runner:
     """One variant with P partitions: process a batch; start a partition's checkpoint."""
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
-                 workdir: str, n_workers: int) -> None:
+                 workdir: str, n_workers: int, precopy: bool = False) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
         self.workdir = workdir
@@ -165,7 +136,8 @@ class Runner:
         if variant == "mmm":
             root = os.path.join(workdir, "mmm")
             self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
-                                           policy=CheckpointPolicy(keep=2), n_workers=n_workers)
+                                           policy=CheckpointPolicy(keep=2, precopy=precopy),
+                                           n_workers=n_workers)
                          for p, op in enumerate(ops)]
         if variant == "async pickle":
             self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pickle-writer")
@@ -194,17 +166,7 @@ class Runner:
             assert self.pool is not None
             data = pickle.dumps(self.dicts[p], protocol=pickle.HIGHEST_PROTOCOL)
             return self.pool.submit(write_file, path, data)
-        if v == "fork":
-            pid = os.fork()
-            if pid == 0:  # child: serialize the (copy-on-write) state, write, exit
-                code = 0
-                try:
-                    write_file(path, pickle.dumps(self.dicts[p], protocol=pickle.HIGHEST_PROTOCOL))
-                except BaseException:  # noqa: BLE001 - reported through the exit code
-                    code = 1
-                os._exit(code)
-            return Child(pid)
-        raise ValueError(v)
+        raise ValueError(v)  # "fork" runs in a process of its own (`ForkBaseline`)
 
     def finish_round(self) -> None:
         """Delete the previous round's pickles (keep disk use bounded)."""
@@ -223,157 +185,31 @@ class Runner:
             self.pool.shutdown(wait=True)
 
 
-def wait_handle(h: Any) -> None:
-    if isinstance(h, Child):
-        h.wait()
-    elif hasattr(h, "result"):
-        h.result()
+def _record(out: dict[str, Any]) -> dict[str, Any]:
+    """A run's summary: latency statistics, diagnostics, checkpoint events."""
+    s = summarize(out["latency_s"])
+    s.update(out["diag"])
+    s["checkpoints"] = out["events"]
+    s["max_pause_ms"] = max((e["pause_s"] * 1e3 for e in out["events"]), default=0.0)
+    return s
 
 
-# -- one run ---------------------------------------------------------------------------------------
-def warm_up(runner: Runner, batches: list[list[tuple[Any, Any]]], n_parts: int,
-            checkpoint: bool, rounds: int = 2, min_batches: int = 100) -> None:
-    """Untimed: process batches back to back, taking `rounds` checkpoints meanwhile.
-
-    Brings every variant to its steady state (as the paper measures "after
-    warm up"): caches warm; for mmm, the frames copy-on-write clones need are
-    faulted in once (first touches of fresh memory are slow in a VM) and the
-    first, full checkpoint is behind us.
-    """
-    i = 0
-    for _ in range(rounds if checkpoint else 0):
-        for p in range(n_parts):
-            h = runner.checkpoint(p)
-            while h is not None and not h.done():
-                runner.process(batches[i % len(batches)])
-                i += 1
-            wait_handle(h)
-        runner.finish_round()
-    while i < min_batches:
-        runner.process(batches[i % len(batches)])
-        i += 1
-
-
-def run(runner: Runner, batches: list[list[tuple[Any, Any]]], period_s: float,
-        interval_s: float, first_s: float, checkpoint: bool) -> dict[str, Any]:
-    """Feed ``batches`` one per ``period_s``; checkpoint every ``interval_s`` (in turn)."""
-    n_parts = len(batches[0])
-    warm_up(runner, batches, n_parts, checkpoint)
-    lat = np.empty(len(batches))
-    service = np.empty(len(batches))  # processing the batch (and starting a checkpoint)
-    wake = np.full(len(batches), np.nan)  # lateness of the wake-up after an on-time sleep
-    events: list[dict[str, Any]] = []
-    queue: list[int] = []
-    inflight: Any = None
-    next_due = first_s
-    gc_s = [0.0]
-    gc_t = [0.0]
-
-    def on_gc(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            gc_t[0] = time.perf_counter()
-        else:
-            gc_s[0] += time.perf_counter() - gc_t[0]
-
-    gc.callbacks.append(on_gc)
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    load0 = os.getloadavg()[0]
-    t0 = time.perf_counter() + 0.01
-    w0 = t0
-    for i, parts in enumerate(batches):
-        arrive = t0 + i * period_s
-        now = time.perf_counter()
-        if now < arrive:
-            time.sleep(arrive - now)
-            wake[i] = time.perf_counter() - arrive
-        begin = time.perf_counter()
-        if checkpoint:
-            now = time.perf_counter() - t0
-            if inflight is None and not queue and now >= next_due:
-                queue = list(range(n_parts))
-                next_due += interval_s
-            if inflight is not None and inflight.done():
-                events[-1]["end_s"] = time.perf_counter() - t0
-                inflight = None
-                if not queue:
-                    runner.finish_round()
-            if inflight is None and queue:
-                p = queue.pop(0)
-                s = time.perf_counter()
-                inflight = runner.checkpoint(p)
-                e = time.perf_counter()
-                events.append({"partition": p, "start_s": s - t0, "pause_s": e - s,
-                               "end_s": None})
-                if inflight is None:  # mmm skipped it: nothing changed
-                    events[-1]["end_s"] = e - t0
-        runner.process(parts)
-        end = time.perf_counter()
-        lat[i] = end - arrive
-        service[i] = end - begin
-    wall = time.perf_counter() - w0
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    gc.callbacks.remove(on_gc)
-    if inflight is not None:
-        wait_handle(inflight)
-        events[-1]["end_s"] = time.perf_counter() - t0
-    on_time = wake[~np.isnan(wake)]
-    diag = {"loadavg_1min": load0,
-            "cpu_s_per_wall_s": (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / wall,
-            "involuntary_switches": ru1.ru_nivcsw - ru0.ru_nivcsw,
-            "wake_delay_mean_ms": float(on_time.mean() * 1e3) if len(on_time) else 0.0,
-            "wake_delay_p99_ms": float(np.percentile(on_time, 99) * 1e3) if len(on_time) else 0.0,
-            "late_batches": int(len(batches) - len(on_time)),
-            "service_mean_ms": float(service.mean() * 1e3),
-            "service_p99_ms": float(np.percentile(service, 99) * 1e3),
-            "service_max_ms": float(service.max() * 1e3),
-            "wake_delay_max_ms": float(on_time.max() * 1e3) if len(on_time) else 0.0,
-            "gc_ms": gc_s[0] * 1e3}
-    return {"latency_s": lat, "events": events, "diag": diag}
-
-
-def set_priority(kind: str) -> str:
-    """Schedule this thread (and threads it starts later) SCHED_FIFO ("rt") or normally.
-
-    On a shared machine most of a batch's latency is the wait for a CPU after
-    its sleep (``wake_delay``), set by other processes' load, not by the
-    variant; a real-time priority takes that wait out of every variant alike.
-    Forked children are reset to normal scheduling. Returns what was applied.
-    """
-    try:
-        if kind == "rt":
-            os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK,
-                                  os.sched_param(10))
-            return "SCHED_FIFO 10"
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except (AttributeError, OSError) as exc:
-        return f"normal ({kind} not permitted: {exc})"
-    return "normal"
-
-
-def summarize(lat: np.ndarray) -> dict[str, float]:
-    ms = lat * 1e3
-    return {"mean_ms": float(ms.mean()), "std_ms": float(ms.std()),
-            "median_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99)),
-            "max_ms": float(ms.max()), "n": int(len(ms))}
-
-
-def make_stream(n_keys: int, n_batches: int, batch: int, n_parts: int, seed: int
-                ) -> tuple[list[list[tuple[Any, Any]]], list[list[tuple[Any, Any]]]]:
-    """The batches, split by partition, as numpy columns (mmm) and as lists (dict)."""
-    rng = np.random.default_rng(seed)
-    cols, recs = [], []
-    for i in range(n_batches):
-        keys = rng.integers(0, n_keys, batch).astype(np.uint32)
-        ts = np.arange(i * batch, (i + 1) * batch, dtype=np.int64) + (1 << 32)
-        c, r = [], []
-        for p in range(n_parts):
-            sel = keys % n_parts == p if n_parts > 1 else slice(None)
-            k, t = keys[sel], ts[sel]
-            c.append((k, t))
-            r.append((k.tolist(), t.tolist()))
-        cols.append(c)
-        recs.append(r)
-    return cols, recs
+def _print_run(r: int, v: str, s: dict[str, Any], out: dict[str, Any]) -> None:
+    print(f"  round {r} {v:<13} mean {s['mean_ms']:7.2f} ms  p99 "
+          f"{s['p99_ms']:7.2f}  max {s['max_ms']:7.1f}  service "
+          f"{s['service_mean_ms']:6.2f}/{s['service_p99_ms']:6.2f}/"
+          f"{s['service_max_ms']:6.1f}  wake {s['wake_delay_mean_ms']:5.2f}/"
+          f"{s['wake_delay_p99_ms']:6.2f}/{s['wake_delay_max_ms']:6.1f}  late "
+          f"{s['late_batches']:4d}  load {s['loadavg_1min']:4.1f}  gc "
+          f"{s['gc_ms']:5.1f} ms  ({len(out['events'])} chkpts, max pause "
+          f"{s['max_pause_ms']:.1f} ms)", flush=True)
+    if v == "mmm":
+        print(f"      pages cloned by the operator {s.get('pages_cloned')}, copied ahead "
+              f"{s.get('pages_precopied')}; slowest batches (latency/service/cpu/queued ms, "
+              f"batches after a checkpoint start): " + ", ".join(
+                  f"{b['latency_ms']:.1f}/{b['service_ms']:.1f}/{b['cpu_ms']:.1f}/"
+                  f"{b['queued_ms']:.1f} @{b['batches_after_checkpoint']}"
+                  for b in s["slowest"][:4]), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -392,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--precopy", action="store_true",
+                    help="mmm with the background copier (`CheckpointPolicy.precopy`, off "
+                         "by default): frozen pages un-shared right after the freeze")
     ap.add_argument("--priority", choices=("rt", "normal"), default="normal",
                     help="scheduling of the timed runs: rt = SCHED_FIFO for this process's "
                          "threads (children reset to normal) when permitted; opt-in")
@@ -423,8 +262,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             cols, recs = make_stream(n_keys, n_batches, args.batch, n_parts, seed=1)
             print(f"{n_parts} partition(s): {n_keys:,} keys, mmm state {mmm_bytes / MB:.0f} MB, "
                   f"pickled {pickled / MB:.0f} MB (built in {time.perf_counter() - t:.1f} s)")
+            # the fork baseline in a fresh process holding only its dict state and input
+            fork_base = ForkBaseline(n_keys, n_parts, n_batches, args.batch, 1, period, interval,
+                                     first, workdir, args.priority)
             res: dict[str, Any] = {"n_keys": n_keys, "mmm_state_bytes": mmm_bytes,
-                                   "pickled_bytes": pickled, "variants": {}}
+                                   "pickled_bytes": pickled, "variants": {},
+                                   "fork_process_rss_mb": fork_base.info["rss_mb"],
+                                   "main_process_rss_mb": rss_mb()}
             rounds: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
             prio = set_priority(args.priority)  # threads started from now on inherit it
             for r in range(n_rounds):
@@ -433,29 +277,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # compares runs under the same machine load
                 order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
                 for v in order:
-                    runner = Runner(v, ops, dicts, workdir, args.workers)
+                    if v == "fork":
+                        out = fork_base.run()
+                        rounds[v].append(_record(out))
+                        curves[f"{n_parts}:{v}"] = out["latency_s"]
+                        _print_run(r, v, rounds[v][-1], out)
+                        continue
+                    runner = Runner(v, ops, dicts, workdir, args.workers,
+                                    precopy=args.precopy)
+                    st0 = [op.pm.stats() for op in ops]
                     try:
                         out = run(runner, cols if runner.uses_mmm else recs, period, interval,
                                   first, checkpoint=not v.startswith("none"))
                     finally:
                         runner.close()
-                    s = summarize(out["latency_s"])
-                    s.update(out["diag"])
-                    s["checkpoints"] = out["events"]
-                    s["max_pause_ms"] = max((e["pause_s"] * 1e3 for e in out["events"]),
-                                            default=0.0)
-                    if runner.mgrs:
-                        s["pages_cloned"] = int(sum(op.pm.stats()["pages_cloned"] for op in ops))
+                    s = _record(out)
+                    if runner.mgrs:  # this run's: cloned by the operator, copied ahead
+                        st = [op.pm.stats() for op in ops]
+                        for key in ("pages_cloned", "pages_precopied"):
+                            s[key] = int(sum(x[key] - y[key] for x, y in zip(st, st0)))
                     rounds[v].append(s)
                     curves[f"{n_parts}:{v}"] = out["latency_s"]
-                    print(f"  round {r} {v:<13} mean {s['mean_ms']:7.2f} ms  p99 "
-                          f"{s['p99_ms']:7.2f}  max {s['max_ms']:7.1f}  service "
-                          f"{s['service_mean_ms']:6.2f}/{s['service_p99_ms']:6.2f}/"
-                          f"{s['service_max_ms']:6.1f}  wake {s['wake_delay_mean_ms']:5.2f}/"
-                          f"{s['wake_delay_p99_ms']:6.2f}/{s['wake_delay_max_ms']:6.1f}  late "
-                          f"{s['late_batches']:4d}  load {s['loadavg_1min']:4.1f}  gc "
-                          f"{s['gc_ms']:5.1f} ms  ({len(out['events'])} chkpts, max pause "
-                          f"{s['max_pause_ms']:.1f} ms)")
+                    _print_run(r, v, s, out)
+            fork_base.close()
             set_priority("normal")
             res["priority"] = prio
             for v in VARIANTS:
@@ -540,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
               "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
               "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
+              "mmm_precopy": args.precopy,
               "partitions": args.partitions, "rounds": n_rounds,
               "ratios": "median over rounds of the ratio within each round",
               "storage": "file:// (temporary dir, fsync)",

@@ -21,7 +21,8 @@ import numpy as np
 
 from mmm._kernels import jit
 
-__all__ = ["group_pages", "chain_order", "copy_rows_out", "copy_rows_in"]
+__all__ = ["group_pages", "chain_order", "copy_rows_out", "copy_rows_in", "copy_frames",
+           "precopy_frames"]
 
 _NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -146,3 +147,26 @@ def copy_rows_in(frames: Any, fr: Any, first: Any, count: Any, off: Any, size: A
         a = off + first[j] * size
         frames[fr[j], a:a + nb] = src[o:o + nb]
         o += nb
+
+
+@jit
+def copy_frames(frames: Any, src: Any, dst: Any) -> None:
+    """Copy whole frames: ``frames[dst[j]] = frames[src[j]]`` (no GIL held: the
+    background precopy of `mmm.precopy` and bulk copy-on-write)."""
+    for j in range(src.shape[0]):
+        frames[dst[j], :] = frames[src[j], :]
+
+
+@jit
+def precopy_frames(frames: Any, src: Any, dst: Any, hdr: Any, ver: Any) -> None:
+    """`copy_frames` for copies made ahead of use (`mmm.precopy`): the copy's header
+    ``version`` field (bytes ``ver:ver+8`` of the ``hdr``-byte header) is zeroed
+    first and stays zero, and the header is written after the body. A copy a crash
+    interrupts is thus never taken for the page on a re-attach (the newest version
+    of a PageID wins, and every page in use has a version of at least 1)."""
+    for j in range(src.shape[0]):
+        d, s = dst[j], src[j]
+        frames[d, ver:ver + 8] = 0
+        frames[d, hdr:] = frames[s, hdr:]
+        frames[d, :ver] = frames[s, :ver]
+        frames[d, ver + 8:hdr] = frames[s, ver + 8:hdr]

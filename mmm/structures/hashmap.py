@@ -746,6 +746,8 @@ class HashMap(Structure):
         pm = self._pm
         n = len(kw)
         i = 0
+        if pm._precopy:  # a checkpoint's pages are being un-shared in the background
+            self._unshare_touched(kw)
         while True:
             state[0] = self._len
             code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
@@ -758,6 +760,8 @@ class HashMap(Structure):
             if code == K.DONE:
                 return
             if code == K.NEED_CLONE:
+                if pm._precopy:
+                    pm.adopt_precopied(self.psid)
                 pm.writable1(self.psid, int(state[2]))
             elif code == K.NEED_PAGE:
                 self._add_overflow(int(state[2]))
@@ -769,6 +773,31 @@ class HashMap(Structure):
                 target = self._n_buckets + max(1, ahead)
                 while self._n_buckets < target:
                     self._split(target - self._n_buckets)
+
+    def _unshare_touched(self, kw: npt.NDArray[np.uint64]) -> None:
+        """While a background copier un-shares a checkpoint's pages (`mmm.precopy`):
+        take the copies it made (`PageManager.adopt_precopied`; no frame of this map
+        is held here), then un-share the rest of the pages the batch's buckets hold
+        in one bulk copy (one barrier call instead of a kernel exit per page).
+        Pages copied: at most the pages of the touched chains still pinned."""
+        pm = self._pm
+        pm.adopt_precopied(self.psid)
+        if not len(kw):
+            return
+        hit = np.zeros(self._n_buckets, dtype=bool)
+        hit[self._bucket_of(K.hash_keys(kw))] = True
+        q = self._bucket_seq[np.flatnonzero(hit)]
+        chain = [q]
+        while True:  # chains are short
+            q = self._next_of[q]
+            q = q[q >= 0]
+            if not len(q):
+                break
+            chain.append(q)
+        seqs = np.concatenate(chain) if len(chain) > 1 else chain[0]
+        pinned = seqs[pm.pool.pins[self._ps.frames[seqs]] > 0]
+        if len(pinned):
+            pm.writable(self.psid, pinned)
 
     def put(self, keys: npt.ArrayLike, values: Any) -> None:
         """Insert or overwrite ``keys[i] -> values[i]``; for a key repeated in the batch the last wins.
