@@ -165,3 +165,27 @@ def test_adopt_base_makes_the_next_checkpoint_incremental(tmp_path: Path) -> Non
             m3.adopt_base(base)
         m3.adopt_base(None)
         assert m3.base is None
+
+
+def test_adopt_base_refused_while_in_flight(tmp_path: Path) -> None:
+    """adopt_base while a checkpoint is in flight raises and changes nothing (the checkpoint
+    is held in flight by a storage gate, not by timing)."""
+    from tests.ioservice.ckpt_helpers import faulty_root
+    import pyarrow.fs as pafs
+    root, faulty = faulty_root(pafs.LocalFileSystem(), str(tmp_path))
+    pm = new_pm()
+    s = open_structures(pm)
+    mutate(s, 0)
+    with CheckpointManager(pm, root, "fl") as mgr:
+        base = mgr.checkpoint().result()
+        mutate(s, 1)
+        faulty.write_gate = gate = threading.Event()
+        p = mgr.checkpoint()
+        with pytest.raises(CheckpointInProgressError, match="in flight"):
+            mgr.adopt_base(None)
+        with pytest.raises(CheckpointInProgressError, match="in flight"):
+            mgr.adopt_base(base)
+        assert mgr.base is base and not p.done()
+        gate.set()
+        man = p.result()
+    assert man.base == base.name
