@@ -41,7 +41,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,9 +51,6 @@ from mmm.errors import PoolExhaustedError
 from mmm.page import HEADER_BYTES, HEADER_DTYPE
 from mmm.pool import LIVE
 from mmm.snapshot import Snapshot, SnapshotState
-
-if TYPE_CHECKING:
-    from mmm.manager import PageManager
 
 __all__ = ["Precopy", "CHUNK_BYTES"]
 
@@ -115,7 +112,7 @@ class Precopy:
         Shadows freed unused (the page was written, cloned or released first).
     """
 
-    def __init__(self, pm: "PageManager", snap: Snapshot, mods: npt.NDArray[np.int64]) -> None:
+    def __init__(self, pm: Any, snap: Snapshot, mods: npt.NDArray[np.int64]) -> None:
         self._pm = pm
         self.snap = snap
         self._mods = mods

@@ -69,11 +69,22 @@ def test_copier_io_and_operator_race_on_every_page(tmp_path: Path,
             gate.clear()
         else:
             gate.set()
+        fs.write_gate = held = threading.Event()  # storage waits until the operator has run
         pending = mgr.checkpoint()
         assert pending is not None
         at_freeze[pending.seq] = state_of(s)
-        apply(s, "touch", step)  # right away: races the copier's first chunks
-        gate.set()
+        if c % 4 == 0:  # the copier finishes first: the operator meets only shadows
+            for job in list(pm._precopy):
+                assert job.done.wait(60)
+        apply(s, "touch", step)  # c % 4 == 2: right away, racing the copier's first chunks;
+        gate.set()               # odd c: the copier is held, the operator clones for itself
+        for _ in range(2):  # while the write is held in flight (ordering, not timing)
+            apply(s, "mutate", step)
+            apply(s, "touch", step)
+            step += 1
+            in_flight_steps += 1
+        assert not pending.done()
+        held.set()
         while not pending.done():
             apply(s, "mutate", step)
             apply(s, "touch", step)

@@ -123,12 +123,11 @@ def _check_placement(work: Path, key: list[str]) -> int:
     """Every logged row is in the partition `partition_of` gives its key; rows checked."""
     root = open_root(str(work / "state"), create=False)
     n = 0
-    for b in inputlog.logged_batches(root):
-        for p in range(P):
-            rel = inputlog.log_path(b, 0, p)
-            if root.exists(rel):
-                t = inputlog._read(root, rel)
-                assert (partition_of(t.select(key), P) == p).all(), (b, p)
+    for p in range(P):
+        for b, files in inputlog.own_files(root, 0, p).items():  # every epoch's file
+            for f in files:
+                t = inputlog._read(root, f.relpath)
+                assert (partition_of(t.select(key), P) == p).all(), (b, p, f.relpath)
                 n += t.num_rows
     return n
 
