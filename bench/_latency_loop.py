@@ -32,8 +32,8 @@ __all__ = ["run", "warm_up", "summarize", "set_priority", "make_stream", "write_
 
 def dict_update(state: dict[int, list[int]], keys: list[int], ts: list[int]) -> None:
     """The idiomatic Python Aggregate: one dict update of [count, first, last] per tuple
-    (the same code as `bench.mmm_ops.dict_update`, here so that the fork baseline's
-    process need not import mmm)."""
+    (here, not in `bench.mmm_ops`, so that the fork baseline's process need not import
+    mmm; both benches use this one)."""
     get = state.get
     for k, t in zip(keys, ts):
         s = get(k)

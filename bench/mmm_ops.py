@@ -51,6 +51,7 @@ import numpy as np
 
 import mmm
 from bench._harness import figure, parse_args, save_figure, stats, write_result
+from bench._latency_loop import dict_update
 from mmm._kernels import jit
 from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque, PagedList
@@ -64,19 +65,8 @@ WINDOW_REC = np.dtype([("ts", "<i8"), ("key", "<u4"), ("val", "<i8")])
 
 
 # -- aggregate -------------------------------------------------------------------------------
-def dict_update(state: dict[int, list[int]], keys: list[int], ts: list[int]) -> None:
-    """(a) the idiomatic Python Aggregate: one dict update of [count, first, last] per tuple."""
-    get = state.get
-    for k, t in zip(keys, ts):
-        s = get(k)
-        if s is None:
-            state[k] = [1, t, t]
-        else:
-            s[0] += 1
-            if t < s[1]:
-                s[1] = t
-            if t > s[2]:
-                s[2] = t
+# (a) the idiomatic Python Aggregate: `dict_update`, one dict update per tuple (in
+# bench._latency_loop, which the fork baseline's process imports without mmm)
 
 
 def agg_dict(keys: list[int], ts: list[int]) -> dict[int, list[int]]:

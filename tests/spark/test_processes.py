@@ -42,22 +42,21 @@ def _executor_of(pid: int) -> int:
     raise AssertionError(f"no executor JVM above worker {pid}")
 
 
-def test_executor_killed_under_local_cluster(stream_input: StreamInput, tmp_path: Path) -> None:
-    """Two executor JVMs; the one running partition 0 of batch 3 is SIGKILLed mid-batch.
-    Spark replaces it and retries the task elsewhere; the retry rolls back what the dead
-    executor applied (both executors share this host's /dev/shm)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def kill_executor_mid_batch(stream_input: StreamInput, tmp_path: Path, batch: int,
+                            partition: int, env: dict[str, str]) -> None:
+    """Run the cluster driver on `local-cluster[2,1,1024]`, SIGKILL the executor running
+    `partition` of `batch` mid-batch, and check the sink and the state against the oracle."""
     log = open(tmp_path / "driver.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.spark.cluster_driver", "local-cluster[2,1,1024]",
-         str(stream_input.dir), str(tmp_path), "pause:3:0:mid"],
+         str(stream_input.dir), str(tmp_path), f"pause:{batch}:{partition}:mid"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        paused = tmp_path / "faults" / "paused-b3-p0"
+        paused = tmp_path / "faults" / f"paused-b{batch}-p{partition}"
         _wait_for(paused, proc, 400)
         executor = _executor_of(int(paused.read_text()))
         os.kill(executor, signal.SIGKILL)
-        assert proc.wait(500) == 0, (tmp_path / "driver.log").read_text()[-3000:]
+        assert proc.wait(600) == 0, (tmp_path / "driver.log").read_text()[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -66,6 +65,13 @@ def test_executor_killed_under_local_cluster(stream_input: StreamInput, tmp_path
     want_rows, want_state = running_oracle(stream_input.tables)
     assert [tuple(r) for r in res["rows"]] == want_rows
     assert [tuple(r) for r in res["state"]] == want_state
+
+
+def test_executor_killed_under_local_cluster(stream_input: StreamInput, tmp_path: Path) -> None:
+    """Two executor JVMs; the one running partition 0 of batch 3 is SIGKILLed mid-batch.
+    Spark replaces it and retries the task elsewhere; the retry rolls back what the dead
+    executor applied (both executors share this host's /dev/shm)."""
+    kill_executor_mid_batch(stream_input, tmp_path, 3, 0, dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
 def test_driver_sigkilled_mid_batch_and_restarted(stream_input: StreamInput,

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.spark.helpers import StreamInput, running_oracle
-from tests.spark.test_processes import _executor_of, _wait_for
+from tests.spark.helpers import StreamInput
+from tests.spark.test_processes import kill_executor_mid_batch
 
 pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,22 +24,4 @@ SPECULATION = {"spark.speculation": "true", "spark.speculation.interval": "50ms"
 def test_exactly_once_with_aggressive_speculation_and_an_executor_killed(
         stream_input: StreamInput, tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), SGUARD_TEST_SPARK_CONF=json.dumps(SPECULATION))
-    log = open(tmp_path / "driver.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.spark.cluster_driver", "local-cluster[2,1,1024]",
-         str(stream_input.dir), str(tmp_path), "pause:2:1:mid"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        paused = tmp_path / "faults" / "paused-b2-p1"
-        _wait_for(paused, proc, 400)
-        executor = _executor_of(int(paused.read_text()))
-        os.kill(executor, signal.SIGKILL)
-        assert proc.wait(600) == 0, (tmp_path / "driver.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-    res = json.loads((tmp_path / "result.json").read_text())
-    want_rows, want_state = running_oracle(stream_input.tables)
-    assert [tuple(r) for r in res["rows"]] == want_rows
-    assert [tuple(r) for r in res["state"]] == want_state
+    kill_executor_mid_batch(stream_input, tmp_path, 2, 1, env)
