@@ -1030,8 +1030,8 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_atomic_local(path: str, data: bytes | bytearray | memoryview) -> None:
-    """Write `data` to `path` via temp file + fsync + rename + directory fsync."""
+def _write_temp_local(path: str, data: bytes | bytearray | memoryview) -> tuple[str, str]:
+    """Write `data` to a fsynced temp file beside `path`; returns ``(parent, temp path)``."""
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f"{_TMP_PREFIX}{uuid.uuid4().hex}-{name}")
@@ -1040,35 +1040,40 @@ def _write_atomic_local(path: str, data: bytes | bytearray | memoryview) -> None
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return parent, tmp
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_atomic_local(path: str, data: bytes | bytearray | memoryview) -> None:
+    """Write `data` to `path` via temp file + fsync + rename + directory fsync."""
+    parent, tmp = _write_temp_local(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
     _fsync_dir(parent)
 
 
 def _write_new_local(path: str, data: bytes | bytearray | memoryview) -> bool:
     """Create `path` with `data` unless it exists (temp file + fsync + link); False if it did."""
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f"{_TMP_PREFIX}{uuid.uuid4().hex}-{name}")
+    parent, tmp = _write_temp_local(path, data)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:
             return False
     finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
     _fsync_dir(parent)
     return True
 

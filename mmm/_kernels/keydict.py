@@ -43,6 +43,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from mmm._kernels import cacheable, jit
+from mmm._kernels.hashmap import _mix as _hashmap_mix
 from mmm._kernels.hashmap import _prefetch
 
 __all__ = ["intern_rows", "remove_rows", "rebuild_index", "key_lengths", "gather_keys",
@@ -163,14 +164,7 @@ _ld: Any = intrinsic(_load_impl)
 _ld8: Any = intrinsic(_load8_impl)
 _st: Any = intrinsic(_store_impl)
 _st8: Any = intrinsic(_store8_impl)
-
-
-@_scalar
-def _mix(x: Any) -> Any:
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+_mix: Any = _hashmap_mix  # splitmix64 finalizer, shared with the hash map's kernels
 
 
 @_scalar
