@@ -35,17 +35,24 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
 
 from ioservice import StorageRoot, validate_name
 from ioservice.errors import StorageNotFoundError
+from sguard.partitioning import DEFAULT_KEY_GROUPS, check_key_groups, key_group_range
 
-__all__ = ["LAYOUT_FILE", "LAYOUT_HISTORY_DIR", "LAYOUT_VERSION", "LayoutError", "OperatorLayout", "haunit_name",
+__all__ = ["LAYOUT_FILE", "PSID_SHIFT", "CONVERT_COMMAND", "key_group_psids", "key_group_of_psid", "LAYOUT_HISTORY_DIR", "LAYOUT_VERSION", "LayoutError", "OperatorLayout", "haunit_name",
            "parse_haunit_name", "read_layout", "schema_from_layout", "schema_to_json", "write_layout"]
 
 LAYOUT_FILE: Final = "sguard-operator.json"
 LAYOUT_HISTORY_DIR: Final = "layout"
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2
+PSID_SHIFT: Final = 16
+"""Key group ``kg``'s page sets have PSIDs in ``[(kg + 1) << PSID_SHIFT, (kg + 2) << PSID_SHIFT)``
+(`sguard.spark.groupstate`), so a page id names its key group: ``(psid >> 16) - 1``."""
+#: The command that converts a state URI written before key groups (layout version 1).
+CONVERT_COMMAND: Final = "sguard state convert"
 _HISTORY_RE: Final = re.compile(r"^g(?P<gen>\d{8,})\.json$")
 _HAUNIT_RE: Final = re.compile(r"^(?P<name>.+)\.g(?P<gen>\d+)\.p(?P<part>\d{4,})$")
 
@@ -81,6 +88,11 @@ class OperatorLayout:
         The name of the key column, or the list of names of a composite key
         (``extra["keys"]`` records their types and how the state stores them,
         `sguard.spark.keys.KeySpec.describe`).
+    key_groups
+        K, fixed when the state URI is created: keys hash into K key groups
+        (``pmod(murmur3(key), K)``), partition ``p`` owns the contiguous range
+        `key_group_range` of them, and each key group's state lives in its own page
+        sets (`sguard.spark.groupstate`), so a repartitioning moves whole key groups.
     """
 
     operator: str
@@ -92,6 +104,7 @@ class OperatorLayout:
     schema_version: int = 1
     partitioner: str = "spark-murmur3"
     extra: dict[str, Any] = field(default_factory=dict)
+    key_groups: int = DEFAULT_KEY_GROUPS
 
     def __post_init__(self) -> None:
         validate_name(self.name, what="operator name")
@@ -101,6 +114,10 @@ class OperatorLayout:
         if not isinstance(self.generation, int) or isinstance(self.generation, bool) \
                 or self.generation < 0:
             raise LayoutError(f"generation must be an integer >= 0, got {self.generation!r}")
+        try:
+            check_key_groups(self.key_groups, self.num_partitions)
+        except (TypeError, ValueError) as exc:
+            raise LayoutError(str(exc)) from None
         if not isinstance(self.schema, dict):
             raise LayoutError(f"schema must be a JSON object, got {type(self.schema).__name__}")
 
@@ -109,6 +126,12 @@ class OperatorLayout:
         if not 0 <= partition < self.num_partitions:
             raise LayoutError(f"partition {partition} out of range for {self.num_partitions} partitions")
         return haunit_name(self.name, self.generation, partition)
+
+    def key_group_range(self, partition: int) -> tuple[int, int]:
+        """``(lo, hi)``: the key groups partition `partition` owns in this generation."""
+        if not 0 <= partition < self.num_partitions:
+            raise LayoutError(f"partition {partition} out of range for {self.num_partitions} partitions")
+        return key_group_range(partition, self.num_partitions, self.key_groups)
 
     def to_json(self) -> bytes:
         doc = {"layout_version": LAYOUT_VERSION, **asdict(self)}
@@ -122,12 +145,18 @@ class OperatorLayout:
             raise LayoutError(f"{where}: not valid JSON ({type(exc).__name__})") from None
         if not isinstance(doc, dict):
             raise LayoutError(f"{where}: expected a JSON object")
+        if doc.get("layout_version") == 1:
+            raise LayoutError(
+                f"{where}: this state was written before key groups (layout_version 1), and "
+                f"this sguard keeps state by key group; convert it once with "
+                f"`{CONVERT_COMMAND} <state-uri>` (it keeps the state and its partition count)")
         if doc.get("layout_version") != LAYOUT_VERSION:
             raise LayoutError(f"{where}: unsupported layout_version {doc.get('layout_version')!r}")
         kwargs = {k: doc[k] for k in ("operator", "name", "schema", "num_partitions", "key",
-                                      "generation", "schema_version", "partitioner", "extra")
+                                      "generation", "schema_version", "partitioner", "extra",
+                                      "key_groups")
                   if k in doc}
-        missing = {"operator", "name", "schema", "num_partitions", "key"} - set(kwargs)
+        missing = {"operator", "name", "schema", "num_partitions", "key", "key_groups"} - set(kwargs)
         if missing:
             raise LayoutError(f"{where}: missing field(s) {sorted(missing)}")
         for k in ("operator", "name", "partitioner"):
@@ -142,6 +171,16 @@ class OperatorLayout:
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:
             raise LayoutError(f"{where}: {exc}") from None
+
+
+def key_group_psids(lo: int, hi: int) -> tuple[int, int]:
+    """The PSIDs of key groups ``[lo, hi)``: ``[(lo + 1) << 16, (hi + 1) << 16)``."""
+    return (lo + 1) << PSID_SHIFT, (hi + 1) << PSID_SHIFT
+
+
+def key_group_of_psid(psid: Any) -> Any:
+    """The key group of a page set's PSID (``-1`` for one outside every key group)."""
+    return (np.asarray(psid, np.int64) >> PSID_SHIFT) - 1
 
 
 def haunit_name(name: str, generation: int, partition: int) -> str:

@@ -25,6 +25,8 @@ import pyarrow as pa
 from ioservice import StorageRoot, open_root
 from sguard.spark.checkpointing import CheckpointConfig
 from sguard.spark.errors import NotStreamingError, OperatorMismatchError, SchemaChangedError
+from sguard.partitioning import DEFAULT_KEY_GROUPS, check_key_groups
+from sguard.spark.keygroups import with_key_groups
 from sguard.spark.keys import key_columns, key_spec
 from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
 from sguard.spark.placement import default_local_dir, root_key
@@ -88,7 +90,8 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
              checkpoint: CheckpointConfig | None = None, local_dir: str | None = None,
              page_bytes: int = 1 << 16, capacity_bytes: int = 1 << 30,
              storage_options: dict[str, Any] | None = None, lock_timeout_s: float = 600.0,
-             metrics: bool = True, faults: FaultPlan | None = None) -> Any:
+             metrics: bool = True, faults: FaultPlan | None = None,
+             key_groups: int | None = None) -> Any:
     """Apply a stateful `operator` per `key` to a streaming DataFrame.
 
     Parameters
@@ -101,7 +104,8 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         or integers (`sguard.spark.keys`). Null keys form their own group, as
         in Spark's ``groupBy``, except in ``key="k"`` on an integer column
         (stored directly as its value; use ``key=["k"]`` for nullable ones).
-        The rows are shuffled with ``repartition(P, *columns)``.
+        Each row's key group ``pmod(hash(key...), K)`` is computed by Spark, and the
+        rows are shuffled to the partition that owns it (`sguard.spark.keygroups`).
     operator : Operator
         E.g. ``RunningAggregate(value="v")``.
     state_uri : str
@@ -130,6 +134,11 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         Write per batch and partition metrics under ``<state_uri>/metrics``.
     faults : FaultPlan, optional
         Injected failures (tests and the demo).
+    key_groups : int, optional
+        K, the number of key groups (Flink's "max parallelism"): fixed when the state
+        URI is created (default 128), the most partitions the state can ever be
+        repartitioned into. Each key group's state lives in its own pages, so a
+        repartition moves whole key groups and never a row (`sguard.rescale`).
 
     Returns
     -------
@@ -156,6 +165,8 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
     if not isinstance(operator, Operator):
         raise TypeError(f"operator must be an sguard.spark Operator, got "
                         f"{type(operator).__name__}")
+    if key_groups is not None:
+        check_key_groups(key_groups, 1 if num_partitions is None else num_partitions)
     cols = key_columns(key)
     key = key if isinstance(key, str) else cols
     df = operator.prepare_input(df, key)
@@ -175,9 +186,15 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
     if not isinstance(num_partitions, int) or isinstance(num_partitions, bool) \
             or num_partitions < 1:
         raise ValueError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
+    if key_groups is not None and existing is not None and key_groups != existing.key_groups:
+        raise OperatorMismatchError(
+            f"the state at {root.uri} has {existing.key_groups} key groups, fixed when it was "
+            f"created; key_groups={key_groups} cannot change it (omit key_groups)")
     layout = OperatorLayout(
         operator=operator.kind, name=name or operator.kind, key=key,
         num_partitions=num_partitions,
+        key_groups=(existing.key_groups if existing is not None else
+                    key_groups if key_groups is not None else DEFAULT_KEY_GROUPS),
         schema={"input": _describe(in_schema), "params": operator.params()},
         schema_version=STATE_SCHEMA_VERSION,
         generation=existing.generation if existing is not None else 0,
@@ -204,8 +221,8 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
                         checkpoint=checkpoint or CheckpointConfig(),
                         storage_options=opts, lock_timeout_s=lock_timeout_s, metrics=metrics,
                         faults=faults)
-    return df.repartition(num_partitions, *cols).mapInArrow(task_function(cfg),
-                                                             from_arrow_schema(out_schema))
+    routed = with_key_groups(df, cols, layout.key_groups, layout.num_partitions)
+    return routed.mapInArrow(task_function(cfg), from_arrow_schema(out_schema))
 
 
 def stream_join(left: Any, right: Any, key: str | list[str], time: str, value: str, window: Any,

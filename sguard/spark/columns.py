@@ -1,9 +1,10 @@
 """Input columns as the operators and state TTL read them: a column as numpy, a time
-column's unit, a duration in that unit."""
+column's unit, a duration in that unit; and the name of the key-group column the
+runtime adds (`KG_COLUMN`)."""
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -11,7 +12,11 @@ import pyarrow as pa
 
 from sguard.spark.errors import SchemaChangedError, UnsupportedKeyTypeError
 
-__all__ = ["column_numpy", "time_unit", "duration_units"]
+__all__ = ["KG_COLUMN", "column_numpy", "time_unit", "duration_units"]
+
+KG_COLUMN: Final = "_sguard_kg"
+"""The int32 column with each row's key group, added on the JVM side before the shuffle
+(`sguard.spark.keygroups`) and kept in the input log (`sguard.spark.groupstate`)."""
 
 
 def column_numpy(table: pa.Table, name: str) -> npt.NDArray[Any]:

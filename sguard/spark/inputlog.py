@@ -28,9 +28,9 @@ file when one exists; otherwise (a repartitioning moved keys, see
 `sguard.statelayout`) it reads every file the batch has from the newest
 generation that logged it (older ones' files of that batch are leftovers of a
 run that never committed it; of each source partition the highest epoch) and
-keeps the rows whose key maps to ``q`` under Spark's partitioner
-(``sguard.partitioning``), which moves the replay position together with the
-keys.
+keeps the rows whose key group (the logged ``_sguard_kg`` column,
+`sguard.spark.groupstate`) ``q`` owns, which moves the replay position together
+with the key groups.
 
 Files are deleted (`trim`) once a durable checkpoint of the partition covers
 their batch *and* the previous checkpoint does too, so falling back to the
@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ioservice import StorageRoot, faultpoints
+from sguard.spark.columns import KG_COLUMN
 from sguard.spark.errors import InputLogGapError
 from sguard.spark.fencing import FenceView
 
@@ -153,9 +154,11 @@ def valid_batches(root: StorageRoot, generation: int, partition: int,
 
 def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
                num_partitions: int, key: str | list[str],
-               fence: FenceView | None = None) -> pa.Table:
-    """The rows partition `partition` (of `num_partitions`, generation `generation`)
-    consumed in `batch`; `fence` (the partition's claims) rules out stale writers' files.
+               fence: FenceView | None = None, *, key_groups: int) -> pa.Table:
+    """The rows partition `partition` (of `num_partitions`, generation `generation`, over
+    `key_groups` key groups) consumed in `batch`; `fence` (the partition's claims) rules
+    out stale writers' files. Rows of another generation's files are kept when their key
+    group (the logged `KG_COLUMN`) is one the partition owns.
 
     Raises
     ------
@@ -195,7 +198,8 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
     if times:  # the sources ran the batch at their own times: the latest, whatever the order
         table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                BATCH_TIME_KEY: max(times, key=int)})
-    part = np.asarray(partitioning.partition_of(key_table(table, key), num_partitions))
+    kg = np.asarray(table.column(KG_COLUMN).to_numpy(zero_copy_only=False), np.int64)
+    part = partitioning.owner_of(kg, num_partitions, key_groups)
     return table.filter(pa.array(part == partition))
 
 

@@ -27,6 +27,7 @@ from mmm import PageManager
 from sguard.spark import inputlog
 from sguard.spark.errors import InputLogGapError, StateAheadError, UnrecoverableStateError
 from sguard.spark.fencing import FenceView
+from sguard.spark.groupstate import open_state
 from sguard.spark.operators import Operator, OperatorState
 from sguard.statelayout import OperatorLayout
 
@@ -109,7 +110,7 @@ def rebuild_partition(pm: PageManager, root: StorageRoot, layout: OperatorLayout
                 tried.append(f"checkpoint {man.name} holds batch {c}, beyond {upto_batch}")
                 before = man.seq
                 continue
-        state = operator.open(pm, schema, layout.key)
+        state = open_state(operator, pm, schema, layout.key, layout.key_group_range(partition))
         what = "the empty state" if man is None else f"checkpoint {man.name} (batch {c})"
         try:
             _replay(root, layout, partition, state, man, c, upto_batch, fence)
@@ -139,7 +140,7 @@ def _replay(root: StorageRoot, layout: OperatorLayout, partition: int, state: Op
         positions = ReplayPositions.from_user_meta(man.user_meta)
     for x in range(c + 1, upto + 1):
         t = inputlog.read_input(root, x, layout.generation, partition, layout.num_partitions,
-                                layout.key, fence)
+                                layout.key, fence, key_groups=layout.key_groups)
         if positions is not None:
             t = t.filter(pa.array(positions.needs(inputlog.key_table(t, layout.key), x)))
         state.apply(t, x)

@@ -49,6 +49,7 @@ from sguard.spark import fencing, inputlog, metrics
 from sguard.spark import ttl as _ttl
 from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
+from sguard.spark.groupstate import open_state
 from sguard.spark.recovery import rebuild_partition
 from sguard.spark.operators import Operator, OperatorState
 from sguard.spark.placement import Marker, PartitionSlot, boot_id, new_token, state_id
@@ -220,7 +221,7 @@ class _Partition:
     def _bind(self, pm: PageManager, durable: int, last: int) -> None:
         cfg = self.cfg
         self.pm = pm
-        self.state = cfg.operator.open(pm, cfg.input_schema, cfg.key)
+        self.state = self._open(pm)
         meta = {"operator": cfg.layout.operator, "name": cfg.layout.name,
                 "generation": cfg.layout.generation, "partition": self.p,
                 "num_partitions": cfg.layout.num_partitions}
@@ -229,6 +230,12 @@ class _Partition:
                                           self._durable, self.claim)
         self.ckpt.seed(durable, last)
         self.durable = durable
+
+    def _open(self, pm: PageManager) -> OperatorState:
+        """The operator state of this partition's key groups on `pm`."""
+        cfg = self.cfg
+        return open_state(cfg.operator, pm, cfg.input_schema, cfg.key,
+                          cfg.layout.key_group_range(self.p))
 
     def _durable(self, batch: int, prev: int, man: Manifest) -> None:
         """On an I/O thread: a checkpoint of the state after `batch` is durable."""
@@ -330,7 +337,7 @@ class _Partition:
                 assert self.pm is not None and self.snap is not None
                 self.pm.rollback(self.snap)
                 self.snap = None
-                self.state = cfg.operator.open(self.pm, cfg.input_schema, cfg.key)
+                self.state = self._open(self.pm)
             elif action in (Action.ATTACH, Action.ROLLBACK_FILE):
                 assert marker is not None
                 self._drop()
@@ -388,7 +395,7 @@ class _Partition:
                 self.pm.rollback(self.snap)     # the fault let us live: undo the half batch
                 self.snap = self.pm.chkpt()
                 slot.write_base(self.snap.page_ids, self.snap._frames)
-                self.state = cfg.operator.open(self.pm, cfg.input_schema, cfg.key)
+                self.state = self._open(self.pm)
             out = self.state.apply(table, b)
             self._flush()
             apply_ms = (time.perf_counter() - t_apply) * 1e3

@@ -20,6 +20,7 @@ from ioservice import DamagedCheckpointWarning, StorageRoot, list_checkpoints, o
 from mmm import PageManager, PagePool
 from sguard.spark import fencing, inputlog
 from sguard.spark.checkpointing import latest_checkpoint_batch
+from sguard.spark.groupstate import open_state
 from sguard.spark.operators import operator_from_params
 from sguard.spark.placement import PartitionSlot, default_local_dir, root_key, state_id
 from sguard.spark.recovery import rebuild_partition
@@ -84,7 +85,7 @@ def read_local_state(state_uri: str, *, local_dir: str | None = None,
             pool._keep = base
             PagePool.__init__(pool, 1 << 16, 0, slot.pool_path, _attach=True)
             pm = PageManager(_pool=pool)
-            parts.append(op.open(pm, schema, lay.key).dump())
+            parts.append(open_state(op, pm, schema, lay.key, lay.key_group_range(p)).dump())
             batches[p] = m.batch if m.status == "applied" else m.batch - 1
         finally:
             slot.release()
