@@ -1,11 +1,12 @@
 """``sguard state repartition <state-uri> --partitions N``: scale an operator's state out or in.
 ``sguard state show <state-uri> [--batch-id B] [--limit N]``: print its first rows.
 
-Rewrites the checkpointed state of the operator under ``<state-uri>`` (see
-`sguard.statelayout`) as N partitions placed the way Spark's
-``repartition(N, key)`` places keys, then commits it as the next generation
-(`sguard.rescale.repartition`; a Spark window operator's partitions are first
-brought to one batch from the input log, `sguard.spark.rescaling`). A crash
+Repartitions the checkpointed state of the operator under ``<state-uri>`` (see
+`sguard.statelayout`) into N partitions by moving whole key groups: a Spark job
+(``--master``, default ``local[2]``) with one task per new partition composes
+its first checkpoint from the pages of its key groups (read only to verify
+their checksums; nothing is copied), then the layout is committed as the next
+generation (`sguard.rescale.repartition`, `sguard.spark.rescaling`). A crash
 leaves the old state in force; rerun the same command to complete. Restart
 the Spark query with N partitions (or skip this command: ``stateful(...,
 num_partitions=N)`` does the same at start-up).
@@ -42,8 +43,10 @@ def register(subparsers: Any) -> None:
                     help="state URI: a path, file:///..., s3://bucket/prefix, hdfs://host:port/path")
     rp.add_argument("--partitions", type=int, required=True, metavar="N",
                     help="the new number of partitions (>= 1)")
-    rp.add_argument("--workers", type=int, default=None,
-                    help="worker threads (default: one per independent group, <= CPUs)")
+    rp.add_argument("--master", default="local[2]",
+                    help="the Spark master the repartition job runs on (default local[2])")
+    rp.add_argument("--no-verify", dest="verify", action="store_false",
+                    help="do not read the pages to check their checksums (manifests only)")
     rp.add_argument("--force", action="store_true",
                     help="write a new generation even if the state already has N partitions")
     rp.add_argument("--s3-endpoint", help="S3 endpoint (default $SGUARD_S3_ENDPOINT)")
@@ -76,14 +79,10 @@ def _partitions(root: Any) -> int | None:
 def _cmd_repartition(args: argparse.Namespace) -> int:
     from ioservice import open_root
     from sguard.rescale import RescaleError, repartition
-    from sguard.spark.errors import InputLogGapError
+    from sguard.spark.rescaling import RepartitionJobError
 
     if args.partitions < 1:
         print(f"sguard state repartition: --partitions must be >= 1, got {args.partitions}",
-              file=sys.stderr)
-        return 2
-    if args.workers is not None and args.workers < 1:
-        print(f"sguard state repartition: --workers must be >= 1, got {args.workers}",
               file=sys.stderr)
         return 2
     try:
@@ -94,14 +93,25 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
         print(f"sguard state repartition: {exc}", file=sys.stderr)
         return 2
     try:
-        if args.partitions != _partitions(root):
-            from sguard.spark.rescaling import align_offline
-            align_offline(root)  # a Spark window operator's partitions to one batch first
-        res = repartition(root, args.partitions, workers=args.workers, force=args.force)
+        from sguard.rescale import plan
+        plan(root)  # bad state: refused before Spark starts
+        if args.partitions == _partitions(root) and not args.force:
+            res = repartition(root, args.partitions)  # nothing to do
+        else:
+            from sguard.spark.api import local_session
+            from sguard.spark.rescaling import repartition_job
+            spark = local_session(args.master, "sguard-repartition")
+            try:
+                res = repartition_job(spark, root, args.partitions, force=args.force,
+                                      verify=args.verify,
+                                      storage_options={"s3_endpoint": args.s3_endpoint}
+                                      if args.s3_endpoint else None)
+            finally:
+                spark.stop()
     except RescaleError as exc:
         print(f"sguard state repartition: {exc}", file=sys.stderr)
         return 2
-    except (IOServiceError, OSError, InputLogGapError) as exc:
+    except (IOServiceError, OSError, RepartitionJobError) as exc:
         print(f"sguard state repartition: failed, the previous state is still in force; "
               f"rerun to complete: {exc}", file=sys.stderr)
         return 1
@@ -110,8 +120,9 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
               f"{res.generation}); nothing to do (--force rewrites it)")
         return 0
     print(f"{args.uri}: {res.from_partitions} -> {res.num_partitions} partitions, generation "
-          f"{res.generation}; {res.rows} rows, {res.bytes_read / 1e6:.1f} MB read, "
-          f"{res.bytes_written / 1e6:.1f} MB written in {res.seconds:.2f} s")
+          f"{res.generation}; whole key groups moved: {res.pages} pages "
+          f"({res.state_bytes / 1e6:.1f} MB) re-referenced, {res.bytes_read / 1e6:.1f} MB "
+          f"read to verify, 0 written, in {res.seconds:.2f} s")
     return 0
 
 
@@ -134,7 +145,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     except (BatchNotAvailableError, LayoutError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except (IOServiceError, OSError) as exc:
+    except (IOServiceError, OSError, RepartitionJobError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     import pyarrow as pa
@@ -149,7 +160,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     except BatchNotAvailableError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except (IOServiceError, OSError) as exc:
+    except (IOServiceError, OSError, RepartitionJobError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     table = pa.concat_tables(parts)

@@ -70,18 +70,17 @@ def _check_layout(old: OperatorLayout, new: OperatorLayout, uri: str) -> None:
             f"written: was {old.schema.get('params')}, now {new.schema.get('params')}")
 
 
-def _repartition(root: StorageRoot, layout: OperatorLayout, operator: Operator,
-                 schema: pa.Schema, num_partitions: int, **kw: Any) -> OperatorLayout:
-    """Repartition the state at start-up (`sguard.spark.rescaling`); one log line."""
-    res = repartition_at_startup(root, layout, operator, schema, num_partitions,
-                                 state_key=root_key(root), **kw)
+def _repartition(spark: Any, root: StorageRoot, layout: OperatorLayout, num_partitions: int,
+                 **kw: Any) -> OperatorLayout:
+    """Repartition the state at start-up as a Spark job (`sguard.spark.rescaling`); one log
+    line."""
+    res = repartition_at_startup(spark, root, layout, num_partitions, state_key=root_key(root),
+                                 **kw)
     new = read_layout(root)
     assert new is not None and new.num_partitions == num_partitions
     logger.warning("state at %s repartitioned from %d to %d partitions at start-up "
-                   "(generation %d%s) in %.2f s", root.uri, res.from_partitions,
-                   res.num_partitions, res.generation,
-                   f", {len(res.aligned)} partition(s) brought forward to batch {res.batch}"
-                   if res.aligned else "", res.seconds)
+                   "(generation %d, whole key groups moved) in %.2f s", root.uri,
+                   res.from_partitions, res.num_partitions, res.generation, res.seconds)
     return new
 
 
@@ -114,7 +113,7 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
     num_partitions : int, optional
         State partitions P (default: the existing state's, else
         ``spark.sql.shuffle.partitions``). When it differs from the existing
-        state's, the state is repartitioned here, on the driver, before the
+        state's, the state is repartitioned as a Spark job, whole key groups at a time, before the
         query starts (`sguard.spark.rescaling`; one log line says so), and the
         query continues exactly once. An interrupted repartition is completed
         by calling again with the same value.
@@ -202,11 +201,9 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
     if existing is not None:
         _check_layout(existing, layout, root.uri)
         if num_partitions != existing.num_partitions:
-            existing = _repartition(root, existing, operator, in_schema, num_partitions,
+            existing = _repartition(df.sparkSession, root, existing, num_partitions,
                                     local_dir=local_dir or default_local_dir(),
-                                    page_bytes=page_bytes, capacity_bytes=capacity_bytes,
-                                    keep=(checkpoint or CheckpointConfig()).keep,
-                                    lock_timeout_s=lock_timeout_s)
+                                    storage_options=opts, lock_timeout_s=lock_timeout_s)
         elif explicit_p is None and (pending := pending_repartition(root)) is not None:
             logger.warning("state at %s: a repartition to %d partitions was interrupted; the "
                            "query runs with the committed %d (pass num_partitions=%d to "

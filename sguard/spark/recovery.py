@@ -27,7 +27,8 @@ from mmm import PageManager
 from sguard.spark import inputlog
 from sguard.spark.errors import InputLogGapError, StateAheadError, UnrecoverableStateError
 from sguard.spark.fencing import FenceView
-from sguard.spark.groupstate import open_state
+from sguard.rescale import KeyGroupPositions
+from sguard.spark.groupstate import key_group_column, open_state
 from sguard.spark.operators import Operator, OperatorState
 from sguard.statelayout import OperatorLayout
 
@@ -133,16 +134,15 @@ def rebuild_partition(pm: PageManager, root: StorageRoot, layout: OperatorLayout
 def _replay(root: StorageRoot, layout: OperatorLayout, partition: int, state: OperatorState,
             man: Manifest | None, c: int, upto: int, fence: FenceView | None) -> None:
     positions = None
-    if man is not None and man.user_meta.get("sources"):
-        # a repartitioned checkpoint: its keys came from source partitions that were at
-        # different batches, so each logged row is applied only if its key missed it
-        from sguard.rescale import ReplayPositions
-        positions = ReplayPositions.from_user_meta(man.user_meta)
+    if man is not None and man.user_meta.get("kg_batches"):
+        # a repartitioned checkpoint: its key groups came from source partitions that were
+        # at different batches, so each logged row is applied only if its key group missed it
+        positions = KeyGroupPositions.from_user_meta(man.user_meta)
     for x in range(c + 1, upto + 1):
         t = inputlog.read_input(root, x, layout.generation, partition, layout.num_partitions,
                                 layout.key, fence, key_groups=layout.key_groups)
         if positions is not None:
-            t = t.filter(pa.array(positions.needs(inputlog.key_table(t, layout.key), x)))
+            t = t.filter(pa.array(positions.needs(key_group_column(t), x)))
         state.apply(t, x)
 
 

@@ -54,7 +54,7 @@ from sguard.spark.recovery import rebuild_partition
 from sguard.spark.operators import Operator, OperatorState
 from sguard.spark.placement import Marker, PartitionSlot, boot_id, new_token, state_id
 from sguard.spark.versions import Action, LocalStateDamaged, attach_at, decide
-from sguard.statelayout import OperatorLayout
+from sguard.statelayout import PSID_SHIFT, OperatorLayout
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +224,8 @@ class _Partition:
         self.state = self._open(pm)
         meta = {"operator": cfg.layout.operator, "name": cfg.layout.name,
                 "generation": cfg.layout.generation, "partition": self.p,
-                "num_partitions": cfg.layout.num_partitions}
+                "num_partitions": cfg.layout.num_partitions,
+                "key_groups": list(cfg.layout.key_group_range(self.p)), "psid_shift": PSID_SHIFT}
         self.ckpt = PartitionCheckpointer(pm, self.rt.root, self.haunit,
                                           cfg.checkpoint, _io(cfg.checkpoint.io_workers), meta,
                                           self._durable, self.claim)
