@@ -329,29 +329,3 @@ def _hash_arrow(arr: pa.Array, seed: Any) -> npt.NDArray[np.uint32]:
     out: npt.NDArray[np.uint32] = h
     return out
 
-
-# --- TEMPORARY (lead, kgrt): replaced by the kgroute branch's versions at merge -----------
-DEFAULT_KEY_GROUPS = 128
-MAX_KEY_GROUPS = 32768
-
-
-def check_key_groups(key_groups: int, num_partitions: int) -> None:
-    if not isinstance(key_groups, int) or isinstance(key_groups, bool):
-        raise TypeError(f"key_groups must be an integer, got {key_groups!r}")
-    if not 1 <= key_groups <= MAX_KEY_GROUPS:
-        raise ValueError(f"key_groups must be in [1, {MAX_KEY_GROUPS}], got {key_groups}")
-    if num_partitions > key_groups:
-        raise ValueError(f"{num_partitions} partitions need at least as many key groups, "
-                         f"got key_groups={key_groups}")
-
-
-def key_group_range(p: int, num_partitions: int, key_groups: int) -> tuple[int, int]:
-    return (-(-p * key_groups // num_partitions), -(-(p + 1) * key_groups // num_partitions))
-
-
-def owner_of(kg: Any, num_partitions: int, key_groups: int) -> Any:
-    return kg * num_partitions // key_groups
-
-
-def key_group_of(keys: Any, key_groups: int) -> npt.NDArray[np.int32]:
-    return pmod(murmur3_hash(keys), key_groups).astype(np.int32)
