@@ -104,7 +104,6 @@ class Namespace:
         self.write_meta = pm.write_meta
         self.read_meta = pm.read_meta
         self.page_set = pm.page_set
-        self.rollback = pm.rollback
         self.flush = pm.flush
         self.close = pm.close
         self.stats = pm.stats
@@ -253,6 +252,9 @@ class Namespace:
         """Freeze page sets of this namespace (all of them by default; ``names``
         unqualified). `PageManager.chkpt` of `manager` freezes every namespace.
 
+        The snapshot never covers structures outside the namespace: rolling it
+        back (`rollback`, or `PageManager.rollback`) leaves them alone.
+
         Raises
         ------
         PageSetNotFoundError, StructureNotFoundError
@@ -263,4 +265,24 @@ class Namespace:
         else:
             chosen = [self._own(int(p)).psid for p in (psids or ())]
             chosen += [self.recover(n) for n in (names or ())]
-        return self.manager.chkpt(psids=chosen, precopy=precopy)
+        snap = self.manager.chkpt(psids=chosen, precopy=precopy)
+        snap.covers_all = False  # also when the namespace's page sets are all there are
+        if psids is None and names is None:
+            setattr(snap, "_namespace", self.prefix)  # see `rollback`
+        return snap
+
+    def rollback(self, snap: Snapshot) -> None:
+        """`PageManager.rollback`; after a snapshot of this whole namespace (`chkpt`
+        without arguments) its structures created since are destroyed too.
+
+        Raises
+        ------
+        SnapshotStateError
+            As `PageManager.rollback` (nothing changed).
+        """
+        pm = self.manager
+        pm.rollback(snap)
+        if getattr(snap, "_namespace", None) == self.prefix:
+            for p in self.psids():
+                if p not in snap.psids:
+                    pm.destroy(p)
