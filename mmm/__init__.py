@@ -10,6 +10,8 @@ page        a fixed-size block (power of two, 4 KiB-1 MiB, default 64 KiB): a
             64-byte header and a record area viewed as a numpy array
 frame       the slot of the pool's buffer that currently holds a page
 page set    the pages of one data structure, named by a PSID (an integer)
+namespace   a view of a page manager whose structures have prefixed names and
+            PSIDs from a block of their own (`Namespace`)
 page_id     ``(psid << 32) | seq``; seq 0 is the set's super page (metadata)
 pin         a snapshot's hold on a frame: a pinned frame is never written in place
 snapshot    a frozen, consistent set of pages (the paper's checkpoint request)
@@ -19,11 +21,13 @@ persisted   a page whose bytes are durable: its pin is dropped
 generation  bumped when pages change underneath structures (rollback, load):
             structures rebuild their in-memory indexes lazily
 """
-from mmm.errors import (IdNotFoundError, KeyFormatError, MmmError, PageFormatError,
-                        PageNotFoundError, PageSetNotFoundError, PageSizeError, PoolExhaustedError, PoolFileError, RecordTypeError,
+from mmm.errors import (IdNotFoundError, KeyFormatError, MmmError, NamespaceFullError,
+                        PageFormatError, PageNotFoundError, PageSetExistsError,
+                        PageSetNotFoundError, PageSizeError, PoolExhaustedError, PoolFileError, RecordTypeError,
                         SchemaError, SchemaMismatchError, SnapshotStateError,
                         StructureNotFoundError)
-from mmm.manager import Loader, PageManager, PageSet
+from mmm.manager import PSID_LIMIT, Loader, PageManager, PageSet
+from mmm.namespace import Namespace
 from mmm.page import Layout, make_page_id, split_page_id
 from mmm.pool import PagePool
 from mmm.snapshot import Snapshot, SnapshotState
@@ -33,9 +37,10 @@ from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque, PagedList
 
 __all__ = [
-    "PageManager", "PageSet", "HashMap", "KeyDict", "OrderedMap", "PagedList", "PagedDeque", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
+    "PageManager", "PageSet", "Namespace", "PSID_LIMIT", "HashMap", "KeyDict", "OrderedMap", "PagedList", "PagedDeque", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
     "make_page_id", "split_page_id",
-    "IdNotFoundError", "KeyFormatError", "MmmError", "PageFormatError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
+    "IdNotFoundError", "KeyFormatError", "MmmError", "NamespaceFullError", "PageFormatError",
+    "PageSetExistsError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
     "PoolExhaustedError", "PoolFileError", "RecordTypeError", "SchemaError",
     "SchemaMismatchError", "SnapshotStateError", "StructureNotFoundError",
 ]

@@ -42,6 +42,14 @@ class PageSetNotFoundError(MmmError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class PageSetExistsError(MmmError, ValueError):
+    """A PSID asked for explicitly that another page set already uses."""
+
+
+class NamespaceFullError(MmmError, RuntimeError):
+    """A `Namespace` whose PSID block has no free PSID left."""
+
+
 class PageNotFoundError(MmmError, KeyError):
     """A PageID that does not exist."""
 

@@ -38,8 +38,9 @@ import numpy as np
 import numpy.typing as npt
 
 from mmm._kernels.pages import copy_frames, group_pages
-from mmm.errors import (PageFormatError, PageNotFoundError, PageSetNotFoundError,
-                        SchemaMismatchError, SnapshotStateError, StructureNotFoundError)
+from mmm.errors import (PageFormatError, PageNotFoundError, PageSetExistsError,
+                        PageSetNotFoundError, SchemaMismatchError, SnapshotStateError,
+                        StructureNotFoundError)
 from mmm.page import (DEFAULT_PAGE_BYTES, HEADER_BYTES, HEADER_DTYPE, NIL_INT, PAGE_MAGIC,
                       Layout, decode_meta, encode_meta, make_page_id, split_page_id)
 from mmm.pool import DEFAULT_CAPACITY_BYTES, LIVE, PagePool
@@ -49,6 +50,8 @@ from mmm.snapshot import Snapshot, SnapshotState
 __all__ = ["PageManager", "PageSet", "Loader"]
 
 _MAX_NAME = 200
+PSID_LIMIT = 1 << 32
+"""PSIDs are in ``[1, PSID_LIMIT)`` (a PageID keeps the PSID in its upper 32 bits)."""
 
 
 class PageSet:
@@ -132,7 +135,8 @@ class PageManager:
         self._sets: dict[int, PageSet] = {}
         self._names: dict[str, int] = {}
         self._objects: dict[str, weakref.ReferenceType[Any]] = {}
-        self._next_psid = 1
+        self._next_psid = 1  # automatic PSIDs: the next candidate (used ones are skipped)
+        self._catalog_version = 0  # bumped whenever a name or PSID appears or goes
         self.generation = 0
         self.epoch = 1
         self._active: set[int] = set()
@@ -176,19 +180,42 @@ class PageManager:
         except KeyError:
             raise PageSetNotFoundError(f"page set {psid} does not exist") from None
 
-    def create(self, name: str, meta: dict[str, Any] | None = None) -> int:
+    def create(self, name: str, meta: dict[str, Any] | None = None, *,
+               psid: int | None = None) -> int:
         """Create a page set named ``name`` with its super page; return its PSID.
+
+        Parameters
+        ----------
+        name : str
+            Structure name, unique in this manager.
+        meta : dict, optional
+            JSON-able metadata stored in the super page.
+        psid : int, optional
+            The PSID to use, ``1 <= psid < 2**32``. Default: the next free one
+            above the last PSID given automatically (PSIDs taken explicitly are
+            skipped; amortized O(1)), so ordinary structures keep small PSIDs.
 
         Raises
         ------
         ValueError
-            If the name is empty, too long, not a string, or already in use.
+            If the name is empty, too long, not a string, or already in use, or
+            ``psid`` is not an int in ``[1, 2**32)``.
+        PageSetExistsError
+            If ``psid`` is already in use (the message names its structure).
         """
         _check_name(name)
         if name in self._names:
             raise ValueError(f"a structure named {name!r} already exists "
                              f"(page set {self._names[name]})")
-        psid = self._next_psid
+        auto = psid is None
+        if auto:
+            psid = self._free_psid()
+        else:
+            psid = _check_psid(psid)
+            if psid in self._sets:
+                raise PageSetExistsError(
+                    f"page set {psid} is already in use by structure "
+                    f"{self._sets[psid].name!r}; cannot create {name!r} with it")
         ps = PageSet(psid, name)
         self._sets[psid] = ps
         try:
@@ -197,10 +224,29 @@ class PageManager:
             del self._sets[psid]
             raise
         assert seq == 0
-        self._next_psid += 1
+        if auto:
+            self._next_psid = psid + 1
         self._names[name] = psid
+        self._catalog_version += 1
         self.write_meta(psid, dict(meta or {}, name=name))
         return psid
+
+    def _free_psid(self) -> int:
+        """The next automatic PSID: the counter, past any PSID in use."""
+        p = self._next_psid
+        while p in self._sets:
+            p += 1
+        if p >= PSID_LIMIT:
+            p = 1  # wrapped: the lowest free one (never in practice)
+            while p in self._sets:
+                p += 1
+            if p >= PSID_LIMIT:
+                raise PageSetExistsError("every PSID is in use")
+        return p
+
+    def psid_in_use(self, psid: int) -> bool:
+        """True if a page set ``psid`` exists."""
+        return psid in self._sets
 
     def destroy(self, psid: int) -> None:
         """Destroy a page set and free its pages (pinned ones once persisted)."""
@@ -210,6 +256,7 @@ class PageManager:
         del self._sets[psid]
         self._names.pop(ps.name, None)
         self._objects.pop(ps.name, None)
+        self._catalog_version += 1
         ps.high = 0
         ps.n_pages = 0
 
@@ -535,17 +582,26 @@ class PageManager:
 
     # -- structures ------------------------------------------------------------------------------
     def open_structure(self, name: str, kind: str, schema: dict[str, str],
-                       params: dict[str, Any]) -> tuple[int, bool]:
+                       params: dict[str, Any], *, psid: int | None = None) -> tuple[int, bool]:
         """Find or create the page set of structure ``name``: ``(psid, created)``.
+
+        ``psid`` is the PSID a new page set gets (see `create`); an existing
+        structure must already have it.
 
         Raises
         ------
         SchemaMismatchError
-            If ``name`` exists with another kind or schema.
+            If ``name`` exists with another kind or schema, or another PSID than ``psid``.
+        PageSetExistsError
+            If ``name`` is new and ``psid`` is in use.
         """
         self._flush_structures()
         if name in self._names:
-            psid = self._names[name]
+            have = self._names[name]
+            if psid is not None and _check_psid(psid) != have:
+                raise SchemaMismatchError(
+                    f"structure {name!r} exists with page set {have}, not {psid}")
+            psid = have
             meta = self._sets[psid].meta
             if meta.get("kind") != kind:
                 raise SchemaMismatchError(
@@ -558,7 +614,7 @@ class PageManager:
                     f"structure {name!r} exists with another schema ({'; '.join(diffs)})")
             return psid, False
         return self.create(name, {"kind": kind, "schema": schema, "params": params,
-                                  "state": {}}), True
+                                  "state": {}}, psid=psid), True
 
     def _register(self, name: str, obj: Any) -> None:
         self._objects[name] = weakref.ref(obj)
@@ -694,7 +750,8 @@ class PageManager:
             ps.meta = decode_meta(self.pool.frames[ps.frames[0], HEADER_BYTES:])
             ps.name = str(ps.meta["name"])
             self._names[ps.name] = psid
-        self._next_psid = max(self._sets, default=0) + 1
+        self._next_psid = 1  # the lowest free PSID next (skipping those in use)
+        self._catalog_version += 1
         snap.release()
         self.generation += 1
 
@@ -774,7 +831,8 @@ class PageManager:
         self._names.clear()
         self._sets.update(sets)
         self._names.update(names)
-        self._next_psid = max(self._sets, default=0) + 1
+        self._next_psid = 1  # the lowest free PSID next (skipping those in use)
+        self._catalog_version += 1
         self.generation += 1
 
     # -- accounting ------------------------------------------------------------------------------------
@@ -807,6 +865,13 @@ class PageManager:
             job.done.wait()
         shadows = sum(job.outstanding for job in self._precopy)  # copies not yet adopted
         assert len(seen) + shadows == int(np.count_nonzero(self.pool.state == LIVE))
+
+
+def _check_psid(psid: Any) -> int:
+    if isinstance(psid, (bool, np.bool_)) or not isinstance(psid, (int, np.integer)) \
+            or not 1 <= int(psid) < PSID_LIMIT:
+        raise ValueError(f"psid {psid!r}: must be an int with 1 <= psid < 2**32")
+    return int(psid)
 
 
 def _check_name(name: str) -> None:
@@ -927,6 +992,7 @@ class Loader:
             self._pm.pool.free(frames)
             self._pm._sets.clear()
             self._pm._names.clear()
+            self._pm._catalog_version += 1
             raise
 
     def abort(self) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from mmm.errors import SchemaMismatchError, StructureNotFoundError
 from mmm.manager import PageManager
+from mmm.namespace import Namespace
 from mmm.page import HEADER_BYTES
 
 __all__ = ["Structure", "pad8"]
@@ -25,13 +26,19 @@ def pad8(n: int) -> int:
 
 
 class Structure:
-    """Base class: a named page set with a fixed schema."""
+    """Base class: a named page set with a fixed schema.
+
+    ``pm`` is a `PageManager` or a `Namespace` of one: ``name`` is the name in
+    it (unqualified in a namespace). ``_pm`` is always the page manager itself
+    (the page-level calls), ``_catalog`` what names are looked up in.
+    """
 
     KIND: ClassVar[str] = "structure"
 
-    def __init__(self, pm: PageManager, name: str, schema: dict[str, str],
+    def __init__(self, pm: PageManager | Namespace, name: str, schema: dict[str, str],
                  params: dict[str, Any]) -> None:
-        self._pm = pm
+        self._catalog = pm
+        self._pm = pm.manager if isinstance(pm, Namespace) else pm
         self.name = name
         self._schema_text = schema
         psid, created = pm.open_structure(name, self.KIND, schema, params)
@@ -42,7 +49,7 @@ class Structure:
         self._sync()
 
     @classmethod
-    def _existing(cls, pm: PageManager, name: str, schema: dict[str, str]) -> Any:
+    def _existing(cls, pm: PageManager | Namespace, name: str, schema: dict[str, str]) -> Any:
         obj = pm._lookup_object(name)
         if obj is None:
             return None
@@ -62,7 +69,7 @@ class Structure:
             raise StructureNotFoundError(f"structure {self.name!r} was destroyed")
         if self._gen >= 0:
             try:
-                self.psid = pm.recover(self.name)
+                self.psid = self._catalog.recover(self.name)
             except StructureNotFoundError:
                 raise StructureNotFoundError(
                     f"structure {self.name!r} no longer exists (destroyed, or removed by a "
