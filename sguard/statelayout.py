@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from ioservice import StorageRoot, validate_name
 from ioservice.errors import StorageNotFoundError
-from sguard.partitioning import DEFAULT_KEY_GROUPS, check_key_groups, key_group_range
+from sguard.keygroups import DEFAULT_KEY_GROUPS, check_key_groups, key_group_range
 
 __all__ = ["LAYOUT_FILE", "PSID_SHIFT", "CONVERT_COMMAND", "key_group_psids", "key_group_of_psid", "LAYOUT_HISTORY_DIR", "LAYOUT_VERSION", "LayoutError", "OperatorLayout", "haunit_name",
            "parse_haunit_name", "read_layout", "schema_from_layout", "schema_to_json", "write_layout"]

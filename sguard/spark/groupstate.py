@@ -37,7 +37,7 @@ from sguard.spark import ttl as _ttl
 from sguard.spark.columns import KG_COLUMN
 from sguard.spark.errors import SchemaChangedError
 from sguard.spark.operators import Key, Operator, OperatorState
-from sguard.partitioning import key_group_of, owner_of
+from sguard.keygroups import key_group_of, owner_of
 from sguard.statelayout import key_group_psids
 
 __all__ = ["KG_COLUMN", "KeyGroupedState", "KeyGroupRoutingError", "namespace", "open_state",

@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ioservice import StorageRoot, faultpoints
+from sguard.keygroups import owner_of
 from sguard.spark.columns import KG_COLUMN
 from sguard.spark.errors import InputLogGapError
 from sguard.spark.fencing import FenceView
@@ -189,7 +190,7 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
         raise InputLogGapError(
             f"input log of batch {batch} is missing at {root.full_path(batch_dir(batch))}: "
             f"partition {partition} cannot be rebuilt past its last durable checkpoint")
-    from sguard import partitioning
+
     from sguard.spark.ttl import BATCH_TIME_KEY
     tables = [_read(root, max(fl, key=lambda f: f.epoch).relpath) for _, fl in
               sorted(by_part.items())]
@@ -199,7 +200,7 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
         table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                BATCH_TIME_KEY: max(times, key=int)})
     kg = np.asarray(table.column(KG_COLUMN).to_numpy(zero_copy_only=False), np.int64)
-    part = partitioning.owner_of(kg, num_partitions, key_groups)
+    part = owner_of(kg, num_partitions, key_groups)
     return table.filter(pa.array(part == partition))
 
 

@@ -49,7 +49,8 @@ from sguard.spark import fencing, inputlog, metrics
 from sguard.spark import ttl as _ttl
 from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
-from sguard.spark.groupstate import open_state
+from sguard.spark.columns import KG_COLUMN
+from sguard.spark.groupstate import add_key_groups, open_state
 from sguard.spark.recovery import rebuild_partition
 from sguard.spark.operators import Operator, OperatorState
 from sguard.spark.placement import Marker, PartitionSlot, boot_id, new_token, state_id
@@ -504,7 +505,14 @@ def _write_metrics(root: StorageRoot, rec: dict[str, Any]) -> None:
 
 def run_partition_batch(cfg: RuntimeConfig, partition: int, batch: int, table: pa.Table
                         ) -> pa.Table:
-    """Apply one batch to one partition (what a task does; also usable without Spark)."""
+    """Apply one batch to one partition (what a task does; also usable without Spark).
+
+    Rows without the key-group column (callers without Spark) get it computed here, with
+    the function Spark computes it with on the JVM side (`sguard.keygroups.key_group_of`);
+    rows of key groups the partition does not own are refused (`KeyGroupRoutingError`).
+    """
+    if KG_COLUMN not in table.column_names:
+        table = add_key_groups(table, cfg.key, cfg.layout.key_groups)
     return _runtime(cfg).partition(partition).run(batch, table)
 
 

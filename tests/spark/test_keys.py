@@ -17,7 +17,8 @@ import pytest
 from ioservice import open_root
 from mmm import PageManager
 from sguard import rescale
-from sguard.partitioning import partition_of
+from sguard.keygroups import DEFAULT_KEY_GROUPS
+from sguard.spark.groupstate import split_by_partition
 from sguard.spark import (CheckpointConfig, Fault, FaultPlan, InjectedFault, RunningAggregate,
                           WindowAggregate, WindowJoin)
 from sguard.spark.api import schema_to_json
@@ -111,8 +112,7 @@ def _batches(seed: int, key: list[str], P: int, join: bool) -> list[list[pa.Tabl
         if join:
             cols[SIDE_COLUMN] = rng.integers(0, 2, n, dtype=np.int8)
         t = pa.table(cols)
-        part = partition_of(t.select(key), P)
-        out.append([t.filter(pa.array(part == p)) for p in range(P)])
+        out.append(split_by_partition(t, key, P, DEFAULT_KEY_GROUPS))
     return out
 
 

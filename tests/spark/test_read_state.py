@@ -20,7 +20,8 @@ import pytest
 
 import sguard.spark as ss
 from mmm import PageManager
-from sguard import partitioning
+from sguard.keygroups import DEFAULT_KEY_GROUPS, key_group_range
+from sguard.spark.groupstate import open_state, split_by_partition
 from sguard.spark.reader import available_batches
 from tests.spark.helpers import StreamInput, make_input, running_oracle, stream
 
@@ -35,8 +36,7 @@ def _canon(t: pa.Table) -> list[tuple[Any, ...]]:
 
 
 def _split(t: pa.Table) -> list[pa.Table]:
-    part = np.asarray(partitioning.partition_of(t["k"].to_numpy(), P))
-    return [t.filter(pa.array(part == p)) for p in range(P)]
+    return split_by_partition(t, "k", P, DEFAULT_KEY_GROUPS)
 
 
 def _reference(op: ss.Operator, tables: list[pa.Table]) -> tuple[list[list[tuple[Any, ...]]],
@@ -44,7 +44,8 @@ def _reference(op: ss.Operator, tables: list[pa.Table]) -> tuple[list[list[tuple
     """The operator applied in-process, partition by partition as Spark places the keys:
     (state rows with partition_id after each batch, all output rows)."""
     schema = pa.schema([f.with_nullable(True) for f in tables[0].schema])
-    states = [op.open(PageManager(1 << 16, 1 << 28), schema, "k") for _ in range(P)]
+    states = [open_state(op, PageManager(1 << 16, 1 << 28), schema, "k",
+                         key_group_range(p, P, DEFAULT_KEY_GROUPS)) for p in range(P)]
     after, outs = [], []
     for t in tables:
         rows: list[tuple[Any, ...]] = []

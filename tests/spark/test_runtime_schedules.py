@@ -25,16 +25,18 @@ from sguard.spark.operators import SIDE_COLUMN, Operator
 from sguard.spark.runtime import RuntimeConfig, _runtime, run_partition_batch
 from ioservice import open_root
 from sguard.spark.api import schema_to_json
+from sguard.spark.groupstate import split_by_partition
 from sguard.spark.placement import root_key
 from sguard.spark.state import read_local_state
 from sguard.statelayout import OperatorLayout, write_layout
 
 P = 2
+K = 8
 BATCHES = 8
 
 
 def _tables(seed: int, join: bool) -> list[list[pa.Table]]:
-    """Per batch, per partition: the rows (keys split by k % P, as a partitioner would)."""
+    """Per batch, per partition: the rows (by key group, as Spark routes them)."""
     rng = np.random.default_rng(seed)
     out = []
     for b in range(BATCHES):
@@ -45,14 +47,14 @@ def _tables(seed: int, join: bool) -> list[list[pa.Table]]:
         if join:
             cols[SIDE_COLUMN] = rng.integers(0, 2, n, dtype=np.int8)
         t = pa.table(cols)
-        out.append([t.filter(pa.array(k % P == p)) for p in range(P)])
+        out.append(split_by_partition(t, "k", P, K))
     return out
 
 
 def _config(tmp: Path, op: Operator, schema: pa.Schema, plan: FaultPlan | None,
             every: int) -> RuntimeConfig:
     lay = OperatorLayout(operator=op.kind, name="op", schema={"params": op.params()},
-                         num_partitions=P, key="k", extra={"arrow_schema": schema_to_json(schema)})
+                         num_partitions=P, key="k", key_groups=K, extra={"arrow_schema": schema_to_json(schema)})
     write_layout(open_root(str(tmp / "state")), lay)
     return RuntimeConfig(state_uri=str(tmp / "state"), state_key=root_key(open_root(str(tmp / "state"))),
                          layout=lay,

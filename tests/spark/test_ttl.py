@@ -15,6 +15,8 @@ import pyarrow as pa
 import pytest
 
 from ioservice import open_root
+from sguard.keygroups import DEFAULT_KEY_GROUPS
+from sguard.spark.groupstate import split_by_partition
 from mmm import PageManager
 from sguard.spark import CheckpointConfig, Fault, FaultPlan, InjectedFault, RunningAggregate
 from sguard.spark import ttl as ttl_mod
@@ -47,7 +49,7 @@ def _tables(seed: int) -> list[list[pa.Table]]:
         k = rng.choice(live, n).astype(np.int64)
         t = pa.table({"k": k, "v": rng.integers(-50, 50, n, dtype=np.int64),
                       "ts": (b * 10 + rng.integers(0, 10, n)).astype(np.int64)})
-        out.append([t.filter(pa.array(k % P == p)) for p in range(P)])
+        out.append(split_by_partition(t, "k", P, DEFAULT_KEY_GROUPS))
     return out
 
 
