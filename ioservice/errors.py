@@ -20,7 +20,12 @@ caller would naturally catch, so ``except ValueError`` around a bad URI and
         ├── CheckpointDamagedError (ValueError)
         │   └── ManifestError
         ├── CheckpointNotFoundError (FileNotFoundError)
-        └── CheckpointInProgressError (RuntimeError)
+        ├── CheckpointInProgressError (RuntimeError)
+        ├── CompositionError (ValueError)
+        │   ├── OverlappingRangesError
+        │   ├── DuplicatePagesError
+        │   └── PageSizeMismatchError
+        └── CompositionConflictError (FileExistsError)
 
 Checkpoint errors name the HA unit, the checkpoint (``<haunit>-<seq>``), the
 file and the backend.
@@ -37,6 +42,11 @@ __all__ = [
     "CheckpointInProgressError",
     "CheckpointNotFoundError",
     "CheckpointWriteError",
+    "CompositionConflictError",
+    "CompositionError",
+    "DuplicatePagesError",
+    "OverlappingRangesError",
+    "PageSizeMismatchError",
     "DamagedCheckpointWarning",
     "ManifestError",
     "IOServiceError",
@@ -127,6 +137,28 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class CheckpointInProgressError(CheckpointError, RuntimeError):
     """A checkpoint was requested while another one of the same HA unit is in flight."""
+
+
+class CompositionError(CheckpointError, ValueError):
+    """A composed checkpoint (`CheckpointManager.compose`) was refused for its input
+    (malformed parts or ranges, structures that clash); nothing was written."""
+
+
+class OverlappingRangesError(CompositionError):
+    """Two psid ranges of a composition overlap (in one part or across parts)."""
+
+
+class DuplicatePagesError(CompositionError):
+    """Two parts of a composition hold the same PageID."""
+
+
+class PageSizeMismatchError(CompositionError):
+    """The parts of a composition (or the page manager) use different page sizes."""
+
+
+class CompositionConflictError(CheckpointError, FileExistsError):
+    """The HA unit already has a checkpoint that is not the requested composition
+    (a rerun of the same composition returns the existing one instead)."""
 
 
 class DamagedCheckpointWarning(UserWarning):

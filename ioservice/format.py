@@ -44,11 +44,27 @@ valid; every page is page-aligned and lies inside its file's recorded size; the
 checksum of the columns matches; the document checksum matches. Any damage to
 the bytes raises `ManifestError`, never another exception.
 
+*Composed* checkpoints (version 3): a checkpoint of one HA unit made of
+page-table rows of other checkpoints, chosen by page set id (psid) ranges
+(`ioservice.manager.CheckpointManager.compose`). It writes no page: it
+references the source checkpoints' files where they lie, in other HA units'
+directories. Its manifest names its sources in ``composed_from`` (a non-empty,
+sorted list of checkpoint names, not its own) and has ``full`` false, no
+``base``, any ``depth`` (the deepest source's chain) and no file in its own
+directory. An incremental checkpoint may take a composed one as its base
+(its files then name other HA units' directories too). Every other rule
+stands: a full checkpoint still references only its own files, an
+incremental one still names an earlier checkpoint of its own HA unit.
+
 Format versions: ``1`` (before the document checksum) is still read: its
-fields are checked as above, but nothing seals them. ``2`` (current) adds
+fields are checked as above, but nothing seals them. ``2`` adds
 ``document_xxh3_64``. A version-1 manifest that carries the field is refused
-(it would otherwise switch the seal off by a downgrade). Writers always write
-the current version; an incremental checkpoint may build on a version-1 base.
+(it would otherwise switch the seal off by a downgrade). ``3`` adds the
+required field ``composed_from`` (``[]`` for a checkpoint that is not
+composed). Writers write version 2 for every checkpoint that is not composed
+(so a reader that predates version 3 still reads them) and version 3 for a
+composed one (such a reader refuses it by its version instead of misreading
+it); an incremental checkpoint may build on a version-1 base.
 
 A checkpoint *exists* only when its manifest does; page files without a
 manifest are leftovers of a failed or interrupted checkpoint.
@@ -57,6 +73,7 @@ manifest are leftovers of a failed or interrupted checkpoint.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import re
@@ -84,8 +101,11 @@ __all__ = [
     "Manifest",
     "PageFile",
     "PageTable",
+    "COMPOSED_FORMAT_VERSION",
     "checkpoint_dir",
     "checkpoint_name",
+    "check_psid_ranges",
+    "psid_mask",
     "document_checksum",
     "page_checksums",
     "page_file_name",
@@ -93,10 +113,14 @@ __all__ = [
 ]
 
 FORMAT_VERSION: Final = 2
-"""Version of the manifest format written. Version 2 added the document
-checksum (`DOCUMENT_CHECKSUM_KEY`); readers also accept version 1 manifests
-(written by sguard before it), whose page table is checksummed but whose other
-fields are not, and refuse every other version."""
+"""Version of the manifest format written for every checkpoint that is not
+composed. Version 2 added the document checksum (`DOCUMENT_CHECKSUM_KEY`);
+readers also accept version 1 manifests (written by sguard before it), whose
+page table is checksummed but whose other fields are not, and version 3
+(`COMPOSED_FORMAT_VERSION`), and refuse every other version."""
+COMPOSED_FORMAT_VERSION: Final = 3
+"""Version written for a composed checkpoint: version 2 plus the field
+``composed_from`` (see the module docstring)."""
 DOCUMENT_CHECKSUM_KEY: Final = "document_xxh3_64"
 """Manifest field holding `document_checksum` of every other field (version >= 2)."""
 CHECKPOINT_DIR: Final = "checkpoint"
@@ -106,7 +130,7 @@ MANIFEST_NAME: Final = "manifest.json"
 CHECKSUM_ALGO: Final = "xxh3_64"
 """Per-page checksum algorithm."""
 
-_READABLE_VERSIONS: Final = (1, 2)
+_READABLE_VERSIONS: Final = (1, 2, 3)
 _KIND: Final = "sguard-checkpoint"
 _FIELDS: Final = frozenset({
     "format_version", "kind", "haunit", "seq", "name", "snapshot_id", "created_unix_s",
@@ -118,6 +142,8 @@ _MAX_U32: Final = 2**32 - 1
 _MAX_U31: Final = 2**31 - 1
 _MAX_FILE_BYTES: Final = 2**62  # no sum of an offset and a page size can wrap a uint64
 _MAX_PAGES: Final = 2**40
+_MAX_SOURCES: Final = 1 << 20
+_PSID_LIMIT: Final = 1 << 32  # a psid is the high 32 bits of a PageID
 _NAME_RE: Final = re.compile(r"^(?P<haunit>.+)-(?P<seq>[0-9]{1,18})$")
 _COLUMNS: Final = (("page_id", "<u8"), ("file", "<u4"), ("offset", "<u8"), ("checksum", "<u8"))
 
@@ -189,6 +215,57 @@ def page_checksums(pages: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
     Runtime complexity: O(bytes), about 20 GB/s.
     """
     return xxh3_rows(pages)
+
+
+def check_psid_ranges(ranges: Any, what: str = "psid ranges") -> list[tuple[int, int]]:
+    """Validate page set id ranges and return them sorted.
+
+    A range ``(lo, hi)`` is half-open: psids ``lo <= psid < hi``, with
+    ``0 <= lo < hi <= 2**32`` (a psid is a PageID's high 32 bits).
+
+    Raises
+    ------
+    ValueError
+        If `ranges` is not a sequence of ``(lo, hi)`` int pairs in range, or two
+        of its ranges overlap (the message names them and `what`).
+
+    Examples
+    --------
+    >>> check_psid_ranges([(5, 9), (1, 3)])
+    [(1, 3), (5, 9)]
+    """
+    if isinstance(ranges, (str, bytes)) or not hasattr(ranges, "__iter__"):
+        raise ValueError(f"{what} must be a sequence of (lo, hi) pairs, got {_short(ranges)}")
+    out = []
+    for r in ranges:
+        try:
+            lo, hi = r
+        except (TypeError, ValueError):
+            raise ValueError(f"{what}: {_short(r)} is not a (lo, hi) pair") from None
+        if not (isinstance(lo, (int, np.integer)) and isinstance(hi, (int, np.integer))) \
+                or isinstance(lo, bool) or isinstance(hi, bool) \
+                or not 0 <= int(lo) < int(hi) <= _PSID_LIMIT:
+            raise ValueError(f"{what}: range {_short(r)} is not (lo, hi) ints with "
+                             f"0 <= lo < hi <= 2**32")
+        out.append((int(lo), int(hi)))
+    out.sort()
+    for a, b in zip(out, out[1:]):
+        if b[0] < a[1]:
+            raise ValueError(f"{what}: ranges {a} and {b} overlap")
+    return out
+
+
+def psid_mask(page_ids: npt.NDArray[np.uint64],
+              ranges: list[tuple[int, int]]) -> npt.NDArray[np.bool_]:
+    """True where a page's psid (``page_id >> 32``) lies in one of `ranges` (sorted,
+    disjoint: `check_psid_ranges`). Runtime complexity: O(n log r), vectorized."""
+    if not ranges or not len(page_ids):
+        return np.zeros(len(page_ids), dtype=bool)
+    psid = (np.asarray(page_ids, dtype=np.uint64) >> np.uint64(32)).astype(np.int64)
+    lo = np.array([r[0] for r in ranges], dtype=np.int64)
+    hi = np.array([r[1] for r in ranges], dtype=np.int64)
+    k = np.searchsorted(lo, psid, side="right") - 1
+    return (k >= 0) & (psid < hi[np.maximum(k, 0)])
 
 
 # ------------------------------------------------------------------ manifest
@@ -276,8 +353,16 @@ class Manifest:
     created_unix_s: float = field(default_factory=time.time)
     format_version: int = FORMAT_VERSION
     checksum_algo: str = CHECKSUM_ALGO
+    composed_from: tuple[str, ...] = ()
+    """Names of the checkpoints a composed checkpoint's rows come from (sorted);
+    empty for one that is not composed."""
 
     # -- derived ---------------------------------------------------------------------
+    @property
+    def composed(self) -> bool:
+        """True for a composed checkpoint (see the module docstring)."""
+        return bool(self.composed_from)
+
     @property
     def name(self) -> str:
         """``<haunit>-<seq>``."""
@@ -324,18 +409,60 @@ class Manifest:
         """Names of every checkpoint directory holding pages of this checkpoint."""
         return tuple(sorted({f.checkpoint for f in self.files}))
 
+    def select_psids(self, ranges: Any) -> Manifest:
+        """This checkpoint restricted to the pages whose psid lies in `ranges`.
+
+        The result keeps this checkpoint's identity (haunit, seq, name,
+        user_meta ...), holds only the selected rows, only the files they lie in
+        and only the structures whose psid is selected: what a partial restore
+        reads (`ioservice.recovery.restore` ``psid_ranges``). It describes no
+        manifest on storage; never write it. Runtime complexity: O(pages).
+
+        Raises
+        ------
+        ValueError
+            For bad or overlapping `ranges` (`check_psid_ranges`).
+        """
+        rs = check_psid_ranges(ranges)
+        keep = np.flatnonzero(psid_mask(self.pages.page_id, rs))
+        sub = self.pages.take(keep)
+        used = np.unique(sub.file)
+        remap = np.zeros(len(self.files), dtype=np.uint32)
+        remap[used] = np.arange(len(used), dtype=np.uint32)
+        sub = PageTable(sub.page_id, remap[sub.file], sub.offset, sub.checksum)
+        structs = {k: v for k, v in self.structures.items()
+                   if psid_mask(np.array([int(v) << 32], np.uint64), rs)[0]}
+        return dataclasses.replace(self, files=tuple(self.files[i] for i in used.tolist()),
+                                   pages=sub, structures=structs)
+
+    def same_content(self, other: Manifest) -> bool:
+        """True when `other` restores exactly what this checkpoint does and records
+        the same data: equal in every field but haunit, seq, name, creation time
+        and format version (how an idempotent rerun of a composition is recognized)."""
+        a, b = self.pages, other.pages
+        return (self.page_bytes == other.page_bytes and self.full == other.full
+                and self.depth == other.depth and self.base == other.base
+                and self.snapshot_id == other.snapshot_id
+                and self.composed_from == other.composed_from
+                and self.files == other.files
+                and _canon(self.structures) == _canon(other.structures)
+                and _canon(self.user_meta) == _canon(other.user_meta)
+                and len(a) == len(b)
+                and all(np.array_equal(getattr(a, c), getattr(b, c)) for c, _ in _COLUMNS))
+
     # -- encoding ------------------------------------------------------------------------
     def to_json(self) -> bytes:
-        """Encode as UTF-8 JSON in the current format (`FORMAT_VERSION`), sealed with
-        the document checksum. Runtime complexity: O(pages), vectorized."""
+        """Encode as UTF-8 JSON, sealed with the document checksum: version
+        `FORMAT_VERSION`, or `COMPOSED_FORMAT_VERSION` for a composed checkpoint.
+        Runtime complexity: O(pages), vectorized."""
         cols = {}
         digest = xxhash.xxh3_64()
         for name, dt in _COLUMNS:
             raw = np.ascontiguousarray(getattr(self.pages, name), dtype=dt).tobytes()
             digest.update(raw)
             cols[name] = [dt, base64.b64encode(raw).decode("ascii")]
-        doc = {
-            "format_version": FORMAT_VERSION,
+        doc: dict[str, Any] = {
+            "format_version": COMPOSED_FORMAT_VERSION if self.composed else FORMAT_VERSION,
             "kind": _KIND,
             "haunit": self.haunit,
             "seq": self.seq,
@@ -354,6 +481,8 @@ class Manifest:
             "page_table": {"n_pages": len(self.pages), "encoding": "base64",
                            "columns": cols, "xxh3_64": digest.hexdigest()},
         }
+        if self.composed:
+            doc["composed_from"] = list(self.composed_from)
         doc[DOCUMENT_CHECKSUM_KEY] = document_checksum(doc)
         return json.dumps(doc, indent=1, allow_nan=False).encode("utf-8")
 
@@ -401,7 +530,8 @@ class Manifest:
             raise ManifestError(f"{where}: format_version {_short(version)} is not supported "
                                 f"(this sguard reads versions "
                                 f"{', '.join(map(str, _READABLE_VERSIONS))})")
-        allowed = _FIELDS | ({DOCUMENT_CHECKSUM_KEY} if version >= 2 else set())
+        allowed = _FIELDS | ({DOCUMENT_CHECKSUM_KEY} if version >= 2 else set()) \
+            | ({"composed_from"} if version >= 3 else set())
         unknown = sorted(set(doc) - allowed)
         if unknown:
             raise ManifestError(f"{where}: unknown field(s) "
@@ -447,7 +577,22 @@ class Manifest:
         if "base" not in doc:
             raise ManifestError(f"{where}: field 'base' is missing")
         base = doc["base"]
-        if full:
+        composed_from: tuple[str, ...] = ()
+        if version >= 3:
+            srcs = get("composed_from", list)
+            if len(srcs) > _MAX_SOURCES or not all(
+                    isinstance(x, str) and parse_checkpoint_name(x) is not None for x in srcs):
+                raise ManifestError(f"{where}: field 'composed_from' must list checkpoint "
+                                    f"names, got {_short(srcs)}")
+            if srcs != sorted(set(srcs)) or f"{haunit}-{seq}" in srcs:
+                raise ManifestError(f"{where}: field 'composed_from' must be sorted, unique "
+                                    f"and not name the checkpoint itself, got {_short(srcs)}")
+            composed_from = tuple(srcs)
+        if composed_from:
+            if full or base is not None:
+                raise ManifestError(f"{where}: a composed checkpoint has full {full} and base "
+                                    f"{_short(base)} (expected false and none)")
+        elif full:
             if base is not None or depth != 0:
                 raise ManifestError(f"{where}: a full checkpoint has base {_short(base)} and "
                                     f"depth {depth} (expected none and 0)")
@@ -490,7 +635,7 @@ class Manifest:
                   page_bytes=page_bytes, full=full, depth=depth,
                   base=base, files=tuple(files), pages=pages, structures=structures,
                   user_meta=user_meta, created_unix_s=float(created),
-                  format_version=version, checksum_algo=algo)
+                  format_version=version, checksum_algo=algo, composed_from=composed_from)
         man.validate(where)
         if version >= 2:
             want = get(DOCUMENT_CHECKSUM_KEY, str)
@@ -534,6 +679,9 @@ class Manifest:
                     f"({self.files[int(t.file[i])].size_bytes} bytes)")
         if self.full and any(f.checkpoint != self.name for f in self.files):
             raise ManifestError(f"{where}: a full checkpoint references other checkpoints' files")
+        if self.composed and any(f.checkpoint == self.name for f in self.files):
+            raise ManifestError(f"{where}: a composed checkpoint has files in its own "
+                                f"directory (it writes none)")
 
 
 def document_checksum(doc: Mapping[str, Any]) -> str:
@@ -562,6 +710,12 @@ def document_checksum(doc: Mapping[str, Any]) -> str:
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False)
     return xxhash.xxh3_64_hexdigest(text.encode("ascii"))
+
+
+def _canon(val: Any) -> str:
+    """Canonical JSON text of `val` (as a reader would parse it)."""
+    return json.dumps(json.loads(json.dumps(dict(val), allow_nan=False)), sort_keys=True,
+                      separators=(",", ":"))
 
 
 def _no_constant(name: str) -> Any:

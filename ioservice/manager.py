@@ -35,6 +35,16 @@ only one that completes snapshots of its page manager (the manager's *base*
 manifest and the page manager's notion of "unchanged" must agree;
 `adopt_base` is the one way to tell it otherwise).
 
+Composed checkpoints (`CheckpointManager.compose`): a new checkpoint of this
+HA unit made of page-table rows of other checkpoints (typically other HA
+units'), chosen by psid ranges. It writes no page, only a manifest
+(`ioservice.format`, version 3) that references the sources' page files where
+they lie. It then is the base of the next incremental checkpoint, which
+writes only the changed pages and references the rest, foreign files
+included. Retention only ever deletes this HA unit's own directories, and
+none that another HA unit's kept manifest references (`sweep_unreferenced`
+collects dead HA units' directories once nothing references them).
+
 Several writers over time (fencing, e.g. `sguard.spark.fencing`): a writer
 that may overlap with others passes ``exclusive=True`` and a ``seq_range``
 of its own. Its checkpoint names then never collide with another writer's,
@@ -56,7 +66,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,12 +77,22 @@ from ioservice.errors import (
     CheckpointError,
     CheckpointInProgressError,
     CheckpointWriteError,
+    CompositionConflictError,
+    CompositionError,
+    DuplicatePagesError,
     IOServiceError,
+    ManifestError,
+    OverlappingRangesError,
+    PageSizeMismatchError,
+    StorageExistsError,
+    StorageNotFoundError,
 )
 from ioservice import faultpoints
-from ioservice.format import Manifest, PageFile, PageTable, checkpoint_dir, checkpoint_name
+from ioservice.format import (Manifest, PageFile, PageTable, check_psid_ranges, checkpoint_dir,
+                               checkpoint_name, psid_mask)
 from ioservice.fs import StorageRoot, open_root, validate_name
-from ioservice.recovery import CheckpointInfo, list_checkpoints, read_manifest, restore
+from ioservice.recovery import (CheckpointInfo, _check_files, list_checkpoints, read_manifest,
+                                restore)
 from ioservice.scheduling import ChunkGrant, WriteScheduler, resolve_scheduler
 from ioservice.service import IOService, WriteResult
 from mmm.manager import PageManager
@@ -317,6 +337,7 @@ class CheckpointManager:
         self._lock = threading.Lock()
         self._pending: PendingCheckpoint | None = None
         self._base: Manifest | None = None
+        self._base_partial = False  # the base is a selection (partial restore): never skip
         self._manifests: dict[str, Manifest] = {}
         if seq_range is not None:
             lo, hi = (int(seq_range[0]), int(seq_range[1]))
@@ -330,7 +351,8 @@ class CheckpointManager:
         self._next_seq = self._seq_after(list_checkpoints(self.root, self.haunit))
         self._last_start = clock()
         self._tuples = 0
-        self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0}
+        self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0,
+                         "composed": 0}
         #: committed checkpoints written through the scheduler, and those that fell back
         self.schedule_counters = {"scheduled": 0, "unscheduled_fallbacks": 0}
         self._closed = False
@@ -387,6 +409,7 @@ class CheckpointManager:
                         f"HA unit {self.haunit!r}: cannot drop the base while checkpoint "
                         f"{self._pending.name} is in flight")  # type: ignore[union-attr]
                 self._base = None
+                self._base_partial = False
             return
         if manifest.haunit != self.haunit:
             raise ValueError(f"cannot adopt checkpoint {manifest.name} of HA unit "
@@ -400,6 +423,7 @@ class CheckpointManager:
                     f"HA unit {self.haunit!r}: cannot adopt {manifest.name} as a base while "
                     f"checkpoint {self._pending.name} is in flight")  # type: ignore[union-attr]
             self._base = manifest
+            self._base_partial = False
             self._manifests[manifest.name] = manifest
             if self._seq_range[0] <= manifest.seq < self._seq_range[1]:
                 self._next_seq = max(self._next_seq, manifest.seq + 1)
@@ -437,9 +461,15 @@ class CheckpointManager:
             self.io.shutdown()
 
     # ----------------------------------------------------------------- recovery
-    def restore(self, *, before_seq: int | None = None) -> Manifest | None:
+    def restore(self, *, before_seq: int | None = None,
+                psid_ranges: Sequence[tuple[int, int]] | None = None) -> Manifest | None:
         """Load the latest restorable checkpoint into the page manager (`recovery.restore`);
-        with `before_seq`, the latest one with a smaller sequence number.
+        with `before_seq`, the latest one with a smaller sequence number; with
+        `psid_ranges`, only the pages whose psid lies in those half-open ranges
+        (a partial restore: only their bytes are read; the returned manifest is
+        the selection, `Manifest.select_psids`, and the next checkpoint is never
+        skipped as unchanged, since the page manager no longer holds the whole
+        checkpoint).
 
         Returns
         -------
@@ -454,8 +484,12 @@ class CheckpointManager:
             If a checkpoint is in flight.
         CheckpointNotFoundError
             If checkpoints exist but every one is damaged.
+        ValueError
+            If `psid_ranges` is malformed or overlaps (nothing is read).
         StorageUnreachableError
         """
+        if psid_ranges is not None:
+            psid_ranges = check_psid_ranges(psid_ranges, "psid_ranges")
         if self.in_flight is not None:
             raise CheckpointInProgressError(f"HA unit {self.haunit!r}: cannot restore while "
                                             f"checkpoint {self._pending.name} is in flight")  # type: ignore[union-attr]
@@ -464,12 +498,159 @@ class CheckpointManager:
         if not any(c.has_manifest and (before_seq is None or c.seq < before_seq)
                    for c in existing):
             return None
-        man = restore(self.pm, self.root, self.haunit, io=self.io, before_seq=before_seq)
+        man = restore(self.pm, self.root, self.haunit, io=self.io, before_seq=before_seq,
+                      psid_ranges=psid_ranges)
         self._base = man
-        self._manifests[man.name] = man
+        self._base_partial = psid_ranges is not None
+        if psid_ranges is None:  # retention reads the whole manifest, never a selection
+            self._manifests[man.name] = man
         self._last_start = self._clock()
         self._tuples = 0
         return man
+
+    # ----------------------------------------------------------------- compose
+    def compose(self, parts: Sequence[tuple[Manifest, Sequence[tuple[int, int]]]],
+                user_meta: Mapping[str, Any] | None = None) -> Manifest:
+        """Write a *composed* checkpoint of this HA unit: exactly the page-table rows
+        of the `parts`' checkpoints whose psid lies in each part's ranges.
+
+        The new checkpoint references the source checkpoints' page files where
+        they lie (usually other HA units' directories): no page byte is read or
+        written, only its manifest (`ioservice.format`, version 3, field
+        ``composed_from``), which is created, never replaced
+        (`StorageRoot.write_new`), with a sequence number from this manager's
+        ``seq_range``; ``before_commit`` is asked first, as for a checkpoint
+        (the other hooks are not called). Its structures are the sources'
+        structures whose psid is selected; its ``depth`` is the deepest source's;
+        its ``snapshot_id`` the largest source's.
+
+        Idempotent: when this HA unit's newest checkpoint already is the same
+        composition (`Manifest.same_content`: same rows, files, structures,
+        ``user_meta`` and sources), that one is returned and nothing is written,
+        so a retried task (an executor killed after the manifest was written)
+        succeeds. Any other existing checkpoint of this HA unit is a conflict.
+
+        Afterwards the composed checkpoint is this manager's base, as with
+        `adopt_base`: the next checkpoint writes only the pages changed since it
+        and references the others where they lie. So the page manager must hold
+        exactly that state then: call `restore` (which loads it: it is the newest
+        checkpoint) before changing state and checkpointing.
+
+        Parameters
+        ----------
+        parts : sequence of (Manifest, sequence of (int, int))
+            Each source checkpoint (read from this manager's root, e.g. with
+            `ioservice.recovery.read_manifest`) and the half-open psid ranges
+            ``[lo, hi)`` taken from it. Ranges may not overlap, in one part or
+            across parts, so no page is taken twice.
+        user_meta : mapping, optional
+            JSON-able data stored in the manifest.
+
+        Returns
+        -------
+        Manifest
+            The composed checkpoint (the existing one for a rerun).
+
+        Raises
+        ------
+        CompositionError
+            For malformed `parts` or ranges, no part, or two parts holding
+            structures of one name with different psids;
+            `OverlappingRangesError` for ranges that overlap;
+            `DuplicatePagesError` for a PageID taken from two parts;
+            `PageSizeMismatchError` when a source's page size is not the page
+            manager's.
+        CompositionConflictError
+            If this HA unit already has a checkpoint that is not this
+            composition (also one created concurrently under the same name).
+        CheckpointDamagedError
+            If a page file the composition references is missing or short.
+        CheckpointInProgressError
+            If a checkpoint is in flight.
+        CheckpointError
+            If the manager is closed, the sequence range is used up, or
+            ``before_commit`` refused (its exception is raised as is).
+        CheckpointWriteError
+            If writing the manifest failed.
+        TypeError
+            If `user_meta` is not JSON-able.
+
+        In every error case nothing was written.
+
+        Notes
+        -----
+        Runtime complexity: O(pages of the parts) vectorized, one listing of
+        the root, a listing of each referenced directory, and one small write.
+        """
+        if self._closed:
+            raise CheckpointError(f"checkpoint manager of HA unit {self.haunit!r} is closed")
+        meta = dict(user_meta or {})
+        _check_json(meta, f"composition into {self.haunit!r}")
+        table, files, structures, sources, depth, snapshot_id = _compose_rows(
+            parts, self.pm.page_bytes, self.haunit)
+        with self._lock:
+            if self.in_flight is not None:
+                raise CheckpointInProgressError(
+                    f"HA unit {self.haunit!r}: cannot compose while checkpoint "
+                    f"{self._pending.name} is in flight")  # type: ignore[union-attr]
+            existing = list_checkpoints(self.root, self.haunit)
+            self._next_seq = self._seq_after(existing)
+            seq = self._next_seq
+            if seq >= self._seq_range[1]:
+                raise CheckpointError(f"HA unit {self.haunit!r}: sequence range "
+                                      f"{self._seq_range} is used up")
+            man = Manifest(haunit=self.haunit, seq=seq, snapshot_id=snapshot_id,
+                           page_bytes=self.pm.page_bytes, full=False, depth=depth, base=None,
+                           files=files, pages=table, structures=structures, user_meta=meta,
+                           composed_from=sources)
+            man.validate(f"composition {man.name}")
+            with_manifest = [c for c in existing if c.has_manifest]
+            if with_manifest:
+                found = self._same_or_conflict(with_manifest[-1].name, man)
+                self._adopt_composed(found)
+                return found
+            _check_files(self.root, man)
+            pending = PendingCheckpoint(seq, man.name, False, man.n_pages, 0, 0.0)
+            if self.before_commit is not None:
+                self.before_commit(pending)
+            try:
+                self.root.write_new(man.manifest_path, man.to_json())
+            except StorageExistsError:  # a concurrent attempt took the name first
+                found = self._same_or_conflict(man.name, man)
+                self._adopt_composed(found)
+                return found
+            except IOServiceError as exc:
+                raise CheckpointWriteError(f"composed checkpoint {man.name}: writing its "
+                                           f"manifest failed: {exc}") from exc
+            self._adopt_composed(man)
+            self.counters["composed"] += 1
+        logger.info("composed checkpoint %s: %d pages from %s, on %s", man.name, man.n_pages,
+                    ", ".join(sources), self.root.uri)
+        return man
+
+    def _same_or_conflict(self, name: str, want: Manifest) -> Manifest:
+        """The manifest of checkpoint `name` if it is the composition `want`; else raise."""
+        try:
+            have = read_manifest(self.root, name)
+        except (ManifestError, StorageNotFoundError) as exc:
+            raise CompositionConflictError(
+                f"cannot compose into HA unit {self.haunit!r}: its checkpoint {name} exists "
+                f"and cannot be read ({exc})") from exc
+        if not (have.composed and have.same_content(want)):
+            what = (f"composed from {', '.join(have.composed_from)}" if have.composed
+                    else "not composed")
+            raise CompositionConflictError(
+                f"cannot compose into HA unit {self.haunit!r} on {self.root.uri}: it already has "
+                f"checkpoint {name} ({what}), which is not this composition of "
+                f"{', '.join(want.composed_from)}")
+        return have
+
+    def _adopt_composed(self, man: Manifest) -> None:
+        self._base = man
+        self._base_partial = False
+        self._manifests[man.name] = man
+        if self._seq_range[0] <= man.seq < self._seq_range[1]:
+            self._next_seq = max(self._next_seq, man.seq + 1)
 
     # ------------------------------------------------------------------ policy
     def maybe_checkpoint(self, n_tuples: int = 0, user_meta: Mapping[str, Any] | None = None
@@ -539,7 +720,7 @@ class CheckpointManager:
             snap = self.pm.chkpt(precopy=self.policy.precopy)                 # step 2
             base = self._base
             if (self.policy.skip_unchanged and full is not True and base is not None
-                    and snap.n_changed == 0 and np.array_equal(snap.page_ids, base.pages.page_id)
+                    and not self._base_partial and snap.n_changed == 0 and np.array_equal(snap.page_ids, base.pages.page_id)
                     and dict(snap.structures) == dict(base.structures)):
                 snap.cancel()
                 self.counters["skipped"] += 1
@@ -616,6 +797,7 @@ class CheckpointManager:
             self._cancel(pending, snap, exc)
             return
         self._base = man
+        self._base_partial = False
         self._manifests[man.name] = man
         self.counters["committed"] += 1
         logger.info("checkpoint %s committed: %d pages, %d written (%d B) to %s", man.name,
@@ -725,6 +907,92 @@ class CheckpointManager:
             for e in self.root.list_dir(c.directory, allow_not_found=True):
                 if not e.is_dir and e.relpath not in referenced:
                     self.root.delete_file(e.relpath, missing_ok=True)
+
+
+def _compose_rows(parts: Sequence[tuple[Manifest, Sequence[tuple[int, int]]]], page_bytes: int,
+                  haunit: str) -> tuple[PageTable, tuple[PageFile, ...], dict[str, int],
+                                        tuple[str, ...], int, int]:
+    """The rows of a composition (see `CheckpointManager.compose`): its page table, files
+    (sorted by path), structures, source names, depth and snapshot id. Raises
+    `CompositionError` (or a subclass) for any bad input; touches no storage."""
+    where = f"composition into {haunit!r}"
+    if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence) or not parts:
+        raise CompositionError(f"{where}: parts must be a non-empty sequence of "
+                               f"(Manifest, psid ranges), got {parts!r:.80}")
+    all_ranges: list[tuple[int, int, int]] = []
+    checked: list[tuple[Manifest, list[tuple[int, int]]]] = []
+    for i, part in enumerate(parts):
+        try:
+            src, ranges = part
+        except (TypeError, ValueError):
+            raise CompositionError(f"{where}: part {i} is not a (Manifest, psid ranges) "
+                                   f"pair") from None
+        if not isinstance(src, Manifest):
+            raise CompositionError(f"{where}: part {i} has a {type(src).__name__}, "
+                                   f"not a Manifest")
+        try:
+            rs = check_psid_ranges(ranges, f"{where}: ranges of part {i} ({src.name})")
+        except ValueError as exc:
+            cls = OverlappingRangesError if "overlap" in str(exc) else CompositionError
+            raise cls(str(exc)) from None
+        if src.page_bytes != page_bytes:
+            raise PageSizeMismatchError(
+                f"{where}: part {i} ({src.name}) holds {src.page_bytes}-byte pages; the page "
+                f"manager uses {page_bytes}-byte pages")
+        if src.haunit == haunit:
+            raise CompositionError(f"{where}: part {i} ({src.name}) is a checkpoint of the "
+                                   f"HA unit composed into")
+        checked.append((src, rs))
+        all_ranges.extend((lo, hi, i) for lo, hi in rs)
+    all_ranges.sort()
+    for (lo0, hi0, i0), (lo1, hi1, i1) in zip(all_ranges, all_ranges[1:]):
+        if lo1 < hi0:
+            raise OverlappingRangesError(
+                f"{where}: psid range [{lo0}, {hi0}) of part {i0} ({checked[i0][0].name}) "
+                f"overlaps [{lo1}, {hi1}) of part {i1} ({checked[i1][0].name})")
+    # rows and files of each part; files deduplicated by path across parts
+    path_index: dict[str, int] = {}
+    files: list[PageFile] = []
+    tables: list[PageTable] = []
+    structures: dict[str, int] = {}
+    for i, (src, rs) in enumerate(checked):
+        sub = src.pages.take(np.flatnonzero(psid_mask(src.pages.page_id, rs)))
+        remap = np.zeros(len(src.files), dtype=np.uint32)
+        for k in np.unique(sub.file).tolist():
+            f = src.files[k]
+            j = path_index.get(f.path)
+            if j is None:
+                j = path_index[f.path] = len(files)
+                files.append(f)
+            elif files[j].size_bytes != f.size_bytes:
+                raise CompositionError(
+                    f"{where}: page file {f.path} has {f.size_bytes} bytes in {src.name} but "
+                    f"{files[j].size_bytes} in another part's checkpoint")
+            remap[k] = j
+        tables.append(PageTable(sub.page_id, remap[sub.file], sub.offset, sub.checksum))
+        for name, psid in src.structures.items():
+            if not any(lo <= int(psid) < hi for lo, hi in rs):
+                continue
+            if structures.setdefault(name, int(psid)) != int(psid):
+                raise CompositionError(f"{where}: structure {name!r} has page set "
+                                       f"{structures[name]} in one part and {psid} in part "
+                                       f"{i} ({src.name})")
+    table = PageTable.concat(tables)
+    dup = np.flatnonzero(table.page_id[1:] == table.page_id[:-1]) if len(table) else []
+    if len(dup):  # unreachable with disjoint psid ranges; kept as a guard
+        raise DuplicatePagesError(f"{where}: page {int(table.page_id[dup[0]]):#x} is taken "
+                                  f"from two parts")
+    # files sorted by path: a rerun builds the same manifest whatever the part order
+    order = sorted(range(len(files)), key=lambda k: files[k].path)
+    rank = np.empty(max(len(files), 1), dtype=np.uint32)
+    rank[order] = np.arange(len(order), dtype=np.uint32)
+    table = PageTable(table.page_id, rank[table.file] if len(table) else table.file,
+                      table.offset, table.checksum)
+    sources = tuple(sorted({src.name for src, _ in checked}))
+    depth = max(src.depth for src, _ in checked)
+    snapshot_id = max(src.snapshot_id for src, _ in checked)
+    return (table, tuple(files[k] for k in order), dict(sorted(structures.items())), sources,
+            depth, snapshot_id)
 
 
 def _check_json(meta: dict[str, Any], name: str) -> None:

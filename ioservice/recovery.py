@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ioservice.errors import (
@@ -33,8 +34,8 @@ from ioservice.errors import (
     StorageNotFoundError,
     DamagedCheckpointWarning,
 )
-from ioservice.format import CHECKPOINT_DIR, MANIFEST_NAME, Manifest, checkpoint_dir, \
-    parse_checkpoint_name
+from ioservice.format import CHECKPOINT_DIR, MANIFEST_NAME, Manifest, check_psid_ranges, \
+    checkpoint_dir, parse_checkpoint_name
 from ioservice.fs import StorageRoot, validate_name
 from ioservice.service import IOService, ProgressFn
 from mmm.errors import PageFormatError
@@ -186,7 +187,8 @@ def verify_checkpoint(root: StorageRoot, name: str, *, io: IOService | None = No
 
 
 def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | None = None,
-            before_seq: int | None = None, on_progress: ProgressFn | None = None) -> Manifest:
+            before_seq: int | None = None, on_progress: ProgressFn | None = None,
+            psid_ranges: Sequence[tuple[int, int]] | None = None) -> Manifest:
     """Load the latest restorable checkpoint of `haunit` into `pm`, replacing its state.
 
     Parameters
@@ -203,6 +205,12 @@ def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | 
         Only consider checkpoints with a smaller sequence number.
     on_progress : callable, optional
         ``on_progress(pages_done, pages_total)`` per candidate, from reader threads.
+    psid_ranges : sequence of (int, int), optional
+        A *partial restore*: load only the pages whose page set id lies in one
+        of these half-open ranges ``[lo, hi)`` (`ioservice.format.check_psid_ranges`),
+        reading and verifying only their bytes and checking only the files they
+        lie in (damage elsewhere in the checkpoint goes unnoticed, by design).
+        Default: every page.
 
     Returns
     -------
@@ -210,7 +218,9 @@ def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | 
         The checkpoint loaded; its ``user_meta`` holds what the operator stored
         (e.g. input positions to replay from). After the load, every page of
         `pm` counts as unchanged: this checkpoint is the base of the next
-        incremental one.
+        incremental one. After a partial restore it is the selection
+        (`Manifest.select_psids`: the selected rows, files and structures, the
+        checkpoint's name and ``user_meta``), not the manifest on storage.
 
     Raises
     ------
@@ -224,7 +234,8 @@ def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | 
         If `haunit` is not a valid name (None, empty or blank included: an
         HA unit is always named, so another unit's checkpoint is never loaded).
     ValueError
-        If a checkpoint's page size differs from `pm`'s.
+        If a checkpoint's page size differs from `pm`'s, or `psid_ranges` is
+        malformed or has overlapping ranges (then nothing is read).
     StorageUnreachableError
         If the storage cannot be reached (no fallback: older checkpoints
         would be just as unreachable).
@@ -237,6 +248,7 @@ def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | 
     copied into frames once.
     """
     validate_name(haunit)  # None would list every HA unit's checkpoints
+    ranges = None if psid_ranges is None else check_psid_ranges(psid_ranges, "psid_ranges")
     cands = [c for c in list_checkpoints(root, haunit)
              if c.has_manifest and (before_seq is None or c.seq < before_seq)]
     if not cands:
@@ -249,6 +261,8 @@ def restore(pm: PageManager, root: StorageRoot, haunit: str, *, io: IOService | 
         for c in reversed(cands):
             try:
                 man = read_manifest(root, c.name)
+                if ranges is not None:
+                    man = man.select_psids(ranges)
                 if man.page_bytes != pm.page_bytes:
                     raise ValueError(f"checkpoint {c.name} on {root.uri} holds {man.page_bytes}-byte "
                                      f"pages; the page manager uses {pm.page_bytes}-byte pages")

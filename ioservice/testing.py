@@ -100,11 +100,13 @@ class _FaultyOutput:
 
 
 class _SlowInput:
-    """File-like object behind a `pyarrow.PythonFile`: adds latency to every read."""
+    """File-like object behind a `pyarrow.PythonFile`: adds latency to every read and
+    counts the bytes read per path."""
 
-    def __init__(self, owner: FaultyFS, inner: pa.NativeFile) -> None:
+    def __init__(self, owner: FaultyFS, inner: pa.NativeFile, path: str = "") -> None:
         self._owner = owner
         self._inner = inner
+        self._path = path
         self.closed = False
 
     def read(self, nbytes: int = -1) -> bytes:
@@ -114,6 +116,7 @@ class _SlowInput:
             data = self._inner.read()
         else:
             data = self._inner.read(nbytes)
+        self._owner._count_read(self._path, len(data))
         return data
 
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -174,6 +177,10 @@ class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships n
     on_write : callable or None
         Called with the path before every ``write`` call (after the gate); a test
         hook, e.g. to kill the process in the middle of a page file.
+    count_reads : bool
+        Count the bytes read from every input file, per path (`bytes_read`);
+        input files are then served through a Python wrapper (slower), as they
+        are whenever `latency_s` is set.
 
     Attributes may be changed between operations (e.g. arm a failure after a
     first, healthy checkpoint); `reset_counters` restarts the write count.
@@ -208,6 +215,7 @@ class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships n
         latency_s: float = 0.0,
         write_gate: threading.Event | None = None,
         on_write: Any = None,
+        count_reads: bool = False,
     ) -> None:
         if fail_on_nth_write is not None and fail_on_nth_write < 1:
             raise ValueError(f"fail_on_nth_write must be >= 1 or None, got {fail_on_nth_write}")
@@ -222,8 +230,10 @@ class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships n
         self.latency_s = latency_s
         self.write_gate = write_gate
         self.on_write = on_write
+        self.count_reads = count_reads
         self._lock = threading.Lock()
         self._counters: collections.Counter[str] = collections.Counter()
+        self._read_bytes: collections.Counter[str] = collections.Counter()
         self._matching_writes = 0
 
     # ---------------------------------------------------------------- bookkeeping
@@ -234,10 +244,22 @@ class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships n
             return dict(self._counters)
 
     def reset_counters(self) -> None:
-        """Zero all counters, including the write count `fail_on_nth_write` uses."""
+        """Zero all counters, including the write count `fail_on_nth_write` uses and
+        the bytes read."""
         with self._lock:
             self._counters.clear()
+            self._read_bytes.clear()
             self._matching_writes = 0
+
+    def bytes_read(self, path_glob: str = "*") -> int:
+        """Bytes read so far from input files whose path matches `path_glob`
+        (counted when `count_reads` or `latency_s` is set)."""
+        with self._lock:
+            return sum(n for p, n in self._read_bytes.items() if fnmatch.fnmatch(p, path_glob))
+
+    def _count_read(self, path: str, n: int) -> None:
+        with self._lock:
+            self._read_bytes[path] += n
 
     def _count(self, name: str, n: int = 1) -> None:
         """Add `n` to counter `name`."""
@@ -320,16 +342,16 @@ class FaultyFS(pafs.FileSystemHandler):  # type: ignore[misc]  # pyarrow ships n
     def open_input_stream(self, path: str) -> pa.NativeFile:
         self._op("open_input_stream")
         inner = self.inner.open_input_stream(path)
-        if not self.latency_s:
+        if not (self.latency_s or self.count_reads):
             return inner
-        return pa.PythonFile(cast(Any, _SlowInput(self, inner)), mode="r")
+        return pa.PythonFile(cast(Any, _SlowInput(self, inner, path)), mode="r")
 
     def open_input_file(self, path: str) -> pa.NativeFile:
         self._op("open_input_file")
         inner = self.inner.open_input_file(path)
-        if not self.latency_s:
+        if not (self.latency_s or self.count_reads):
             return inner
-        return pa.PythonFile(cast(Any, _SlowInput(self, inner)), mode="r")
+        return pa.PythonFile(cast(Any, _SlowInput(self, inner, path)), mode="r")
 
     def open_output_stream(self, path: str, metadata: Any) -> pa.NativeFile:
         self._op("open_output_stream")
