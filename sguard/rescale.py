@@ -274,32 +274,32 @@ def compose_target(task: TargetTask) -> dict[str, int]:
     Idempotent: a rerun (a retried Spark task) finds its composed checkpoint and
     returns. Returns ``{"pages", "state_bytes", "bytes_read"}``.
     """
-    from ioservice import compose_checkpoint, verify_checkpoint
+    from ioservice import CheckpointManager
+    from mmm import PageManager
 
     root = open_root(task.uri, create=False, **dict(task.storage_options))
     new = OperatorLayout.from_json(task.layout.encode())
     old = replace(new, generation=new.generation - 1, num_partitions=len(task.sources))
     t = task.target
     lo, hi = new.key_group_range(t)
-    ranges = psid_ranges(lo, hi)
-    parts, kg_batches, read = [], [], 0
+    parts, kg_batches, read, page_bytes = [], [], 0, None
     io = IOService(task.io_workers)
     try:
         for p, name in enumerate(task.sources):
-            slo, shi = old.key_group_range(p)
-            if max(lo, slo) >= min(hi, shi):
+            a, b = max(lo, old.key_group_range(p)[0]), min(hi, old.key_group_range(p)[1])
+            if a >= b:
                 continue  # no key group of t was in p
             man = read_manifest(root, name) if name else None
-            pos = _positions(old, p, man).restrict(max(lo, slo), min(hi, shi))
-            kg_batches.extend(pos.ranges)
+            kg_batches.extend(_positions(old, p, man).restrict(a, b).ranges)
             if man is None:
                 continue
-            if task.verify:
-                verify_checkpoint(root, man.name, io=io, psids=ranges)
-                sel = man.pages.page_id >> np.uint64(32 + PSID_SHIFT)
-                mine = (sel >= lo + 1) & (sel < hi + 1)
-                read += int(np.count_nonzero(mine)) * man.page_bytes
+            ranges = psid_ranges(a, b)
+            if task.verify:  # read and checksum exactly the pages taken
+                sel = man.select_psids(ranges)
+                io.read_pages(root, sel, lambda pages: None)
+                read += sel.n_pages * sel.page_bytes
             parts.append((man, ranges))
+            page_bytes = man.page_bytes
         positions = KeyGroupPositions(tuple(sorted(kg_batches)))
         meta = {"operator": new.operator, "name": new.name, "generation": new.generation,
                 "partition": t, "num_partitions": new.num_partitions, "key_groups": [lo, hi],
@@ -308,7 +308,19 @@ def compose_target(task: TargetTask) -> dict[str, int]:
         if not positions.uniform():
             meta["kg_batches"] = positions.to_json()
         _kill_point("compose")
-        man = compose_checkpoint(root, new.haunit(t), parts, user_meta=meta)
+        pm = PageManager(page_bytes or (1 << 16), 1 << 20)
+        mgr = CheckpointManager(pm, root, new.haunit(t), io=io, check_root=False,
+                                exclusive=True)
+        try:
+            if parts:
+                man = mgr.compose(parts, user_meta=meta)
+            else:  # no source had a checkpoint: an empty one, whose log replays from batch 0
+                pending = mgr.checkpoint(meta, full=True)
+                assert pending is not None
+                man = pending.result()
+        finally:
+            mgr.close()
+            pm.close()
         _kill_point("composed")
     finally:
         io.shutdown()
@@ -495,7 +507,7 @@ def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: i
         raise RescaleError(f"piece {piece!r} of {pieces!r}: need pieces >= 1 and "
                            f"0 <= piece < pieces")
     lo, hi = piece_range(layout.key_group_range(partition), pieces, piece)
-    man = restore(pm, sroot, layout.haunit(partition), io=io, psids=psid_ranges(lo, hi))
+    man = restore(pm, sroot, layout.haunit(partition), io=io, psid_ranges=psid_ranges(lo, hi))
     return (lo, hi), _positions(layout, partition, man).restrict(lo, hi)
 
 
