@@ -26,6 +26,7 @@ from ioservice import StorageRoot, open_root
 from sguard.spark.checkpointing import CheckpointConfig
 from sguard.spark.errors import NotStreamingError, OperatorMismatchError, SchemaChangedError
 from sguard.keygroups import DEFAULT_KEY_GROUPS, check_key_groups
+from sguard.spark.keygroups import with_key_groups
 from sguard.spark.keys import key_columns, key_spec
 from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
 from sguard.spark.placement import default_local_dir, root_key
@@ -217,7 +218,6 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
                         checkpoint=checkpoint or CheckpointConfig(),
                         storage_options=opts, lock_timeout_s=lock_timeout_s, metrics=metrics,
                         faults=faults)
-    from sguard.spark.keygroups import with_key_groups
     routed = with_key_groups(df, cols, layout.key_groups, layout.num_partitions)
     return routed.mapInArrow(task_function(cfg), from_arrow_schema(out_schema))
 

@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from sguard.keygroups import check_key_groups, route_values
+from sguard.spark.columns import KG_COLUMN
 from sguard.spark.errors import SparkStateError
 from sguard.spark.keys import key_columns
 
 __all__ = ["KG_COLUMN", "ROUTE_COLUMN", "ReservedColumnError", "key_group_column",
            "route_column", "with_key_groups"]
 
-KG_COLUMN: Final = "_sguard_kg"
-"""The int32 column holding each row's key group."""
 
 ROUTE_COLUMN: Final = "_sguard_route"
 """The transient int32 column the rows are repartitioned by (dropped after the shuffle)."""
