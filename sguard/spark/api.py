@@ -25,7 +25,7 @@ import pyarrow as pa
 from ioservice import StorageRoot, open_root
 from sguard.spark.checkpointing import CheckpointConfig
 from sguard.spark.errors import NotStreamingError, OperatorMismatchError, SchemaChangedError
-from sguard.keygroups import DEFAULT_KEY_GROUPS, check_key_groups
+from sguard.keygroups import check_key_groups, default_key_groups
 from sguard.spark.keygroups import with_key_groups
 from sguard.spark.keys import key_columns, key_spec
 from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
@@ -135,8 +135,9 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         Injected failures (tests and the demo).
     key_groups : int, optional
         K, the number of key groups (Flink's "max parallelism"): fixed when the state
-        URI is created (default 128), the most partitions the state can ever be
-        repartitioned into. Each key group's state lives in its own pages, so a
+        URI is created (default 8 x `num_partitions`,
+        `sguard.keygroups.default_key_groups`), the most partitions the state can ever
+        be repartitioned into. Each key group's state lives in its own pages, so a
         repartition moves whole key groups and never a row (`sguard.rescale`).
 
     Returns
@@ -193,7 +194,7 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         operator=operator.kind, name=name or operator.kind, key=key,
         num_partitions=num_partitions,
         key_groups=(existing.key_groups if existing is not None else
-                    key_groups if key_groups is not None else DEFAULT_KEY_GROUPS),
+                    key_groups if key_groups is not None else default_key_groups(num_partitions)),
         schema={"input": _describe(in_schema), "params": operator.params()},
         schema_version=STATE_SCHEMA_VERSION,
         generation=existing.generation if existing is not None else 0,
