@@ -351,8 +351,7 @@ class CheckpointManager:
         self._next_seq = self._seq_after(list_checkpoints(self.root, self.haunit))
         self._last_start = clock()
         self._tuples = 0
-        self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0,
-                         "composed": 0}
+        self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0}
         #: committed checkpoints written through the scheduler, and those that fell back
         self.schedule_counters = {"scheduled": 0, "unscheduled_fallbacks": 0}
         self._closed = False
@@ -623,7 +622,6 @@ class CheckpointManager:
                 raise CheckpointWriteError(f"composed checkpoint {man.name}: writing its "
                                            f"manifest failed: {exc}") from exc
             self._adopt_composed(man)
-            self.counters["composed"] += 1
         logger.info("composed checkpoint %s: %d pages from %s, on %s", man.name, man.n_pages,
                     ", ".join(sources), self.root.uri)
         return man
