@@ -119,7 +119,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             if c.has_manifest:
                 try:
                     man = read_manifest(root, c.name)
-                    kind = "full" if man.full else f"incr(+{man.depth})"
+                    kind = "full" if man.full else \
+                        f"comp(+{man.depth})" if man.composed else f"incr(+{man.depth})"
                     pages, state = str(man.n_pages), _size(man.state_bytes)
                     referenced.update(man.referenced_checkpoints)
                 except Exception as exc:  # noqa: BLE001 - a listing reports, never crashes
@@ -213,7 +214,11 @@ def _print_manifest(man: Manifest, n_rows: int) -> None:
     print(f"format_version  {man.format_version}")
     print(f"haunit / seq    {man.haunit} / {man.seq}  (snapshot {man.snapshot_id})")
     print(f"created         {created}")
-    print(f"kind            {'full' if man.full else f'incremental, depth {man.depth}, base {man.base}'}")
+    if man.composed:
+        kind = f"composed from {', '.join(man.composed_from)}, depth {man.depth}"
+    else:
+        kind = 'full' if man.full else f'incremental, depth {man.depth}, base {man.base}'
+    print(f"kind            {kind}")
     print(f"pages           {man.n_pages} x {man.page_bytes} B = {_size(man.state_bytes)}; "
           f"written here {man.n_pages_written} ({_size(man.written_bytes)})")
     seal = "and over the whole manifest" if man.format_version >= 2 else \
