@@ -111,9 +111,12 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     by_unit: dict[str, list[CheckpointInfo]] = {}
     for c in infos:
         by_unit.setdefault(c.haunit, []).append(c)
+    # read every unit's manifests first: a directory without a manifest may hold data
+    # that another unit's checkpoint references (a composed checkpoint's sources)
+    referenced: set[str] = set()
+    table: list[tuple[str, list[CheckpointInfo], list[tuple[CheckpointInfo, str, str, str]]]] = []
     for unit, cs in by_unit.items():
         rows: list[tuple[CheckpointInfo, str, str, str]] = []
-        referenced: set[str] = set()
         for c in cs:
             kind, pages, state = "-", "-", "-"
             if c.has_manifest:
@@ -126,6 +129,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                 except Exception as exc:  # noqa: BLE001 - a listing reports, never crashes
                     kind, state = "DAMAGED", type(exc).__name__
             rows.append((c, kind, pages, state))
+        table.append((unit, cs, rows))
+    for unit, cs, rows in table:
         damaged = sum(1 for _, kind, _, _ in rows if kind == "DAMAGED")
         readable = sum(1 for c, kind, _, _ in rows if c.has_manifest and kind != "DAMAGED")
         print(f"HA unit {unit}: {readable} checkpoint(s)"

@@ -669,3 +669,26 @@ def test_sweep_unreferenced_keeps_what_live_units_reference(root: StorageRoot,
     left = [p for p, _ in listing(store / "checkpoint")]
     assert sorted(left) == ["README", "b-1", "b-1/notes.txt", "z-1"] + \
         sorted(p for p, _ in [(f"z-1/{q}", 0) for q, _ in z_before])
+
+
+def test_cli_shows_composed_checkpoints(root: StorageRoot, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from ioservice import sweep_unreferenced
+    from sguard.cli import main
+    man_a, man_b, *_ = two_sources(root)
+    with CheckpointManager(new_pm(), root, "c", n_workers=1) as mgr:
+        mgr.compose([(man_a, group_ranges([0])), (man_b, group_ranges([4]))])
+    store = str(tmp_path / "store")
+    assert main(["checkpoints", "show", store, "c-1"]) == 0
+    out = capsys.readouterr().out
+    assert "composed from a-2, b-1, depth 1" in out and "format_version  3" in out
+    assert main(["checkpoints", "ls", store, "--haunit", "c"]) == 0
+    assert any(line.split()[:2] == ["c-1", "comp(+1)"]
+               for line in capsys.readouterr().out.splitlines())
+    assert main(["checkpoints", "verify", store, "--checkpoint", "c-1"]) == 0
+    capsys.readouterr()
+    sweep_unreferenced(root, ["a", "b"], ["c"])  # b-1 keeps data for c-1, without a manifest
+    assert main(["checkpoints", "ls", store, "--all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:2] == ["b-1", "expired"] and "(data kept)" in line
+               for line in lines), lines
