@@ -497,11 +497,13 @@ class NamespacesVsDicts(RuleBasedStateMachine):
         every: list[str] = []
         for s in SCOPES:
             where = self.scope(s)
-            assert where.names() == sorted(self.models[s])
             if s is None:
-                every += [n for n in pm.names() if "/" not in n]
-                assert all(pm.recover(n) < 1 << 16 for n in where.names() if "/" not in n)
+                own = [n for n in pm.names() if "/" not in n]
+                assert own == sorted(self.models[s])
+                assert all(pm.recover(n) < 1 << 16 for n in own)  # automatic PSIDs stay small
+                every += own
                 continue
+            assert where.names() == sorted(self.models[s])
             every += [where.prefix + n for n in where.names()]
             lo, hi = (s + 1) << 16, (s + 2) << 16
             psids = where.psids()
