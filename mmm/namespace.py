@@ -80,8 +80,9 @@ class Namespace:
         if not isinstance(prefix, str) or not prefix:
             raise ValueError(f"namespace prefix {prefix!r}: must be a non-empty string")
         for what, v in (("psid_base", psid_base), ("psid_limit", psid_limit)):
-            if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"namespace {prefix!r}: {what} {v!r} is not an int")
+        psid_base, psid_limit = int(psid_base), int(psid_limit)
         if not 1 <= psid_base < psid_limit <= PSID_LIMIT:
             raise ValueError(f"namespace {prefix!r}: PSID block [{psid_base}, {psid_limit}) "
                              f"must satisfy 1 <= base < limit <= 2**32")

@@ -131,6 +131,7 @@ def test_namespace_rejects_bad_arguments() -> None:
         mmm.Namespace(pm, "", 10, 20)
     with pytest.raises(TypeError, match="psid_base"):
         mmm.Namespace(pm, "x/", 1.5, 20)  # type: ignore[arg-type]
+    assert mmm.Namespace(pm, "x/", np.int64(3) << 16, np.int32(4) << 16).psid_base == 3 << 16
     for lo, hi in ((0, 5), (5, 5), (7, 5), (1, (1 << 32) + 1)):
         with pytest.raises(ValueError, match=r"PSID block"):
             mmm.Namespace(pm, "x/", lo, hi)
