@@ -84,6 +84,15 @@ def _repartition(spark: Any, root: StorageRoot, layout: OperatorLayout, num_part
     return new
 
 
+def _sweep(root: StorageRoot) -> None:
+    """Delete old generations' checkpoints no live one references (best effort)."""
+    from sguard.rescale import sweep_old_generations
+    try:
+        sweep_old_generations(root)
+    except Exception as exc:  # noqa: BLE001 - cleaning never stops a query
+        logger.warning("state at %s: cleaning old generations failed: %s", root.uri, exc)
+
+
 def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
              num_partitions: int | None = None, *, name: str | None = None,
              checkpoint: CheckpointConfig | None = None, local_dir: str | None = None,
@@ -210,6 +219,8 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
                            "query runs with the committed %d (pass num_partitions=%d to "
                            "complete it)", root.uri, pending, existing.num_partitions, pending)
         layout = existing
+        if layout.generation > 0:
+            _sweep(root)
     else:
         write_layout(root, layout)
     cfg = RuntimeConfig(state_uri=state_uri, state_key=root_key(root), layout=layout, operator=operator, key=key,
