@@ -162,9 +162,14 @@ def test_compose_writes_only_a_manifest_and_restores_the_selection(root: Storage
     before = listing(tmp_path / "store")
     parts = [(man_a, group_ranges([1, 2])), (man_b, group_ranges([3]))]
     pm = new_pm()
-    with CheckpointManager(pm, root, "c", n_workers=2) as mgr:
+    croot, handler = counting_root(tmp_path / "store")
+    with CheckpointManager(pm, croot, "c", n_workers=2, check_root=False) as mgr:
         man = mgr.compose(parts, user_meta={"batch": 5})
         assert mgr.base is man
+    assert handler.bytes_read() == 0  # not even a manifest: the parts are given
+    assert handler.stats().get("open_input_file", 0) == 0
+    assert handler.stats()["written_bytes"] == \
+        (tmp_path / "store" / man.manifest_path).stat().st_size  # the manifest only
     after = listing(tmp_path / "store")
     added = sorted(set(after) - set(before))
     # exactly one new directory holding one manifest: no page bytes written
