@@ -401,6 +401,20 @@ def test_manifest_rules_for_composed_checkpoints(root: StorageRoot, tmp_path: Pa
     for d, msg in bad:
         with pytest.raises(ManifestError, match=msg):
             Manifest.from_json(resealed(d))
+    # seeded damage: every flip, byte or truncation is refused or harmless (layout only)
+    rng = np.random.default_rng(2026)
+    for _ in range(400):
+        data = bytearray(raw)
+        i = int(rng.integers(len(data)))
+        if rng.random() < 0.2:
+            data = data[:i]
+        else:
+            data[i] = (data[i] ^ int(rng.integers(1, 256))) & 0xFF
+        try:
+            got = Manifest.from_json(bytes(data))
+        except ManifestError:
+            continue
+        assert got.name == man.name and got.same_content(man) and got.composed
     # version 3 with an empty composed_from is an ordinary checkpoint's manifest
     plain = json.loads(checkpoint_unit(root, "p", build_pm([0], seed=4)).to_json())
     v3 = Manifest.from_json(resealed(dict(plain, format_version=3, composed_from=[])))
