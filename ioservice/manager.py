@@ -584,6 +584,10 @@ class CheckpointManager:
         -----
         Runtime complexity: O(pages of the parts) vectorized, one listing of
         the root, a listing of each referenced directory, and one small write.
+        The sources' writers must not run retention meanwhile (in a repartition
+        they are aligned and stopped): a file retention deletes between the
+        check and the write would leave the composition damaged (restore then
+        reports it as such).
         """
         if self._closed:
             raise CheckpointError(f"checkpoint manager of HA unit {self.haunit!r} is closed")
@@ -1114,7 +1118,7 @@ def _compose_rows(parts: Sequence[tuple[Manifest, Sequence[tuple[int, int]]]], p
                                        f"{structures[name]} in one part and {psid} in part "
                                        f"{i} ({src.name})")
     table = PageTable.concat(tables)
-    dup = np.flatnonzero(table.page_id[1:] == table.page_id[:-1]) if len(table) else []
+    dup = np.flatnonzero(table.page_id[1:] == table.page_id[:-1])
     if len(dup):  # unreachable with disjoint psid ranges; kept as a guard
         raise DuplicatePagesError(f"{where}: page {int(table.page_id[dup[0]]):#x} is taken "
                                   f"from two parts")

@@ -162,9 +162,14 @@ def test_compose_writes_only_a_manifest_and_restores_the_selection(root: Storage
     before = listing(tmp_path / "store")
     parts = [(man_a, group_ranges([1, 2])), (man_b, group_ranges([3]))]
     pm = new_pm()
-    with CheckpointManager(pm, root, "c", n_workers=2) as mgr:
+    croot, handler = counting_root(tmp_path / "store")
+    with CheckpointManager(pm, croot, "c", n_workers=2, check_root=False) as mgr:
         man = mgr.compose(parts, user_meta={"batch": 5})
         assert mgr.base is man
+    assert handler.bytes_read() == 0  # not even a manifest: the parts are given
+    assert handler.stats().get("open_input_file", 0) == 0
+    assert handler.stats()["written_bytes"] == \
+        (tmp_path / "store" / man.manifest_path).stat().st_size  # the manifest only
     after = listing(tmp_path / "store")
     added = sorted(set(after) - set(before))
     # exactly one new directory holding one manifest: no page bytes written
@@ -396,6 +401,20 @@ def test_manifest_rules_for_composed_checkpoints(root: StorageRoot, tmp_path: Pa
     for d, msg in bad:
         with pytest.raises(ManifestError, match=msg):
             Manifest.from_json(resealed(d))
+    # seeded damage: every flip, byte or truncation is refused or harmless (layout only)
+    rng = np.random.default_rng(2026)
+    for _ in range(400):
+        data = bytearray(raw)
+        i = int(rng.integers(len(data)))
+        if rng.random() < 0.2:
+            data = data[:i]
+        else:
+            data[i] = (data[i] ^ int(rng.integers(1, 256))) & 0xFF
+        try:
+            got = Manifest.from_json(bytes(data))
+        except ManifestError:
+            continue
+        assert got.name == man.name and got.same_content(man) and got.composed
     # version 3 with an empty composed_from is an ordinary checkpoint's manifest
     plain = json.loads(checkpoint_unit(root, "p", build_pm([0], seed=4)).to_json())
     v3 = Manifest.from_json(resealed(dict(plain, format_version=3, composed_from=[])))

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -56,51 +57,61 @@ def keys_df(spark: Any) -> tuple[Any, pa.Table]:
     return spark.createDataFrame(table).cache(), table
 
 
-def _check_routing(df: Any, table: pa.Table, cols: list[str], K: int, P: int,
-                   large: bool = False) -> None:
-    out = with_key_groups(df, cols, K, P)
-    assert out.rdd.getNumPartitions() == P
-    assert out.columns == table.column_names + [KG_COLUMN]
-    assert dict(out.dtypes)[KG_COLUMN] == "int"
-    got = (out.select("i", KG_COLUMN, F.spark_partition_id().alias("p"), *cols).toArrow()
-           .sort_by("i"))
-    assert got.num_rows == table.num_rows and got["i"].to_pylist() == list(range(table.num_rows))
-    kg = got[KG_COLUMN].to_numpy()
-    where = got["p"].to_numpy()
-    np.testing.assert_array_equal(where, owner_of(kg, P, K), err_msg=f"{cols} K={K} P={P}")
-    for p in np.unique(where):   # each partition holds only its own range
-        lo, hi = key_group_range(int(p), P, K)
-        assert lo <= kg[where == p].min() and kg[where == p].max() < hi
-    keys = got.select(cols)
-    if large:   # the same keys in Arrow's 64-bit-offset layouts
-        keys = keys.cast(pa.schema([pa.field(f.name, pa.large_string()) if pa.types.is_string(
-            f.type) else pa.field(f.name, pa.large_binary()) if pa.types.is_binary(f.type) else f
+def _check_routing(df: Any, table: pa.Table, cols: list[str], cases: list[tuple[int, int]]
+                   ) -> None:
+    """Route `df` by `cols` for every (K, P) of `cases` (one Spark action for all of them) and
+    check every row's partition and key group."""
+    outs = []
+    for K, P in cases:
+        out = with_key_groups(df, cols, K, P)
+        assert out.columns == table.column_names + [KG_COLUMN]
+        assert dict(out.dtypes)[KG_COLUMN] == "int"
+        outs.append(out.select("i", KG_COLUMN, F.spark_partition_id().alias("p"),
+                               F.lit(K).alias("K"), F.lit(P).alias("P"), *cols))
+    union = outs[0]
+    for o in outs[1:]:
+        union = union.unionAll(o)
+    every = union.toArrow()
+    for K, P in cases:
+        mine = every.filter(pc.and_(pc.equal(every["K"], K), pc.equal(every["P"], P)))
+        got = mine.sort_by("i")
+        assert got["i"].to_pylist() == list(range(table.num_rows)), f"K={K} P={P}"
+        kg = got[KG_COLUMN].to_numpy()
+        where = got["p"].to_numpy()
+        np.testing.assert_array_equal(where, owner_of(kg, P, K), err_msg=f"{cols} K={K} P={P}")
+        for p in np.unique(where):   # each partition holds only its own range
+            lo, hi = key_group_range(int(p), P, K)
+            assert lo <= kg[where == p].min() and kg[where == p].max() < hi
+        keys = got.select(cols)
+        np.testing.assert_array_equal(key_group_of(keys, K), kg, err_msg=f"{cols} K={K}")
+        np.testing.assert_array_equal(key_group_of(table.select(cols), K), kg,
+                                      err_msg=f"{cols} K={K} (input table)")
+        # the same keys in Arrow's 64-bit-offset layouts (large_string, large_binary)
+        large = keys.cast(pa.schema([
+            pa.field(f.name, pa.large_string()) if pa.types.is_string(f.type) else
+            pa.field(f.name, pa.large_binary()) if pa.types.is_binary(f.type) else f
             for f in keys.schema]))
-    np.testing.assert_array_equal(key_group_of(keys, K), kg, err_msg=f"{cols} K={K}")
-    np.testing.assert_array_equal(key_group_of(table.select(cols), K),
-                                  kg, err_msg=f"{cols} K={K} (input table)")
+        np.testing.assert_array_equal(key_group_of(large, K), kg, err_msg=f"{cols} K={K} large")
 
 
-@pytest.mark.parametrize("cols,large", [
-    (["s"], False), (["s"], True), (["b"], False), (["b"], True), (["f"], False), (["d"], False),
-    (["t"], False), (["i8"], False), (["i16"], False), (["i32"], False), (["i64"], False),
-    (["s", "f"], False), (["i8", "s", "d"], True), (["t", "b", "i64", "i16"], False)],
-    ids=lambda v: "+".join(v) if isinstance(v, list) else ("large" if v else "plain"))
+CASES = [(K, P) for P in (1, 2, 3, 5, 7) for K in sorted({P, 8, 128})]
+
+
+@pytest.mark.parametrize("cols", [["s"], ["b"], ["f"], ["d"], ["t"], ["i8"], ["i16"], ["i32"],
+                                  ["i64"], ["s", "f"], ["i8", "s", "d"], ["t", "b", "i64", "i16"]],
+                         ids="+".join)
 def test_rows_reach_the_owner_of_their_key_group(keys_df: tuple[Any, pa.Table],
-                                                 cols: list[str], large: bool) -> None:
-    """spark_partition_id() == owner_of(kg) and the JVM's kg == key_group_of, for every key."""
+                                                 cols: list[str]) -> None:
+    """spark_partition_id() == owner_of(kg) and the JVM's kg == key_group_of, for every key,
+    P in {1, 2, 3, 5, 7} and K in {P, 8, 128}."""
     df, table = keys_df
-    for P in (1, 2, 3, 5, 7):
-        for K in sorted({P, 8, 128}):
-            if P <= K:
-                _check_routing(df, table, cols, K, P, large)
+    _check_routing(df, table, cols, CASES)
 
 
 def test_the_largest_key_group_counts_route_as_well(keys_df: tuple[Any, pa.Table]) -> None:
     """K = 32768 with P = 7 and P = K = 1000: still each row in its key group's owner."""
     df, table = keys_df
-    _check_routing(df, table, ["i64", "s"], 32768, 7)
-    _check_routing(df, table, ["s"], 1000, 1000)
+    _check_routing(df, table, ["i64", "s"], [(32768, 7), (1000, 1000)])
 
 
 def test_streaming_batches_are_routed_too(spark: Any, tmp_path: Path) -> None:
