@@ -426,120 +426,172 @@ def hash_keys(kw: Any) -> Any:
     return out
 
 
-# -- rows: its passes over a chunk of rows (each called once per chunk: arrays are fine) -------
+# -- rows: its passes over a chunk of rows. They take addresses too (arrays would cost
+# reference counting per call): ``GEO`` (int64 geo), ``SC`` (the chunk's scratch rows, see
+# `_sc`), ``P`` the pool, ``FS``/``NX``/``BS``/``LS``/``MD`` page tables (int64), ``PN`` pins
+# (int32), ``ST`` state (int64), ``K``/``KB``/``O`` key words, key bytes, out rows (with their
+# row strides ``kst``/``kbst``/``ost``; ``O`` is 0 when no values are wanted). ---------------
+
+SC_HASH, SC_BUCKET, SC_PAGE, SC_HOME, SC_CAND, SC_VALUE, SC_NEW = range(7)  # scratch rows
+
 
 @_scalar
-def _hash_chunk(c0: Any, c1: Any, kw: Any, pool: Any, fseq: Any, bucket_seq: Any, geo: Any,
-                hs: Any, bk: Any, q0s: Any, homes: Any) -> None:
+def _sc(SC: Any, field: Any, r: Any) -> Any:
+    """Address of row ``r``'s ``field`` (an ``SC_*`` constant) in the scratch at ``SC``: per
+    row of the chunk its hash, bucket, primary page, home group, the home group's first tag
+    match in the primary page (-1), the value's address once applied, and whether the row
+    inserted its key."""
+    return SC + 8 * (field * CHUNK + r)
+
+
+@_scalar
+def _i64(T: Any, i: Any) -> Any:
+    """Entry ``i`` of the int64 table at address ``T``."""
+    return _ld_i64(T + 8 * i)
+
+
+@_scalar
+def _page(P: Any, FS: Any, q: Any, pb: Any) -> Any:
+    """Address of page seq ``q``."""
+    return P + _i64(FS, q) * pb
+
+
+@_scalar
+def _hash_chunk(c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any, BS: Any, K: Any,
+                kst: Any, W: Any) -> None:
     """Pass 1: hash each row, note its bucket, primary page and home group, and prefetch the
     home group's ctrl bytes."""
-    nbk, lvl, G, nb, pb = geo[0], geo[1], geo[3], geo[4], geo[9]
-    P = _addr(pool)
-    K = _addr(kw)
-    for i in range(c0, c1):
-        h = _hash_at(K + i * kw.strides[0], kw.shape[1])
-        b = _bucket(h, nbk, lvl)
-        q = bucket_seq[b]
-        gp = _home(h, nb)
-        hs[i - c0] = h
-        bk[i - c0] = b
-        q0s[i - c0] = q
-        homes[i - c0] = gp
-        _prefetch_at(P + fseq[q] * pb + HDR + gp * G)
-
-
-@_scalar
-def _match_chunk(mode: Any, c0: Any, c1: Any, pool: Any, fseq: Any, geo: Any, hs: Any,
-                 q0s: Any, homes: Any, cand: Any) -> None:
-    """Pass 2: match the tag in the home group (its ctrl line is in flight or in cache) into
-    ``cand`` (-1: none), and prefetch the key and value of the first match, or of the first
-    free slot (an insert)."""
-    G, ko, vo, ks, vs, pb = geo[3], geo[5], geo[6], geo[7], geo[8], geo[9]
-    P = _addr(pool)
-    for r in range(c1 - c0):
-        cand[r] = -1
-        if G != 16:
-            continue
-        base = P + fseq[q0s[r]] * pb
-        cg = base + HDR + homes[r] * G
-        j = _group_match(cg, _tag(hs[r]))
-        if j >= 0:
-            cand[r] = homes[r] * G + j
-        elif mode == MODE_UPSERT:
-            j = _group_free(cg, G)
-            if j < 0:
-                continue
-        else:
-            continue
-        sp = homes[r] * G + j
-        _prefetch_at(base + ko + sp * ks)
-        if ks & (ks - 1) != 0:  # a key may straddle two cache lines
-            _prefetch_at(base + ko + sp * ks + ks - 1)
-        if mode != MODE_DELETE:  # and a value
-            _prefetch_at(base + vo + sp * vs)
-            _prefetch_at(base + vo + sp * vs + vs - 1)
-
-
-@_scalar
-def _apply_chunk(mode: Any, c0: Any, c1: Any, kw: Any, kb: Any, pool: Any, fseq: Any,
-                 next_of: Any, bucket_seq: Any, last_seq: Any, pins: Any, mod: Any,
-                 geo: Any, out: Any, found: Any, state: Any, hs: Any, bk: Any, q0s: Any,
-                 homes: Any, cand: Any, vas: Any, isnew: Any) -> Any:
-    """Pass 3: find each row's key, in input order; insert new keys (noting each row's value
-    address in ``vas``); get / delete act here. Returns ``(status, row stopped at)``."""
-    G, nb, ko, vo, ks, vs, pb = geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9]
-    max_fill, limit, epoch = geo[10], geo[11], geo[12]
-    P = _addr(pool)
-    want = out.shape[0] > 0
+    nbk, lvl, G, nb, pb = _i64(GEO, 0), _i64(GEO, 1), _i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 9)
     for i in range(c0, c1):
         r = i - c0
-        h = hs[r]
-        k0 = kw[i, 0]
-        kp = _addr(kb) + i * kb.strides[0]
-        fq = np.int64(-1)
-        s = cand[r]
-        if s >= 0 and _slot_holds(P + fseq[q0s[r]] * pb, s, _tag(h), ko, ks, k0, kp):
-            fq = q0s[r]  # the candidate first: most keys sit there
-        q = bucket_seq[bk[r]] if fq < 0 else np.int64(-1)
-        while q >= 0:
-            s = _find_in_page(P + fseq[q] * pb, homes[r], h, G, nb, ko, ks, k0, kp)
-            if s >= 0:
-                fq = q
-                break
-            q = next_of[q]
-        if mode == MODE_GET:
-            found[i] = fq >= 0
-            if fq >= 0 and want:
-                _copy(_addr(out) + i * out.strides[0], P + fseq[fq] * pb + vo + s * vs, vs)
+        h = _hash_at(K + i * kst, W)
+        b = _bucket(h, nbk, lvl)
+        q = _i64(BS, b)
+        gp = _home(h, nb)
+        _st_u64(_sc(SC, SC_HASH, r), h)
+        _st_i64(_sc(SC, SC_BUCKET, r), b)
+        _st_i64(_sc(SC, SC_PAGE, r), q)
+        _st_i64(_sc(SC, SC_HOME, r), gp)
+        _prefetch_at(_page(P, FS, q, pb) + HDR + gp * G)
+
+
+@_scalar
+def _prefetch_slot(mode: Any, base: Any, sp: Any, GEO: Any) -> None:
+    """Prefetch the key and value (not for a delete) of slot ``sp`` of the page at ``base``."""
+    ko, vo, ks, vs = _i64(GEO, 5), _i64(GEO, 6), _i64(GEO, 7), _i64(GEO, 8)
+    _prefetch_at(base + ko + sp * ks)
+    if ks & (ks - 1) != 0:  # a key may straddle two cache lines
+        _prefetch_at(base + ko + sp * ks + ks - 1)
+    if mode != MODE_DELETE:
+        _prefetch_at(base + vo + sp * vs)
+        _prefetch_at(base + vo + sp * vs + vs - 1)
+
+
+@_scalar
+def _match_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any) -> None:
+    """Pass 2: match the tag in the home group (its ctrl line is in flight or in cache),
+    and prefetch the key and value of the first match, or of the first free slot (an
+    insert)."""
+    G, pb = _i64(GEO, 3), _i64(GEO, 9)
+    for r in range(c1 - c0):
+        _st_i64(_sc(SC, SC_CAND, r), -1)
+        if G != 16:
             continue
-        if fq >= 0 and pins[fseq[fq]] > 0:
-            state[2] = fq
+        base = _page(P, FS, _i64(_sc(SC, SC_PAGE, r), 0), pb)
+        home = _i64(_sc(SC, SC_HOME, r), 0)
+        cg = base + HDR + home * G
+        j = _group_match(cg, _tag(_ld_u64(_sc(SC, SC_HASH, r))))
+        if j >= 0:
+            _st_i64(_sc(SC, SC_CAND, r), home * G + j)
+        elif mode == MODE_UPSERT:
+            j = _group_free(cg, G)
+        if j >= 0:
+            _prefetch_slot(mode, base, home * G + j, GEO)
+
+
+@_scalar
+def _find(r: Any, k0: Any, kp: Any, GEO: Any, SC: Any, P: Any, FS: Any, NX: Any,
+          BS: Any) -> Any:
+    """Find row ``r``'s key (first word ``k0``, bytes at ``kp``): its candidate slot first
+    (most keys sit there), then along its bucket's chain. Returns ``(page seq, slot)``,
+    page -1 if absent."""
+    G, nb, ko, ks, pb = _i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 5), _i64(GEO, 7), _i64(GEO, 9)
+    h = _ld_u64(_sc(SC, SC_HASH, r))
+    s = _i64(_sc(SC, SC_CAND, r), 0)
+    q = _i64(_sc(SC, SC_PAGE, r), 0)
+    if s >= 0 and _slot_holds(_page(P, FS, q, pb), s, _tag(h), ko, ks, k0, kp):
+        return q, s
+    q = _i64(BS, _i64(_sc(SC, SC_BUCKET, r), 0))
+    home = _i64(_sc(SC, SC_HOME, r), 0)
+    while q >= 0:
+        s = _find_in_page(_page(P, FS, q, pb), home, h, G, nb, ko, ks, k0, kp)
+        if s >= 0:
+            return q, s
+        q = _i64(NX, q)
+    return np.int64(-1), np.int64(-1)
+
+
+@_scalar
+def _insert_row(r: Any, kp: Any, GEO: Any, SC: Any, P: Any, FS: Any, LS: Any, PN: Any,
+                ST: Any) -> Any:
+    """Insert row ``r``'s key (bytes at ``kp``) into the last page of its chain. Returns
+    ``(status, page seq, slot)``; a status other than ``DONE`` wrote nothing."""
+    G, nb, ko, vo, ks, vs, pb = (_i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 5), _i64(GEO, 6),
+                                 _i64(GEO, 7), _i64(GEO, 8), _i64(GEO, 9))
+    if _i64(ST, 0) + 1 > _i64(GEO, 11):
+        return NEED_SPLIT, np.int64(-1), np.int64(-1)
+    b = _i64(_sc(SC, SC_BUCKET, r), 0)
+    q = _i64(LS, b)
+    base = _page(P, FS, q, pb)
+    if np.int64(_ld_u32(base + OFF_START)) >= _i64(GEO, 10):
+        _st_i64(ST + 16, b)
+        return NEED_PAGE, np.int64(-1), np.int64(-1)
+    if _ld_i32(PN + 4 * _i64(FS, q)) > 0:
+        _st_i64(ST + 16, q)
+        return NEED_CLONE, np.int64(-1), np.int64(-1)
+    home = _i64(_sc(SC, SC_HOME, r), 0)
+    s = _insert(base, home, _ld_u64(_sc(SC, SC_HASH, r)), G, nb, ko, ks, vo, vs, kp)
+    _st_i64(ST, _i64(ST, 0) + 1)
+    return DONE, q, s
+
+
+@_scalar
+def _apply_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any, NX: Any,
+                 BS: Any, LS: Any, PN: Any, MD: Any, ST: Any, FOUND: Any, K: Any, kst: Any,
+                 KB: Any, kbst: Any, O: Any, ost: Any) -> Any:
+    """Pass 3: find each row's key, in input order; insert new keys (noting each row's value
+    address); get / delete act here. Returns ``(status, row stopped at)``."""
+    vo, vs, pb, epoch = _i64(GEO, 6), _i64(GEO, 8), _i64(GEO, 9), _i64(GEO, 12)
+    for i in range(c0, c1):
+        r = i - c0
+        kp = KB + i * kbst
+        fq, s = _find(r, _ld_u64(K + i * kst), kp, GEO, SC, P, FS, NX, BS)
+        if mode == MODE_GET:
+            _st_u8(FOUND + i, np.uint8(fq >= 0))
+            if fq >= 0 and O != 0:
+                _copy(O + i * ost, _page(P, FS, fq, pb) + vo + s * vs, vs)
+            continue
+        if fq >= 0 and _ld_i32(PN + 4 * _i64(FS, fq)) > 0:
+            _st_i64(ST + 16, fq)
             return NEED_CLONE, i
         if mode == MODE_DELETE:
-            found[i] = fq >= 0
+            _st_u8(FOUND + i, np.uint8(fq >= 0))
             if fq >= 0:
-                mod[fq] = epoch
-                _tombstone(P + fseq[fq] * pb, s)
-                state[0] -= 1
+                _st_i64(MD + 8 * fq, epoch)
+                _tombstone(_page(P, FS, fq, pb), s)
+                _st_i64(ST, _i64(ST, 0) - 1)
             continue
-        new = fq < 0  # upsert: insert into the chain's last page
+        new = fq < 0  # upsert
         if new:
-            if state[0] + 1 > limit:
-                return NEED_SPLIT, i
-            fq = last_seq[bk[r]]
-            if np.int64(_ld_u32(P + fseq[fq] * pb + OFF_START)) >= max_fill:
-                state[2] = bk[r]
-                return NEED_PAGE, i
-            if pins[fseq[fq]] > 0:
-                state[2] = fq
-                return NEED_CLONE, i
-            s = _insert(P + fseq[fq] * pb, homes[r], h, G, nb, ko, ks, vo, vs, kp)
-            state[0] += 1
-        mod[fq] = epoch
-        vas[r] = P + fseq[fq] * pb + vo + s * vs
-        isnew[r] = new
-        if want:  # fields the spec does not write; the combine fills in the others
-            _copy(_addr(out) + i * out.strides[0], vas[r], vs)
+            code, fq, s = _insert_row(r, kp, GEO, SC, P, FS, LS, PN, ST)
+            if code != DONE:
+                return code, i
+        _st_i64(MD + 8 * fq, epoch)
+        va = _page(P, FS, fq, pb) + vo + s * vs
+        _st_i64(_sc(SC, SC_VALUE, r), va)
+        _st_i64(_sc(SC, SC_NEW, r), np.int64(new))
+        if O != 0:  # fields the spec does not write; the combine fills in the others
+            _copy(O + i * ost, va, vs)
     return DONE, c1
 
 
@@ -641,26 +693,84 @@ def _bytes_row(a: Any, xp: Any, size: Any, op: Any, new: Any) -> None:
 
 
 @_scalar
-def _combine_field(j: Any, c0: Any, kn: Any, ops: Any, codes: Any, offs: Any, sizes: Any,
-                   lanes: Any, lidx: Any, IC: Any, UC: Any, FC: Any, BC: Any, out: Any,
-                   vas: Any, isnew: Any) -> None:
-    """Pass 4, value field ``j``: combine rows ``c0..c0+kn-1`` into it (the op and the
-    field's type are fixed for the whole loop)."""
-    op, code, off, size, lane, c = ops[j], codes[j], offs[j], sizes[j], lanes[j], lidx[j]
-    want = out.shape[0] > 0
+def _combine_i8(op: Any, off: Any, xs: Any, xst: Any, c0: Any, kn: Any, SC: Any, O: Any,
+                ost: Any) -> None:
+    """`_combine_field` for an int64 field, the common case: one loop per op."""
+    if op == COUNT or op == SUM:
+        for k in range(kn):
+            a = _i64(_sc(SC, SC_VALUE, k), 0) + off
+            x = np.int64(1) if op == COUNT else _ld_i64(xs + (c0 + k) * xst)
+            _st_i64(a, x if _i64(_sc(SC, SC_NEW, k), 0) != 0 else _ld_i64(a) + x)
+            if O != 0:
+                _st_i64(O + (c0 + k) * ost + off, _ld_i64(a))
+    elif op == MIN or op == MAX:
+        for k in range(kn):
+            a = _i64(_sc(SC, SC_VALUE, k), 0) + off
+            x = _ld_i64(xs + (c0 + k) * xst)
+            if (_i64(_sc(SC, SC_NEW, k), 0) != 0 or (op == MIN and x < _ld_i64(a))
+                    or (op == MAX and x > _ld_i64(a))):
+                _st_i64(a, x)
+            if O != 0:
+                _st_i64(O + (c0 + k) * ost + off, _ld_i64(a))
+    else:  # LAST, FIRST
+        for k in range(kn):
+            a = _i64(_sc(SC, SC_VALUE, k), 0) + off
+            if _i64(_sc(SC, SC_NEW, k), 0) != 0 or op == LAST:
+                _st_i64(a, _ld_i64(xs + (c0 + k) * xst))
+            if O != 0:
+                _st_i64(O + (c0 + k) * ost + off, _ld_i64(a))
+
+
+@_scalar
+def _combine_field(op: Any, code: Any, off: Any, size: Any, lane: Any, xs: Any, xst: Any,
+                   c0: Any, kn: Any, SC: Any, O: Any, ost: Any) -> None:
+    """Pass 4: combine rows ``c0..c0+kn-1`` into one value field (at ``off``, ``size``
+    bytes, type ``code``, input ``lane``; the op and the type are fixed for the whole loop).
+    Row ``i``'s input is at ``xs + i * xst``."""
     for k in range(kn):
         i = c0 + k
-        a = vas[k] + off
+        a = _i64(_sc(SC, SC_VALUE, k), 0) + off
+        new = _i64(_sc(SC, SC_NEW, k), 0) != 0
         if lane == L_INT:
-            _int_row(a, code, op, isnew[k], np.int64(1) if op == COUNT else IC[c, i])
+            _int_row(a, code, op, new, np.int64(1) if op == COUNT else _ld_i64(xs + i * xst))
         elif lane == L_FLOAT:
-            _float_row(a, code, op, isnew[k], 1.0 if op == COUNT else FC[c, i])
+            _float_row(a, code, op, new, 1.0 if op == COUNT else _ld_f64(xs + i * xst))
         elif lane == L_UINT:
-            _uint_row(a, op, isnew[k], np.uint64(1) if op == COUNT else UC[c, i])
+            _uint_row(a, op, new, np.uint64(1) if op == COUNT else _ld_u64(xs + i * xst))
         else:
-            _bytes_row(a, _addr(BC) + i * BC.strides[0] + c, size, op, isnew[k])
-        if want:
-            _copy(_addr(out) + i * out.strides[0] + off, a, size)
+            _bytes_row(a, xs + i * xst, size, op, new)
+        if O != 0:
+            _copy(O + i * ost + off, a, size)
+
+
+@_scalar
+def _lane_input(lane: Any, c: Any, IC: Any, UC: Any, FC: Any, BC: Any) -> Any:
+    """``(address, stride)`` of the inputs of lane ``lane``, index ``c``."""
+    if lane == L_INT:
+        return _addr(IC) + c * IC.strides[0], IC.strides[1]
+    if lane == L_FLOAT:
+        return _addr(FC) + c * FC.strides[0], FC.strides[1]
+    if lane == L_UINT:
+        return _addr(UC) + c * UC.strides[0], UC.strides[1]
+    return _addr(BC) + c, BC.strides[0]
+
+
+@_scalar
+def _check_tables(fseq: Any, next_of: Any, bucket_seq: Any, last_seq: Any, pins: Any,
+                  mod: Any, geo: Any, state: Any, found: Any, kw: Any, kb: Any,
+                  out: Any) -> None:
+    """`rows` reads these through their addresses: the tables must be contiguous int64
+    (pins int32, found bool), and rows contiguous."""
+    for t in (fseq, next_of, bucket_seq, last_seq, mod, geo, state):
+        if t.itemsize != 8 or (t.shape[0] > 1 and t.strides[0] != 8):
+            raise TypeError("hashmap.rows: page tables, geo and state must be contiguous int64")
+    if (pins.itemsize != 4 or (pins.shape[0] > 1 and pins.strides[0] != 4)
+            or found.itemsize != 1 or (found.shape[0] > 1 and found.strides[0] != 1)):
+        raise TypeError("hashmap.rows: pins must be contiguous int32, found bool")
+    if ((kw.shape[0] > 1 and kw.strides[0] != 8 * kw.shape[1])
+            or (kb.shape[0] > 1 and kb.strides[0] != kb.shape[1])
+            or (out.shape[0] > 1 and out.strides[0] != out.shape[1])):
+        raise TypeError("hashmap.rows: key words, key bytes and out must be C-contiguous")
 
 
 @jit
@@ -686,26 +796,35 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
     Rows go in chunks of `CHUNK`, in four passes (each a function): hash and
     prefetch, match tags and prefetch, find / insert / act, combine the values.
     """
+    _check_tables(fseq, next_of, bucket_seq, last_seq, pins, mod, geo, state, found, kw, kb,
+                  out)
     n = kw.shape[0]
-    hs = np.empty(CHUNK, np.uint64)   # per row of the chunk: hash,
-    bk = np.empty(CHUNK, np.int64)    # bucket,
-    q0s = np.empty(CHUNK, np.int64)   # primary page,
-    homes = np.empty(CHUNK, np.int64)  # home group,
-    cand = np.empty(CHUNK, np.int64)  # the home group's first tag match in the primary page,
-    vas = np.empty(CHUNK, np.int64)   # the value's address once applied,
-    isnew = np.empty(CHUNK, np.bool_)  # and whether the row inserted its key
+    nops = ops.shape[0]
+    xs = np.empty(nops, np.int64)  # each value field's input address and row stride
+    xst = np.empty(nops, np.int64)
+    for j in range(nops):
+        xs[j], xst[j] = _lane_input(lanes[j], lidx[j], IC, UC, FC, BC)
+    sc = np.empty(7 * CHUNK, np.int64)
+    SC, GEO, P, FS, ST = _addr(sc), _addr(geo), _addr(pool), _addr(fseq), _addr(state)
+    O = _addr(out) if out.shape[0] > 0 else 0
     c0 = i0
     while c0 < n:
         c1 = min(c0 + CHUNK, n)
-        _hash_chunk(c0, c1, kw, pool, fseq, bucket_seq, geo, hs, bk, q0s, homes)
-        _match_chunk(mode, c0, c1, pool, fseq, geo, hs, q0s, homes, cand)
-        code, stop = _apply_chunk(mode, c0, c1, kw, kb, pool, fseq, next_of, bucket_seq,
-                                  last_seq, pins, mod, geo, out, found, state, hs, bk, q0s,
-                                  homes, cand, vas, isnew)
+        _hash_chunk(c0, c1, GEO, SC, P, FS, _addr(bucket_seq), _addr(kw), kw.strides[0],
+                    kw.shape[1])
+        _match_chunk(mode, c0, c1, GEO, SC, P, FS)
+        code, stop = _apply_chunk(mode, c0, c1, GEO, SC, P, FS, _addr(next_of),
+                                  _addr(bucket_seq), _addr(last_seq), _addr(pins), _addr(mod),
+                                  ST, _addr(found), _addr(kw), kw.strides[0], _addr(kb),
+                                  kb.strides[0], O, out.strides[0])
         if mode == MODE_UPSERT:
-            for j in range(ops.shape[0]):
-                _combine_field(j, c0, stop - c0, ops, codes, offs, sizes, lanes, lidx, IC, UC,
-                               FC, BC, out, vas, isnew)
+            for j in range(nops):
+                if lanes[j] == L_INT and codes[j] == I8:
+                    _combine_i8(ops[j], offs[j], xs[j], xst[j], c0, stop - c0, SC, O,
+                                out.strides[0])
+                    continue
+                _combine_field(ops[j], codes[j], offs[j], sizes[j], lanes[j], xs[j], xst[j],
+                               c0, stop - c0, SC, O, out.strides[0])
         if code != DONE:
             state[1] = stop
             return code
