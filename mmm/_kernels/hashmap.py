@@ -100,13 +100,6 @@ def _tag(h: Any) -> Any:
     return np.uint8(((h >> np.uint64(24)) & np.uint64(0x7F)) | np.uint64(0x80))
 
 
-@_scalar
-def _sext(v: Any, size: Any) -> Any:
-    """Sign-extend the low ``size`` bytes of uint64 ``v``."""
-    sh = np.uint64(64 - 8 * size)
-    return np.int64(v << sh) >> np.int64(64 - 8 * size)
-
-
 def _prefetch_impl(typingctx: Any, arr: Any, idx: Any) -> Any:
     """``llvm.prefetch`` of ``arr[idx]`` (read, keep in all cache levels): a hint, no effect
     on results."""
