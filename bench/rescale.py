@@ -481,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bench import _spark_restart  # a real Spark query restarted with 4 partitions
             data["spark_restart"] = _spark_restart.run(
                 min(state_mb, args.restart_mb_quick) if args.quick else state_mb, scratch,
-                cycles=1 if args.quick else 3)
+                cycles=1 if args.quick else 3, key_groups=K)
             spark_summary.update(_spark_restart.summarize(data["spark_restart"]))
 
         def med(key: str, field: str) -> float:
