@@ -19,13 +19,13 @@ restarted, one new small file waiting each time, in this order per cycle:
 Downtime = from ``query.stop()`` to the first batch committed after the restart
 (``processAllAvailable`` returns). Reported per restart with its parts: the
 stop, the ``stateful`` call (which includes the start-up repartition job; its
-own seconds, from the runtime's log line, in ``repartition_s``), and start to
+own seconds in ``repartition_s``, its parts in ``repartition_parts_s``: the wait for
+the old partitions' local locks, the job, and its plan / compose / commit), and start to
 commit (query start, the tasks' restore + replay + the batch). Between two
 restarts three more small batches run, so every generation has checkpoints.
 """
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import time
@@ -106,16 +106,16 @@ def run(state_mb: float, scratch: str, cycles: int = 1,
         return out.writeStream.format("noop").option("checkpointLocation", ckpt).start(), api_s
 
     data: dict[str, Any] = {"keys": n_keys, "key_groups": key_groups, "restarts": []}
-    rescales: list[float] = []
+    rescales: list[Any] = []
+    import sguard.spark.api as api
+    startup = api.repartition_at_startup
 
-    class _Rescaled(logging.Handler):  # the runtime's start-up repartition log line
-        def emit(self, record: logging.LogRecord) -> None:
-            if "repartitioned from" in record.msg and record.args:
-                rescales.append(float(record.args[-1]))  # type: ignore[index]
+    def recorded(*a: Any, **kw: Any) -> Any:  # what the start-up repartition reports
+        res = startup(*a, **kw)
+        rescales.append(res)
+        return res
 
-    handler = _Rescaled(logging.WARNING)
-    api_log = logging.getLogger("sguard.spark.api")
-    api_log.addHandler(handler)
+    api.repartition_at_startup = recorded
     try:
         t = time.perf_counter()
         perm = np.random.default_rng(7).permutation(n_keys)
@@ -152,7 +152,9 @@ def run(state_mb: float, scratch: str, cycles: int = 1,
                 time.sleep(0.1)
             row = {"from": P, "to": P2, "downtime_s": (t3 - t0) - (t2 - t1),
                    "stop_s": t1 - t0, "stateful_s": api_s, "start_to_commit_s": t3 - t2 - api_s,
-                   "repartition_s": sum(rescales),
+                   "repartition_s": sum(r.seconds for r in rescales),
+                   "repartition_parts_s": [{"wait_s": r.wait_s, "job_s": r.repartition_s,
+                                            **r.phases_s} for r in rescales],
                    "first_batch": b,
                    "recovery": sorted({r["recovery"] for r in recs}),
                    "recovery_ms_max": max((r["recovery_ms"] for r in recs), default=0.0),
@@ -169,7 +171,7 @@ def run(state_mb: float, scratch: str, cycles: int = 1,
             P = P2
         q.stop()
     finally:
-        api_log.removeHandler(handler)
+        api.repartition_at_startup = startup
         spark.stop()
         shutil.rmtree(local, ignore_errors=True)
     return data

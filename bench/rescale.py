@@ -347,7 +347,7 @@ def driver_probe(uris: Sequence[str], rounds: int) -> dict[str, Any]:
                 "bytes_read": res.bytes_read}
 
     try:
-        call(uris[0])  # warm-up: py4j, the job's first tasks, imports
+        out["cold_call"] = call(uris[0])  # warm-up: py4j, the workers' first imports
         for _ in range(rounds):
             for u in uris:
                 out["calls"].append(call(u))
@@ -472,6 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                    if c["uri"] == small)) / MB,
                 "repartition_job_s": float(np.median([c["seconds"] for c in calls
                                                       if c["uri"] == uri])),
+                "repartition_job_cold_s": dm["cold_call"]["seconds"],
             })
             print(f"driver memory ({time.perf_counter() - t:.0f} s): " + ", ".join(
                 f"{c['from']}->{c['to']} {c['state_bytes'] / MB:.0f} MB: +"
