@@ -78,34 +78,50 @@ def pending_repartition(root: StorageRoot) -> int | None:
     return int(n) if isinstance(n, int) else None
 
 
-def _compose_partition(rows: Any) -> Any:
-    """A Spark task: compose the target partitions of its input rows (one each)."""
+def _compose_doc(text: str) -> str:
+    """One target partition's task description (JSON) -> its result (JSON)."""
     import json as _json
     from sguard.rescale import TargetTask, compose_target
-    for text in rows:
-        d = _json.loads(text)
-        d["storage_options"] = tuple((k, v) for k, v in d["storage_options"])
-        d["sources"] = tuple(d["sources"])
-        yield _json.dumps(compose_target(TargetTask(**d)))
+    d = _json.loads(text)
+    d["storage_options"] = tuple((k, v) for k, v in d["storage_options"])
+    d["sources"] = tuple(d["sources"])
+    return _json.dumps(compose_target(TargetTask(**d)))
 
 
 def spark_runner(spark: Any) -> Callable[[Sequence[Any]], list[dict[str, int]]]:
     """A `sguard.rescale.repartition` ``run=``: one Spark task per target partition, on the
     executors; the driver sends each task its description (a few hundred bytes) and gets
-    back three counters, so its memory does not grow with the state."""
+    back three counters, so its memory does not grow with the state.
+
+    The tasks are SQL Python tasks (``mapInArrow`` over ``range(n)`` in n partitions: task
+    i composes target i), not RDD ones: PySpark keeps separate Python worker pools for
+    the two, and the SQL pool is the one the query's own tasks keep warm (sguard
+    imported), so a start-up repartition does not wait for cold workers.
+    """
     from dataclasses import asdict
 
     def run(tasks: Sequence[Any]) -> list[dict[str, int]]:
         docs = [json.dumps(asdict(t)) for t in tasks]
-        rdd = spark.sparkContext.parallelize(docs, len(docs))
-        rdd.setName("sguard repartition")
+
+        def compose(batches: Any) -> Any:
+            import pyarrow as pa
+            ids, out = [], []
+            for b in batches:
+                for i in b.column(0).to_pylist():
+                    ids.append(i)
+                    out.append(_compose_doc(docs[i]))
+            yield pa.RecordBatch.from_pydict({"id": pa.array(ids, pa.int64()),
+                                              "result": pa.array(out, pa.string())})
+
+        df = spark.range(0, len(docs), 1, len(docs))
         try:
-            out = rdd.mapPartitions(_compose_partition).collect()
+            rows = df.mapInArrow(compose, "id long, result string").collect()
         except Exception as exc:  # noqa: BLE001 - Py4J / PySpark wrap the task's error
             lines = [ln for ln in str(exc).splitlines() if "Error" in ln]
             raise RepartitionJobError(f"the repartition job failed: "
                                       f"{(lines[-1] if lines else str(exc))[:500]}") from None
-        return [json.loads(x) for x in out]
+        got = {int(r["id"]): r["result"] for r in rows}
+        return [json.loads(got[i]) for i in range(len(docs))]
     return run
 
 
