@@ -18,35 +18,42 @@ from the old partitions they lie in) and the conversion is one pass:
 1. *validate* (nothing written): a version-1 layout document, ``K``, and every old
    partition's newest checkpoint (this operator, generation and partition; one
    replay position; the same page size; structures the routing rules know, read
-   from their super pages alone);
+   from their super pages alone); the batch ``B`` the new state will be at: the
+   last batch every old partition has logged (`_common_batch`);
 2. *mark*: ``rescale-pending.json`` (`sguard.rescale.MARKER_FILE`, the marker a
    repartition uses) records the generation being built; a rerun deletes that
    generation's leftovers, and HA units of it without the marker are refused;
 3. *split*: each old partition's checkpoint is restored into a private page
-   manager, every structure's rows are routed by key group
-   (``pmod(murmur3(key), K)``, dictionary ids through their decoded keys) with
-   one counting sort, and each key group's rows are bulk-written into
+   manager and brought to batch ``B`` by replaying its input log with the
+   operator opened as the previous sguard opened it (on the whole partition: one
+   watermark per partition), so the state agrees with every output the old query
+   delivered; then every structure's rows are routed by key group
+   (``pmod(murmur3(key), K)``, dictionary ids through their decoded keys) with one
+   counting sort, and each key group's rows are bulk-written into
    ``groupstate.namespace(pm_q, kg)`` of the new partition ``q`` that owns it
    (per-partition maps the routing rules replicate, the event-time ``meta``
    watermark and the TTL clock, are copied into every key group of the partition);
 4. *checkpoint* each new partition in full under generation ``g + 1``'s HA unit,
-   with the runtime's ``user_meta`` (``key_groups``, ``psid_shift``, ``batch_id``:
-   the old checkpoint's; ``kg_batches`` when old partitions were at different
-   batches, `sguard.rescale.KeyGroupPositions`);
+   with the runtime's ``user_meta`` (``key_groups``, ``psid_shift``, ``batch_id``
+   ``B``);
 5. *commit*: `sguard.statelayout.write_layout` of the version-2 document
    (generation ``g + 1``, ``key_groups=K``). Before it the old state is in force
    (and refused by the runtime, naming this command), after it the new one is.
    Nothing of generation ``g`` is ever modified or deleted.
 
-The input log of batches after the old checkpoints stays where it is: the
-runtime replays it into the new partitions, computing each old row's key group
-(`sguard.spark.inputlog.read_input`), so a query resumes exactly where it stopped.
+Convert a query that stopped after committing a batch (a clean stop, or a crash
+followed by one batch of the previous sguard): then every partition logged that
+batch, and it is ``B``. If every partition logged a batch Spark did not commit, the
+restarted query finds its state ahead of Spark (`StateAheadError`). Batches logged
+after ``B`` by some partitions only are replayed by the runtime after the
+conversion, computing each old row's key group (`sguard.spark.inputlog.read_input`).
 
-Event time: the old state had one watermark per partition; each key group starts
-from its old partition's (later rows advance it per key group, as in the new
-layout), so no row that was on time before the conversion becomes late because of
-it, and none that was late is taken back. The ``seen`` / ``late`` counters
-(statistics) are copied into every key group too.
+Why replay before converting: an event-time operator's watermark was per partition
+and is now per key group, so replaying old batches after the conversion could close
+windows at other batches than the old query did (emitting some twice). Each key
+group starts from its old partition's watermark (later rows advance it per key
+group), so no row on time before the conversion becomes late because of it. The
+``seen`` / ``late`` counters (statistics) are copied into every key group too.
 
 The whole old state passes through memory once (one old partition restored at a
 time, the new partitions being built at once): a one-time conversion sized like
@@ -67,7 +74,7 @@ import numpy.typing as npt
 
 from ioservice import (CheckpointManager, CheckpointPolicy, IOService, Manifest, StorageRoot,
                        restore)
-from ioservice.errors import IOServiceError, StorageNotFoundError
+from ioservice.errors import StorageNotFoundError
 from mmm import PageManager
 from mmm._kernels import jit
 from mmm.page import HEADER_BYTES, decode_meta
@@ -452,11 +459,11 @@ _KEYS: Final = "\0keys"
 
 def _split(pm: PageManager, layout: _V1, structs: Sequence[_Structure], kspec: Any,
            index: npt.NDArray[np.int64], K: int, n_out: int
-           ) -> list[dict[str, tuple[Any, Any]]]:
+           ) -> list[dict[str, Any]]:
     """Every structure's rows of one restored old partition, by key group: output ``i``
     is key group ``kg`` with ``index[kg] == i``. Replicated structures go to every output."""
     import pyarrow as pa
-    out: list[dict[str, tuple[Any, Any]]] = [{} for _ in range(n_out)]
+    out: list[dict[str, Any]] = [{} for _ in range(n_out)]
     id_hash = None
     if kspec is not None:
         from mmm.structures.keydict import KeyDict
@@ -565,16 +572,67 @@ def _remapped(st: _Structure, keys: Any, vals: Any, m: npt.NDArray[np.int64]
     return keys, vals
 
 
-def _kg_batches(batches: npt.NDArray[np.int64], lo: int, hi: int) -> list[list[int]]:
-    """``[[a, b, batch], ...]``: runs of equal batch over key groups ``[lo, hi)``."""
-    out: list[list[int]] = []
-    for kg in range(lo, hi):
-        b = int(batches[kg])
-        if out and out[-1][2] == b and out[-1][1] == kg:
-            out[-1][1] = kg + 1
-        else:
-            out.append([kg, kg + 1, b])
-    return out
+# -- the old partitions brought to one batch, with the old code's semantics -------------------
+def _fence(root: StorageRoot, src: _Source) -> Any:
+    from sguard.spark import fencing
+    return fencing.read_claims(root, src.haunit)
+
+
+def _common_batch(root: StorageRoot, layout: _V1, sources: Sequence[_Source]) -> int:
+    """The last batch every old partition has logged (contiguously from its checkpoint):
+    the batch the converted state is at. For a query that stopped after committing its last
+    batch, every partition logged it."""
+    from sguard.spark.inputlog import valid_batches
+    reach = []
+    for src in sources:
+        have = valid_batches(root, layout.generation, src.partition, _fence(root, src))
+        r = src.batch_id
+        while r + 1 in have:
+            r += 1
+        reach.append(r)
+    upto = min(reach)
+    behind = [s for s in sources if s.batch_id > upto]
+    if behind:
+        raise ConvertError(
+            f"partition {behind[0].partition}'s checkpoint holds batch {behind[0].batch_id}, "
+            f"but the input log of another partition ends at batch {upto}: the old state's "
+            f"partitions cannot be brought to one batch")
+    return upto
+
+
+def _replay_old(root: StorageRoot, layout: _V1, src: _Source, pm: PageManager, at: int,
+                upto: int, K: int) -> int:
+    """Apply the partition's logged batches ``at + 1 .. upto`` to its old state, with the
+    operator opened on the whole page manager as the previous sguard did (one watermark per
+    partition): the outputs the old query delivered for them stay the state's history.
+    Returns the rows applied."""
+    if upto <= at:
+        return 0
+    import base64
+
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from sguard.spark import inputlog
+    from sguard.spark.columns import KG_COLUMN
+    from sguard.spark.operators import operator_from_params
+    try:
+        op = operator_from_params(layout.operator, layout.schema["params"])
+        schema = ipc.read_schema(pa.py_buffer(base64.b64decode(layout.extra["arrow_schema"])))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConvertError(f"operator {layout.name!r}: cannot rebuild it from the layout to "
+                           f"replay the input log ({exc})") from None
+    state = op.open(pm, schema, layout.key)
+    fence = _fence(root, src)
+    n = 0
+    for x in range(at + 1, upto + 1):
+        t = inputlog.read_input(root, x, layout.generation, src.partition,
+                                layout.num_partitions, layout.key, fence, key_groups=K)
+        t = t.drop_columns([KG_COLUMN])
+        state.apply(t, x)
+        n += t.num_rows
+    pm._flush_structures()
+    return n
 
 
 # -- public API ----------------------------------------------------------------------------------
@@ -646,6 +704,7 @@ def convert(root: StorageRoot | str, key_groups: int | None = None, *, io_worker
     new = old.upgraded(K)
     sources, structs, page_bytes = _validate(sroot, old)
     kspec = _key_spec(old)
+    upto = _common_batch(sroot, old, sources)
     marker = _read_marker(sroot)
     leftovers = _generation_haunits(sroot, old.name, g + 1)
     if leftovers and marker is None:
@@ -672,34 +731,33 @@ def convert(root: StorageRoot | str, key_groups: int | None = None, *, io_worker
         cap = max(64 * _MiB, 4 * state_bytes // P + 16 * (K // P) * (len(structs) + 1)
                   * page_bytes)
         targets = [PageManager(page_bytes, capacity_bytes=cap) for _ in range(P)]
-        batches = np.full(K, -1, np.int64)
         rows = read = 0
         n_out = K // P
         for src in sources:
             kgs = np.arange(src.partition, K, P, dtype=np.int64)  # kg mod P == partition
-            batches[kgs] = src.batch_id
-            if src.manifest is None:
-                continue
-            pm = PageManager(page_bytes,
-                             capacity_bytes=int(src.manifest.state_bytes * 1.1) + 64 * page_bytes)
-            man = restore(pm, sroot, src.haunit, io=io, before_seq=src.manifest.seq + 1)
-            if man.name != src.manifest.name:  # the newest was damaged: an older one
-                logger.warning("convert: %s unreadable, using %s", src.manifest.name, man.name)
-                batches[kgs] = _batch_of(man)
-                unknown = {n for n in pm.names() if not _is_keydict(n)} - {s.name for s in structs}
-                if unknown:
-                    raise ConvertError(f"checkpoint {man.name}: structures {sorted(unknown)} "
-                                       f"that the newest checkpoint does not have")
-            read += man.state_bytes
+            pm = PageManager(page_bytes, capacity_bytes=max(256 * _MiB, 4 * state_bytes // P))
+            at = -1
+            if src.manifest is not None:
+                man = restore(pm, sroot, src.haunit, io=io, before_seq=src.manifest.seq + 1)
+                if man.name != src.manifest.name:  # the newest was damaged: an older one
+                    logger.warning("convert: %s unreadable, using %s", src.manifest.name,
+                                   man.name)
+                read += man.state_bytes
+                at = _batch_of(man)
+            rows_replayed = _replay_old(sroot, old, src, pm, at, upto, K)
+            # the structures this partition holds now (a replay may have opened windows)
+            present = [_resolve(old, n, pm.read_meta(pm.recover(n)), f"operator {old.name!r}")
+                       for n in sorted(pm.names()) if not _is_keydict(n)]
             index = np.full(K, -1, np.int64)
             index[kgs] = np.arange(n_out)
-            pieces = _split(pm, old, structs, kspec, index, K, n_out)
+            pieces = _split(pm, old, present, kspec, index, K, n_out)
             del pm
             for i, kg in enumerate(kgs.tolist()):
                 q = kg * P // K
-                rows += _write_group(namespace(targets[q], kg), structs, pieces[i])
+                rows += _write_group(namespace(targets[q], kg), present, pieces[i])
                 pieces[i] = {}
-            say(f"split partition {src.partition}")
+            say(f"converted partition {src.partition} (replayed {rows_replayed} logged rows "
+                f"of batches {at + 1}..{upto})")
             _kill_point("source_converted")
         written = 0
         inflight: list[tuple[CheckpointManager, Any]] = []
@@ -709,11 +767,8 @@ def convert(root: StorageRoot | str, key_groups: int | None = None, *, io_worker
                 meta: dict[str, Any] = {
                     "operator": old.operator, "name": old.name, "generation": g + 1,
                     "partition": q, "num_partitions": P, "key_groups": [lo, hi],
-                    "psid_shift": PSID_SHIFT, "batch_id": int(batches[lo:hi].min()),
+                    "psid_shift": PSID_SHIFT, "batch_id": upto,
                     "converted_from": {"layout_version": 1, "generation": g}}
-                runs = _kg_batches(batches, lo, hi)
-                if len(runs) > 1:  # old partitions checkpointed at different batches
-                    meta["kg_batches"] = runs
                 mgr = CheckpointManager(pm, sroot, new.haunit(q), io=io, check_root=False,
                                         policy=CheckpointPolicy(keep=None, full_every=1))
                 inflight.append((mgr, None))
