@@ -261,7 +261,7 @@ def test_converted_state_continues_like_a_run_that_never_converted(
         # no row is ever late: every (window, key) is emitted once, or still open, with its
         # whole aggregate, as in the plain-Python oracle and the run that never converted
         emitted = pa.concat_tables(_old_outputs(d) + [out[bp] for bp in sorted(out)])
-        got = _window_rows(emitted) + _window_rows(state)
+        got = sorted(_window_rows(emitted) + _window_rows(state))
         keys = [(r[0], r[1]) for r in got]
         assert len(keys) == len(set(keys))
         assert got == _window_oracle(tables)
