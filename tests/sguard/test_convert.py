@@ -44,7 +44,7 @@ OLD_BATCHES = 8   # run by the previous sguard
 BATCHES = 12      # in all
 EVERY = 3
 SCENARIOS = {"running-int": ("running", "int"), "running-str": ("running", "str"),
-             "window-int": ("window", "int")}
+             "window-int": ("window", "int"), "window-str": ("window", "str")}
 
 
 def _data(kind: str, seed: int) -> list[pa.Table]:
