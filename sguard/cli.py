@@ -59,7 +59,10 @@ _EXAMPLES: dict[str, str] = {
     "sguard spark status": "examples:\n  sguard spark status file:///tmp/agg-state\n"
                            "  sguard spark status s3://bucket/agg --s3-endpoint 127.0.0.1:8333 --json",
     "sguard state": "examples:\n  sguard state repartition file:///tmp/agg-state --partitions 4\n"
-                    "  sguard state show file:///tmp/agg-state --limit 10",
+                    "  sguard state show file:///tmp/agg-state --limit 10\n"
+                    "  sguard state convert file:///tmp/agg-state",
+    "sguard state convert": "examples:\n  sguard state convert file:///tmp/agg-state\n"
+                            "  sguard state convert file:///tmp/agg-state --key-groups 256",
     "sguard state show": "examples:\n  sguard state show file:///tmp/agg-state\n"
                          "  sguard state show file:///tmp/agg-state --batch-id 12 --limit 5",
     "sguard state repartition": "examples:\n  sguard state repartition file:///tmp/agg-state "

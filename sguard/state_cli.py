@@ -1,5 +1,7 @@
 """``sguard state repartition <state-uri> --partitions N``: scale an operator's state out or in.
 ``sguard state show <state-uri> [--batch-id B] [--limit N]``: print its first rows.
+``sguard state convert <state-uri> [--key-groups K]``: convert a state written before key
+groups (`sguard.convert`; exit status as ``repartition``'s).
 
 Repartitions the checkpointed state of the operator under ``<state-uri>`` (see
 `sguard.statelayout`) into N partitions by moving whole key groups: a Spark job
@@ -51,7 +53,22 @@ def register(subparsers: Any) -> None:
                     help="write a new generation even if the state already has N partitions")
     rp.add_argument("--s3-endpoint", help="S3 endpoint (default $SGUARD_S3_ENDPOINT)")
     rp.set_defaults(func=_cmd_repartition)
-    from sguard.cliargs import nonnegative_int, positive_int
+    from sguard.cliargs import nonnegative_int, positive_int, set_validator
+    cv = sub.add_parser("convert", help="convert a state written before key groups (layout "
+                        "version 1) into the key-group layout",
+                        description="Convert the state of a state URI written before key "
+                                    "groups into the key-group layout, in place, as a new "
+                                    "generation (same partition count). A crash leaves the "
+                                    "old state in force; rerun to complete.")
+    cv.add_argument("uri", metavar="state-uri",
+                    help="state URI: a path, file:///..., s3://bucket/prefix, hdfs://host:port/path")
+    cv.add_argument("--key-groups", type=positive_int, default=None, metavar="K",
+                    help="the number of key groups: a multiple of the partition count, at most "
+                         "32768 (default: the smallest multiple >= 128); it bounds how far the "
+                         "state can be scaled out")
+    cv.add_argument("--s3-endpoint", help="S3 endpoint (default $SGUARD_S3_ENDPOINT)")
+    cv.set_defaults(func=_cmd_convert)
+    set_validator(cv, _validate_convert)
     sh = sub.add_parser("show", help="print the first rows of the durable state",
                         description="Print the first rows of the state at the newest durable "
                                     "batch (or --batch-id), one row per key (per key and "
@@ -126,6 +143,45 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate_convert(args: argparse.Namespace) -> None:
+    from sguard.cliargs import UsageError
+    from sguard.keygroups import MAX_KEY_GROUPS
+    if args.key_groups is not None and args.key_groups > MAX_KEY_GROUPS:
+        raise UsageError(f"--key-groups must be at most {MAX_KEY_GROUPS}, got {args.key_groups}")
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from ioservice import open_root
+    from sguard.convert import ConvertError, convert
+
+    prog = "sguard state convert"
+    try:
+        root = open_root(args.uri, create=False, s3_endpoint=args.s3_endpoint)
+        if not root.exists(""):
+            raise ConvertError(f"state URI {args.uri}: does not exist")
+    except (IOServiceError, ConvertError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        res = convert(root, args.key_groups)
+    except ConvertError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except (IOServiceError, OSError) as exc:
+        print(f"{prog}: failed, the previous state is still in force; rerun to complete: "
+              f"{exc}", file=sys.stderr)
+        return 1
+    if not res.changed:
+        print(f"{args.uri}: already in the key-group layout ({res.num_partitions} partition(s), "
+              f"{res.key_groups} key groups, generation {res.generation}); nothing to do")
+        return 0
+    print(f"{args.uri}: converted to {res.key_groups} key groups over {res.num_partitions} "
+          f"partition(s), generation {res.generation}: {res.rows} rows, "
+          f"{res.bytes_read / 1e6:.1f} MB read, {res.bytes_written / 1e6:.1f} MB written, in "
+          f"{res.seconds:.2f} s")
+    return 0
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
     from ioservice import open_root
     from sguard.spark.reader import (BatchNotAvailableError, _available, _check_batch,
@@ -145,7 +201,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     except (BatchNotAvailableError, LayoutError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except (IOServiceError, OSError, RepartitionJobError) as exc:
+    except (IOServiceError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     import pyarrow as pa
@@ -160,7 +216,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     except BatchNotAvailableError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except (IOServiceError, OSError, RepartitionJobError) as exc:
+    except (IOServiceError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     table = pa.concat_tables(parts)

@@ -29,8 +29,9 @@ file when one exists; otherwise (a repartitioning moved keys, see
 generation that logged it (older ones' files of that batch are leftovers of a
 run that never committed it; of each source partition the highest epoch) and
 keeps the rows whose key group (the logged ``_sguard_kg`` column,
-`sguard.spark.groupstate`) ``q`` owns, which moves the replay position together
-with the key groups.
+`sguard.spark.groupstate`; computed from the key columns for files written before
+key groups, which a state converted by ``sguard state convert`` replays) ``q`` owns,
+which moves the replay position together with the key groups.
 
 Files are deleted (`trim`) once a durable checkpoint of the partition covers
 their batch *and* the previous checkpoint does too, so falling back to the
@@ -52,7 +53,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ioservice import StorageRoot, faultpoints
-from sguard.keygroups import owner_of
+from sguard.keygroups import key_group_of, owner_of
 from sguard.spark.columns import KG_COLUMN
 from sguard.spark.errors import InputLogGapError
 from sguard.spark.fencing import FenceView
@@ -176,7 +177,7 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
                 f"input log of batch {batch} at {root.full_path(batch_dir(batch))}: every file "
                 f"of partition {partition} was written by a fenced (stale) owner: partition "
                 f"{partition} cannot be rebuilt past this batch from here")
-        return _read(root, best.relpath)
+        return _with_kg(_read(root, best.relpath), key, key_groups)
     # the files of one generation only: the newest one (not above ours) that logged the
     # batch. A batch runs again under a newer generation only if the older one never
     # committed it (a query killed mid-batch, restarted with another partition count);
@@ -194,7 +195,7 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
     from sguard.spark.ttl import BATCH_TIME_KEY
     tables = [_read(root, max(fl, key=lambda f: f.epoch).relpath) for _, fl in
               sorted(by_part.items())]
-    table = pa.concat_tables(tables)
+    table = pa.concat_tables([_with_kg(t, key, key_groups) for t in tables])
     times = [m[BATCH_TIME_KEY] for t in tables if BATCH_TIME_KEY in (m := t.schema.metadata or {})]
     if times:  # the sources ran the batch at their own times: the latest, whatever the order
         table = table.replace_schema_metadata({**(table.schema.metadata or {}),
@@ -202,6 +203,16 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
     kg = np.asarray(table.column(KG_COLUMN).to_numpy(zero_copy_only=False), np.int64)
     part = owner_of(kg, num_partitions, key_groups)
     return table.filter(pa.array(part == partition))
+
+
+def _with_kg(table: pa.Table, key: str | list[str], key_groups: int) -> pa.Table:
+    """`table` with its `KG_COLUMN`: as logged, or, for a file written before key groups (a
+    state converted by ``sguard state convert``), computed from the key columns with the
+    function Spark computes it with (`sguard.keygroups.key_group_of`)."""
+    if KG_COLUMN in table.column_names:
+        return table
+    kg = key_group_of(key_table(table, key), key_groups)
+    return table.append_column(pa.field(KG_COLUMN, pa.int32(), nullable=False), pa.array(kg))
 
 
 def recorded_batch_time_ms(root: StorageRoot, batch: int, generation: int, partition: int,
