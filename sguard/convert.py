@@ -9,8 +9,7 @@ key-group layout (`sguard.statelayout`, `sguard.spark.groupstate`) keeps each of
 the key group's block), partition ``q`` owning the contiguous key groups
 ``key_group_range(q, P, K)``.
 
-``K`` must be a multiple of ``P`` (default: the smallest multiple of ``P`` that is
-``>= 128``, `default_key_groups`): then ``pmod(h, K)`` determines ``pmod(h, P)``,
+``K`` must be a multiple of ``P`` (default: 8 x ``P``, `default_key_groups`): then ``pmod(h, K)`` determines ``pmod(h, P)``,
 so every key group's keys come from exactly one old partition, ``kg mod P``. The
 new layout keeps ``P`` (its partition ``q`` gathers the key groups of its range
 from the old partitions they lie in) and the conversion is one pass:
@@ -82,7 +81,8 @@ from mmm.schema import dtype_from_text
 from mmm.structures.hashmap import HashMap
 from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque, PagedList
-from sguard.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, key_group_range
+from sguard.keygroups import MAX_KEY_GROUPS, key_group_range
+from sguard.keygroups import default_key_groups as _default_key_groups
 from sguard.partitioning import PartitioningError, murmur3_hash
 from sguard.rescale import (KILL_ENV, MARKER_FILE, RescaleError, _delete_generation,
                             _generation_haunits, _kill_point, _newest_manifest, _open,
@@ -104,19 +104,17 @@ class ConvertError(ValueError):
 
 
 def default_key_groups(num_partitions: int) -> int:
-    """The smallest multiple of `num_partitions` that is ``>= DEFAULT_KEY_GROUPS`` (128).
+    """K for a conversion: `sguard.keygroups.default_key_groups` (8 x P), which is a multiple
+    of P, or P itself where that is capped below a multiple.
 
     Examples
     --------
-    >>> default_key_groups(2), default_key_groups(3), default_key_groups(200)
-    (128, 129, 200)
+    >>> default_key_groups(2), default_key_groups(3), default_key_groups(5000)
+    (16, 24, 5000)
     """
     P = int(num_partitions)
-    k = P * -(-DEFAULT_KEY_GROUPS // P)
-    if k > MAX_KEY_GROUPS:
-        raise ConvertError(f"{P} partitions exceed the {MAX_KEY_GROUPS} key groups a state "
-                           f"can have")
-    return k
+    k = _default_key_groups(P)
+    return k if k % P == 0 else P
 
 
 def _check_k(key_groups: Any, P: int) -> int:

@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
                     help="state URI: a path, file:///..., s3://bucket/prefix, hdfs://host:port/path")
     cv.add_argument("--key-groups", type=positive_int, default=None, metavar="K",
                     help="the number of key groups: a multiple of the partition count, at most "
-                         "32768 (default: the smallest multiple >= 128); it bounds how far the "
+                         "32768 (default: 8 x the partition count); it bounds how far the "
                          "state can be scaled out")
     cv.add_argument("--s3-endpoint", help="S3 endpoint (default $SGUARD_S3_ENDPOINT)")
     cv.set_defaults(func=_cmd_convert)
