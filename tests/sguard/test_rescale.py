@@ -141,3 +141,239 @@ def test_key_group_positions_travel_and_the_log_fills_the_gaps(tmp_path: Path) -
     q.stop()
     ref.stop()
     assert q.durable() == ref.durable()
+
+
+# -- what a repartition reads and writes -----------------------------------------------------------
+def _counting(monkeypatch: pytest.MonkeyPatch, uri: str) -> Any:
+    """Every root `sguard.rescale` opens (the tasks' too) counts the bytes read from it."""
+    import pyarrow.fs as pafs
+
+    from ioservice import StorageRoot
+    from ioservice.testing import FaultyFS
+    handler = FaultyFS(pafs.LocalFileSystem(), count_reads=True)
+    croot = StorageRoot(pafs.PyFileSystem(handler), str(Path(uri).resolve()))
+    monkeypatch.setattr(rescale, "open_root", lambda *a, **kw: croot)
+    return croot, handler
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_repartition_reads_only_taken_pages_and_writes_only_manifests(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify: bool) -> None:
+    """2 -> 3: no page bytes read without verify, exactly the sources' pages (each once)
+    with it; the only new files are the targets' manifests and the layout documents."""
+    q, _ = _made(tmp_path / "s", 2, n_batches=5)
+    layout = q.layout
+    srcs = q.newest_metas()
+    root = open_root(q.uri)
+    from ioservice import list_checkpoints, read_manifest
+    mans = [read_manifest(root, [c for c in list_checkpoints(root, layout.haunit(p))
+                                 if c.has_manifest][-1].name) for p in range(2)]
+    in_groups = [m.select_psids(rescale.psid_ranges(0, K)).n_pages for m in mans]
+    assert in_groups == [m.n_pages for m in mans] and min(in_groups) > 0  # all in key groups
+    before = tree_digest(q.uri)
+    croot, handler = _counting(monkeypatch, q.uri)
+    res = repartition(croot, 3, verify=verify)
+    page_bytes = mans[0].page_bytes
+    want = sum(in_groups) * page_bytes if verify else 0
+    assert handler.bytes_read("*.pages") == want == res.bytes_read
+    assert res.pages == sum(in_groups) and res.state_bytes == sum(in_groups) * page_bytes
+    after = tree_digest(q.uri)
+    changed = [p for p, d in before.items() if after.get(p) != d]
+    assert changed == ["sguard-operator.json"]  # the commit; nothing else touched
+    new = sorted(set(after) - set(before))
+    assert new == sorted([f"checkpoint/op.g1.p{t:04d}-1/manifest.json" for t in range(3)]
+                         + ["layout/g00000001.json"]), new
+    assert not any(p.endswith(".pages") for p in new)
+    assert {m["batch_id"] for m in q.newest_metas()} == {m["batch_id"] for m in srcs}
+
+
+def _flip_a_page_byte(uri: str, generation: int) -> tuple[Path, int, int]:
+    pages = sorted(p for p in Path(uri, "checkpoint").rglob("*.pages")
+                   if f".g{generation}.p0001" in str(p))
+    f = pages[-1]
+    data = bytearray(f.read_bytes())
+    at = len(data) // 2
+    old = data[at]
+    data[at] ^= 0x5A
+    f.write_bytes(bytes(data))
+    return f, at, old
+
+
+def test_damaged_source_page_fails_a_verified_repartition_and_a_rerun_completes(
+        tmp_path: Path) -> None:
+    """A flipped byte in a source page: repartition(verify=True) raises an ioservice error
+    and the layout (generation, partitions) stays; once repaired, a rerun completes and the
+    continued query equals one that never rescaled."""
+    from ioservice.errors import IOServiceError
+    q, tables = _made(tmp_path / "s", 2, n_batches=4)
+    ref, _ = _made(tmp_path / "ref", 2, n_batches=4)
+    layout = q.layout
+    f, at, old = _flip_a_page_byte(q.uri, 0)
+    with pytest.raises(IOServiceError) as info:
+        repartition(q.uri, 3, verify=True)
+    assert "checksum" in str(info.value).lower() or "damaged" in str(info.value).lower(), \
+        str(info.value)
+    assert q.layout == layout
+    data = bytearray(f.read_bytes())
+    data[at] = old
+    f.write_bytes(bytes(data))
+    res = repartition(q.uri, 3, verify=True)
+    assert res.changed and (q.layout.generation, q.layout.num_partitions) == (1, 3)
+    assert not Path(q.uri, MARKER_FILE).exists()
+    for b in range(4, 7):
+        assert q.batch(b, tables[b]) == ref.batch(b, tables[b])
+    q.stop()
+    ref.stop()
+    assert q.durable() == ref.durable()
+
+
+# -- parallel recovery -------------------------------------------------------------------------------
+@pytest.mark.parametrize("pieces", [1, 3, 4])
+def test_restore_piece_splits_a_partition_into_disjoint_pieces_reading_only_theirs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pieces: int) -> None:
+    """k pieces of partition 1: disjoint key groups that together are the partition's,
+    their states together the partition's state, each reading only its own pages."""
+    from ioservice import list_checkpoints, read_manifest, restore
+    from mmm import PageManager
+    from sguard.spark.groupstate import open_state, stored_key_groups
+    from tests.sguard.rescale_helpers import rows_of
+    q, _ = _made(tmp_path / "s", 2, n_batches=4, name="running_str")
+    layout = q.layout
+    root = open_root(q.uri)
+    man = read_manifest(root, [c for c in list_checkpoints(root, layout.haunit(1))
+                               if c.has_manifest][-1].name)
+    whole = PageManager(man.page_bytes, 1 << 26)
+    restore(whole, root, layout.haunit(1))
+    kg_range = layout.key_group_range(1)
+    want = rows_of([open_state(q.op, whole, q.schema, q.key, kg_range).dump()])
+    assert want
+    croot, handler = _counting(monkeypatch, q.uri)
+    got, seen = [], []
+    for j in range(pieces):
+        handler.reset_counters()
+        pm = PageManager(man.page_bytes, 1 << 26)
+        (lo, hi), pos = rescale.restore_piece(croot, 1, pieces, j, pm)
+        mine = man.select_psids(rescale.psid_ranges(lo, hi)).n_pages
+        assert handler.bytes_read("*.pages") == mine * man.page_bytes
+        assert set(stored_key_groups(pm)) <= set(range(lo, hi))
+        assert pos.ranges and all(lo <= a < b <= hi for a, b, _ in pos.ranges)
+        assert pos.min_batch_id == man.user_meta["batch_id"]
+        seen.append((lo, hi))
+        got.append(open_state(q.op, pm, q.schema, q.key, (lo, hi)).dump())
+    assert seen[0][0] == kg_range[0] and seen[-1][1] == kg_range[1]
+    assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))  # contiguous, disjoint
+    assert rows_of(got) == want
+    with pytest.raises(RescaleError, match=f"piece {pieces} of {pieces}"):
+        rescale.restore_piece(q.uri, 1, pieces, pieces, PageManager(man.page_bytes, 1 << 20))
+    with pytest.raises(RescaleError, match="partition 2 out of range"):
+        rescale.restore_piece(q.uri, 2, pieces, 0, PageManager(man.page_bytes, 1 << 20))
+
+
+# -- bad input, refusals, no-ops ---------------------------------------------------------------------
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sguard", "state", "repartition", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def _one_line(out: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_bad_input_gets_one_line_errors_and_writes_nothing(tmp_path: Path) -> None:
+    """Unknown URI, no state there, P' < 1 or > K, a source checkpoint of another operator:
+    a `RescaleError` naming the fault (CLI: one line, exit 2) and not a byte written."""
+    from ioservice import CheckpointManager
+    from mmm import PageManager
+    q, _ = _made(tmp_path / "s", 2, n_batches=2, name="running_int")
+    uri = q.uri
+    before = tree_digest(uri)
+    with pytest.raises(RescaleError, match="does not exist"):
+        repartition(str(tmp_path / "nope"), 2)
+    assert not (tmp_path / "nope").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RescaleError, match="no sguard operator state"):
+        repartition(str(tmp_path / "empty"), 2)
+    for bad in (0, -3, True, 2.5, "3"):
+        with pytest.raises(RescaleError, match="partitions must be an integer >= 1"):
+            repartition(uri, bad)  # type: ignore[arg-type]
+    with pytest.raises(RescaleError, match=f"exceeds the state's {K} key groups"):
+        repartition(uri, K + 1)
+    assert tree_digest(uri) == before
+    _one_line(_run_cli(uri, "--partitions", "0"), 2, "--partitions must be >= 1")
+    _one_line(_run_cli(str(tmp_path / "nope"), "--partitions", "3"), 2, "does not exist")
+    _one_line(_run_cli(str(tmp_path / "empty"), "--partitions", "3"), 2,
+              "no sguard operator state")
+    _one_line(_run_cli(uri, "--partitions", str(K + 1)), 2, f"{K} key groups")
+    out = _run_cli(uri, "--partitions", "x")  # argparse: usage + one error line, exit 2
+    assert out.returncode == 2 and "invalid int value" in out.stderr.splitlines()[-1]
+    assert tree_digest(uri) == before
+    # a checkpoint of another operator in partition 1's HA unit
+    layout = q.layout
+    pm = PageManager(1 << 16, 1 << 20)
+    with CheckpointManager(pm, open_root(uri), layout.haunit(1)) as mgr:
+        mgr.checkpoint({"operator": "other_op", "name": "op", "generation": 0,
+                        "partition": 1, "num_partitions": 2, "batch_id": 9}).result()
+    pm.close()
+    mixed = tree_digest(uri)
+    with pytest.raises(RescaleError, match="is not partition 1 of generation 0.*other_op"):
+        repartition(uri, 3)
+    _one_line(_run_cli(uri, "--partitions", "3"), 2, "other_op")
+    assert tree_digest(uri) == mixed
+    assert q.layout == layout
+
+
+def test_layout_version_1_is_refused_naming_the_convert_command(tmp_path: Path) -> None:
+    """A state URI written before key groups is never misread: the API and the CLI refuse
+    it, naming `sguard state convert`, and write nothing."""
+    uri = tmp_path / "old"
+    uri.mkdir()
+    doc = {"layout_version": 1, "operator": "running_aggregate", "name": "op",
+           "schema": {}, "num_partitions": 2, "key": "k", "generation": 0,
+           "schema_version": 1, "partitioner": "spark-murmur3", "extra": {}}
+    (uri / "sguard-operator.json").write_text(json.dumps(doc))
+    before = tree_digest(str(uri))
+    with pytest.raises(RescaleError, match="sguard state convert"):
+        repartition(str(uri), 3)
+    _one_line(_run_cli(str(uri), "--partitions", "3"), 2, "layout_version 1",
+              "sguard state convert")
+    assert tree_digest(str(uri)) == before
+
+
+def test_foreign_next_generation_is_refused_not_deleted(tmp_path: Path) -> None:
+    """HA units of generation g+1 that no repartition marked are left alone."""
+    from ioservice import CheckpointManager
+    from mmm import PageManager
+    q, _ = _made(tmp_path / "s", 2, n_batches=2, name="running_int")
+    pm = PageManager(1 << 16, 1 << 20)
+    with CheckpointManager(pm, open_root(q.uri), "op.g1.p0000") as mgr:
+        mgr.checkpoint({}).result()
+    pm.close()
+    before = tree_digest(q.uri)
+    with pytest.raises(RescaleError, match="no repartition made them"):
+        repartition(q.uri, 3)
+    _one_line(_run_cli(q.uri, "--partitions", "3"), 2, "no repartition made them")
+    assert tree_digest(q.uri) == before
+
+
+def test_same_partition_count_is_a_no_op_unless_forced(tmp_path: Path) -> None:
+    """Asking for the current P writes nothing (API and CLI); force writes a generation."""
+    q, tables = _made(tmp_path / "s", 3, n_batches=3, name="running_int")
+    before = tree_digest(q.uri)
+    res = repartition(q.uri, 3)
+    assert not res.changed and res.generation == 0 and res.pages == 0
+    out = _run_cli(q.uri, "--partitions", "3")
+    assert out.returncode == 0 and "nothing to do" in out.stdout, out.stderr
+    assert len(out.stdout.strip().splitlines()) == 1
+    assert tree_digest(q.uri) == before
+    res = repartition(q.uri, 3, force=True)
+    assert res.changed and res.generation == 1 and res.pages > 0
+    assert (q.layout.generation, q.layout.num_partitions) == (1, 3)
+    ref, _ = _made(tmp_path / "ref", 3, n_batches=3, name="running_int")
+    assert q.batch(3, tables[3]) == ref.batch(3, tables[3])
+    q.stop()
+    ref.stop()
+    assert q.durable() == ref.durable()
