@@ -377,3 +377,62 @@ def test_same_partition_count_is_a_no_op_unless_forced(tmp_path: Path) -> None:
     q.stop()
     ref.stop()
     assert q.durable() == ref.durable()
+
+
+# -- crash safety ------------------------------------------------------------------------------------
+_POINTS = ["validated", "marked", "cleaned", "compose", "composed", "before_commit", "committed"]
+_CHILD = """
+import sys
+from sguard.rescale import repartition
+repartition(sys.argv[1], int(sys.argv[2]), verify=sys.argv[3] == "1")
+"""
+
+
+def _child(uri: str, P2: int, point: str | None, verify: bool = True
+           ) -> subprocess.CompletedProcess[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(KILL_ENV, None)
+    if point is not None:
+        env[KILL_ENV] = point
+    return subprocess.run([sys.executable, "-c", _CHILD, uri, str(P2), "1" if verify else "0"],
+                          env=env, timeout=300, capture_output=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("trial", range(len(_POINTS) + 3))
+def test_killed_repartition_leaves_sources_intact_and_a_rerun_completes(
+        tmp_path: Path, trial: int) -> None:
+    """A real process SIGKILLed at each point of the repartition (the n-th pass of the
+    per-target points; some after an earlier interrupted run to another count): the
+    sources' files are untouched, the layout changes only at ``committed``, the durable
+    state is the same, and a rerun completes to the same state, leaving no marker."""
+    point = _POINTS[trial % len(_POINTS)]
+    rng = np.random.default_rng(trial)
+    P = 2 + trial % 2
+    P2 = [1, 4, 5, 6][trial % 4]  # never P, nor P - 2 (the earlier run goes to P2 + 2)
+    nth = int(rng.integers(1, min(P2, 2) + 1)) if point in ("compose", "composed") else 1
+    q, _ = _made(tmp_path / "s", P, n_batches=3, name="running_str")
+    uri = q.uri
+    original = q.durable()
+    if trial >= len(_POINTS):  # an earlier interrupted run left part of a generation
+        out = _child(uri, P2 + 2, "composed:1")
+        assert out.returncode == -signal.SIGKILL, out.stderr.decode()[-2000:]
+    sources = _checkpoint_files(uri, 0)
+    layout = q.layout
+    out = _child(uri, P2, f"{point}:{nth}", verify=bool(trial % 2))
+    assert out.returncode == -signal.SIGKILL, (point, out.stderr.decode()[-2000:])
+    assert _checkpoint_files(uri, 0) == sources, "a source checkpoint changed"
+    now = q.layout
+    if point == "committed":
+        assert (now.generation, now.num_partitions) == (1, P2)
+    else:
+        assert now == layout
+        assert point == "validated" or Path(uri, MARKER_FILE).exists()
+    assert q.durable() == original  # the old generation's or the new one's: the same
+    res = repartition(uri, P2)
+    assert res.changed == (point != "committed")
+    lay = q.layout
+    assert (lay.generation, lay.num_partitions) == (1, P2)
+    assert not Path(uri, MARKER_FILE).exists()
+    assert _checkpoint_files(uri, 0) == sources
+    assert not [p for p in tree_digest(uri) if ".g2." in p]
+    assert q.durable() == original
