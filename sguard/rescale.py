@@ -73,7 +73,8 @@ __all__ = ["MARKER_FILE", "KILL_ENV", "RescaleError", "RescaleResult",
 
 MARKER_FILE: Final = "rescale-pending.json"
 KILL_ENV: Final = "SGUARD_RESCALE_KILL_AT"
-"""Test hook: ``<point>[:<n>]`` SIGKILLs the process the n-th time it passes `point`."""
+"""Test hook: ``<point>[:<n>]`` SIGKILLs the process the n-th time it passes `point`;
+``<point>[:<n>]@first-attempt`` only in a Spark task's first attempt (its retry lives)."""
 
 
 class RescaleError(ValueError):
@@ -184,9 +185,15 @@ def _kill_point(point: str) -> None:
     spec = os.environ.get(KILL_ENV)
     if not spec:
         return
+    spec, _, only = spec.partition("@")
     name, _, nth = spec.partition(":")
     if name != point:
         return
+    if only == "first-attempt":
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        if ctx is None or ctx.attemptNumber() > 0:
+            return
     _passes[point] = _passes.get(point, 0) + 1
     if _passes[point] >= int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)
