@@ -17,12 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ioservice import open_root
 from sguard import rescale
 from sguard.rescale import KILL_ENV, MARKER_FILE, RescaleError, repartition
-from sguard.statelayout import read_layout
 from tests.sguard.rescale_helpers import OPS, Query, make_batches, tree_digest
-
-from ioservice import open_root
 
 K = 8
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +61,6 @@ def test_random_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path, see
     q = Query(tmp_path / "run", make(), key, schema, P0, K, every=int(rng.integers(1, 4)))
     got: dict[int, list[Any]] = {}
     history = [P0]
-    lost = mixed = 0
     for what, x in _plan(rng, n_batches):
         if what == "batch":
             got[x] = q.batch(x, tables[x])
@@ -75,7 +72,7 @@ def test_random_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path, see
                 # the old generation is dead after this: lose some newest checkpoints
                 # (a running query's own partitions never lose one behind its back)
                 q.stop()
-                lost += q.lag(rng)
+                q.lag(rng)
             res = q.repartition(x, force=force, verify=bool(rng.random() < 0.5))
             after = q.layout
             if res.changed:
@@ -84,12 +81,12 @@ def test_random_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path, see
             else:
                 assert x == before.num_partitions and after == before
             assert not (Path(q.uri) / MARKER_FILE).exists()
-            mixed += sum("kg_batches" in m for m in q.newest_metas())
             history.append(x)
     assert len(got) == n_batches
     q.stop()
     assert q.durable() == ref.durable(), (name, history)
     assert len(set(history)) > 1
+
 
 def _made(tmp: Path, P: int, n_batches: int = 4, name: str = "window", every: int = 1,
           seed: int = 3) -> tuple[Query, list[Any]]:
