@@ -20,7 +20,8 @@ Modules:
     `list_checkpoints`, `read_manifest`, `verify_checkpoint`.
 `ioservice.manager`
     `CheckpointManager`: the five steps of §3 for one HA unit, policies,
-    incremental checkpoints, retention.
+    incremental and composed checkpoints, retention; `sweep_unreferenced`
+    collects dead HA units' directories nothing references any more.
 `ioservice.cli`
     ``sguard checkpoints ls|verify|show``.
 `ioservice.errors`
@@ -80,7 +81,8 @@ from ioservice.errors import (
 )
 from ioservice.format import FORMAT_VERSION, Manifest, PageFile, PageTable
 from ioservice.fs import FileEntry, StorageRoot, open_root, validate_name
-from ioservice.manager import CheckpointManager, CheckpointPolicy, CheckpointState, PendingCheckpoint
+from ioservice.manager import (CheckpointManager, CheckpointPolicy, CheckpointState,
+                               PendingCheckpoint, sweep_unreferenced)
 from ioservice.recovery import (CheckpointInfo, list_checkpoints, list_haunits, read_manifest,
                                 restore, verify_checkpoint)
 from ioservice.service import IOService, ReadResult, WriteResult
@@ -115,6 +117,7 @@ __all__ = [
     "list_haunits",
     "read_manifest",
     "restore",
+    "sweep_unreferenced",
     "verify_checkpoint",
     "FileEntry",
     "IOServiceError",

@@ -111,20 +111,26 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     by_unit: dict[str, list[CheckpointInfo]] = {}
     for c in infos:
         by_unit.setdefault(c.haunit, []).append(c)
+    # read every unit's manifests first: a directory without a manifest may hold data
+    # that another unit's checkpoint references (a composed checkpoint's sources)
+    referenced: set[str] = set()
+    table: list[tuple[str, list[CheckpointInfo], list[tuple[CheckpointInfo, str, str, str]]]] = []
     for unit, cs in by_unit.items():
         rows: list[tuple[CheckpointInfo, str, str, str]] = []
-        referenced: set[str] = set()
         for c in cs:
             kind, pages, state = "-", "-", "-"
             if c.has_manifest:
                 try:
                     man = read_manifest(root, c.name)
-                    kind = "full" if man.full else f"incr(+{man.depth})"
+                    kind = "full" if man.full else \
+                        f"comp(+{man.depth})" if man.composed else f"incr(+{man.depth})"
                     pages, state = str(man.n_pages), _size(man.state_bytes)
                     referenced.update(man.referenced_checkpoints)
                 except Exception as exc:  # noqa: BLE001 - a listing reports, never crashes
                     kind, state = "DAMAGED", type(exc).__name__
             rows.append((c, kind, pages, state))
+        table.append((unit, cs, rows))
+    for unit, cs, rows in table:
         damaged = sum(1 for _, kind, _, _ in rows if kind == "DAMAGED")
         readable = sum(1 for c, kind, _, _ in rows if c.has_manifest and kind != "DAMAGED")
         print(f"HA unit {unit}: {readable} checkpoint(s)"
@@ -213,7 +219,11 @@ def _print_manifest(man: Manifest, n_rows: int) -> None:
     print(f"format_version  {man.format_version}")
     print(f"haunit / seq    {man.haunit} / {man.seq}  (snapshot {man.snapshot_id})")
     print(f"created         {created}")
-    print(f"kind            {'full' if man.full else f'incremental, depth {man.depth}, base {man.base}'}")
+    if man.composed:
+        kind = f"composed from {', '.join(man.composed_from)}, depth {man.depth}"
+    else:
+        kind = 'full' if man.full else f'incremental, depth {man.depth}, base {man.base}'
+    print(f"kind            {kind}")
     print(f"pages           {man.n_pages} x {man.page_bytes} B = {_size(man.state_bytes)}; "
           f"written here {man.n_pages_written} ({_size(man.written_bytes)})")
     seal = "and over the whole manifest" if man.format_version >= 2 else \

@@ -341,9 +341,10 @@ class Manifest:
     full: bool
     """True when every page was written by this checkpoint (no references)."""
     depth: int
-    """Incremental checkpoints since the last full one (0 for a full checkpoint)."""
+    """Incremental checkpoints since the last full one (0 for a full checkpoint; for a
+    composed one, its deepest source's depth)."""
     base: str | None
-    """The checkpoint an incremental one is relative to; None for a full one."""
+    """The checkpoint an incremental one is relative to; None for a full or composed one."""
     files: tuple[PageFile, ...]
     pages: PageTable
     structures: Mapping[str, int]

@@ -63,10 +63,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import enum
 import logging
+import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,8 +89,8 @@ from ioservice.errors import (
     StorageNotFoundError,
 )
 from ioservice import faultpoints
-from ioservice.format import (Manifest, PageFile, PageTable, check_psid_ranges, checkpoint_dir,
-                               checkpoint_name, psid_mask)
+from ioservice.format import (MANIFEST_NAME, Manifest, PageFile, PageTable, check_psid_ranges,
+                               checkpoint_dir, checkpoint_name, parse_checkpoint_name, psid_mask)
 from ioservice.fs import StorageRoot, open_root, validate_name
 from ioservice.recovery import (CheckpointInfo, _check_files, list_checkpoints, read_manifest,
                                 restore)
@@ -100,7 +101,8 @@ from mmm.snapshot import Snapshot, SnapshotState
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointManager", "CheckpointPolicy", "CheckpointState", "PendingCheckpoint"]
+__all__ = ["CheckpointManager", "CheckpointPolicy", "CheckpointState", "PendingCheckpoint",
+           "sweep_unreferenced"]
 
 _SEQ_LIMIT = 10 ** 18  # checkpoint names carry at most 18 digits
 CheckpointState = enum.Enum("CheckpointState", "WRITING COMMITTED FAILED")
@@ -339,6 +341,8 @@ class CheckpointManager:
         self._base: Manifest | None = None
         self._base_partial = False  # the base is a selection (partial restore): never skip
         self._manifests: dict[str, Manifest] = {}
+        # other HA units' manifests: name -> paths into this unit's directories they reference
+        self._foreign_cache: dict[str, frozenset[str]] = {}
         if seq_range is not None:
             lo, hi = (int(seq_range[0]), int(seq_range[1]))
             if not 0 <= lo < hi or hi > _SEQ_LIMIT:
@@ -351,8 +355,7 @@ class CheckpointManager:
         self._next_seq = self._seq_after(list_checkpoints(self.root, self.haunit))
         self._last_start = clock()
         self._tuples = 0
-        self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0,
-                         "composed": 0}
+        self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0}
         #: committed checkpoints written through the scheduler, and those that fell back
         self.schedule_counters = {"scheduled": 0, "unscheduled_fallbacks": 0}
         self._closed = False
@@ -581,6 +584,10 @@ class CheckpointManager:
         -----
         Runtime complexity: O(pages of the parts) vectorized, one listing of
         the root, a listing of each referenced directory, and one small write.
+        The sources' writers must not run retention meanwhile (in a repartition
+        they are aligned and stopped): a file retention deletes between the
+        check and the write would leave the composition damaged (restore then
+        reports it as such).
         """
         if self._closed:
             raise CheckpointError(f"checkpoint manager of HA unit {self.haunit!r} is closed")
@@ -623,7 +630,6 @@ class CheckpointManager:
                 raise CheckpointWriteError(f"composed checkpoint {man.name}: writing its "
                                            f"manifest failed: {exc}") from exc
             self._adopt_composed(man)
-            self.counters["composed"] += 1
         logger.info("composed checkpoint %s: %d pages from %s, on %s", man.name, man.n_pages,
                     ", ".join(sources), self.root.uri)
         return man
@@ -876,11 +882,16 @@ class CheckpointManager:
             return False
 
     def _retain(self) -> None:
-        """Keep the last `policy.keep` restorable checkpoints; delete unreferenced files."""
+        """Keep the last `policy.keep` restorable checkpoints; delete unreferenced files.
+
+        Only this HA unit's own directories are touched, and none of their files
+        that a manifest of another HA unit references (a composed checkpoint and
+        its successors reference the directories they were composed from)."""
         if not self._may_delete():
             return
         keep_n = self.policy.keep
-        infos = list_checkpoints(self.root, self.haunit)
+        everything = list_checkpoints(self.root)
+        infos = [c for c in everything if c.haunit == self.haunit]
         current = self._base.seq if self._base is not None else 0
         committed = [c for c in infos if c.has_manifest and c.seq <= current]
         kept = committed if keep_n is None else committed[-keep_n:]
@@ -894,9 +905,10 @@ class CheckpointManager:
             referenced.update(f.path for f in man.files)
         for name in [n for n in self._manifests if n not in kept_names]:
             del self._manifests[name]
-        for c in infos:
-            if c.name in kept_names or c.seq >= current:
-                continue
+        doomed = [c for c in infos if c.name not in kept_names and c.seq < current]
+        if doomed:
+            referenced |= self._foreign_references(everything)
+        for c in doomed:
             if c.has_manifest:  # expired: it stops being restorable first
                 self.root.delete_file(f"{c.directory}/manifest.json", missing_ok=True)
             needed = any(p.startswith(c.directory + "/") for p in referenced)
@@ -907,6 +919,134 @@ class CheckpointManager:
             for e in self.root.list_dir(c.directory, allow_not_found=True):
                 if not e.is_dir and e.relpath not in referenced:
                     self.root.delete_file(e.relpath, missing_ok=True)
+
+    def _foreign_references(self, everything: list[CheckpointInfo]) -> set[str]:
+        """Paths of this HA unit's files that a manifest of another HA unit references.
+
+        Manifests never change, so each one is read once per manager (then only
+        the paths into this unit's directories are remembered). A damaged or
+        vanished manifest protects nothing (it cannot be restored)."""
+        out: set[str] = set()
+        names = set()
+        for c in everything:
+            if c.haunit == self.haunit or not c.has_manifest:
+                continue
+            names.add(c.name)
+            paths = self._foreign_cache.get(c.name)
+            if paths is None:
+                try:
+                    man = read_manifest(self.root, c.name)
+                except (ManifestError, StorageNotFoundError) as exc:
+                    logger.info("HA unit %s: retention ignores unreadable manifest of %s: %s",
+                                self.haunit, c.name, exc)
+                    paths = frozenset()
+                else:
+                    paths = frozenset(f.path for f in man.files
+                                      if _haunit_of(f.checkpoint) == self.haunit)
+                self._foreign_cache[c.name] = paths
+            out |= paths
+        for gone in [n for n in self._foreign_cache if n not in names]:
+            del self._foreign_cache[gone]
+        return out
+
+
+def sweep_unreferenced(root: StorageRoot | str, dead_haunits: Iterable[str],
+                       live_haunits: Iterable[str]) -> list[str]:
+    """Delete what dead HA units left that no live HA unit's checkpoint needs.
+
+    For a state whose HA units were replaced (e.g. the old generation of a
+    repartition, whose composed successors reference its page files). Every
+    manifest of a live HA unit on `root` protects the files it references.
+    In each checkpoint directory of a dead HA unit:
+
+    - nothing referenced: its manifest is deleted first (it stops being a
+      checkpoint), then every file ioservice writes there (page files
+      ``w<k>[-<tag>].pages``, ``manifest.json``, temp files ``.tmp-*``), then the
+      directory if that left it empty. Leftovers of failed checkpoints (no
+      manifest) go the same way.
+    - some files referenced: its manifest and unreferenced page files are
+      deleted; the referenced ones stay (an "expired, data kept" directory).
+
+    Nothing else is touched: not live units' directories, not other units',
+    not a file that ioservice does not write.
+
+    Parameters
+    ----------
+    root : StorageRoot or str
+        The storage root (or a URI for `ioservice.fs.open_root`).
+    dead_haunits : iterable of str
+        HA units whose writers are gone for good (no writer may run again).
+    live_haunits : iterable of str
+        HA units whose checkpoints must stay restorable.
+
+    Returns
+    -------
+    list of str
+        Relative paths deleted (files; and directories removed), sorted.
+
+    Raises
+    ------
+    InvalidNameError
+        If a name is not a valid HA-unit name.
+    ValueError
+        If an HA unit is both dead and live (nothing is deleted).
+    CheckpointDamagedError
+        If a live unit's manifest cannot be read (nothing is deleted: what it
+        references is unknown).
+    StorageUnreachableError, StorageIOError
+
+    Notes
+    -----
+    Runs while no live writer composes from a dead unit. Cost: one listing,
+    one read per live manifest, one delete per file.
+    """
+    root = open_root(root) if isinstance(root, str) else root
+    dead = {validate_name(h) for h in dead_haunits}
+    live = {validate_name(h) for h in live_haunits}
+    both = sorted(dead & live)
+    if both:
+        raise ValueError(f"HA unit(s) {', '.join(both)} are both dead and live")
+    everything = list_checkpoints(root)
+    referenced: set[str] = set()
+    for c in everything:
+        if c.haunit in live and c.has_manifest:
+            try:
+                man = read_manifest(root, c.name)
+            except StorageNotFoundError:  # its own retention removed it meanwhile
+                continue
+            referenced.update(f.path for f in man.files)
+    deleted: list[str] = []
+    for c in everything:
+        if c.haunit not in dead:
+            continue
+        mpath = f"{c.directory}/{MANIFEST_NAME}"
+        if c.has_manifest:
+            root.delete_file(mpath, missing_ok=True)
+            deleted.append(mpath)
+        left = 0
+        for e in root.list_dir(c.directory, allow_not_found=True):
+            if e.is_dir or e.relpath in referenced or not _ours(e.name):
+                left += 1
+                continue
+            root.delete_file(e.relpath, missing_ok=True)
+            deleted.append(e.relpath)
+        if not left:
+            root.delete_dir(c.directory, missing_ok=True)
+            deleted.append(c.directory)
+    return sorted(deleted)
+
+
+_OURS = re.compile(r"^(w[0-9]{3,}(-[A-Za-z0-9_.]{1,64})?\.pages|manifest\.json|\.tmp-.*)$")
+
+
+def _ours(name: str) -> bool:
+    """Whether ioservice writes files of this name into a checkpoint directory."""
+    return _OURS.match(name) is not None
+
+
+def _haunit_of(checkpoint: str) -> str | None:
+    parsed = parse_checkpoint_name(checkpoint)
+    return parsed[0] if parsed is not None else None
 
 
 def _compose_rows(parts: Sequence[tuple[Manifest, Sequence[tuple[int, int]]]], page_bytes: int,
@@ -978,7 +1118,7 @@ def _compose_rows(parts: Sequence[tuple[Manifest, Sequence[tuple[int, int]]]], p
                                        f"{structures[name]} in one part and {psid} in part "
                                        f"{i} ({src.name})")
     table = PageTable.concat(tables)
-    dup = np.flatnonzero(table.page_id[1:] == table.page_id[:-1]) if len(table) else []
+    dup = np.flatnonzero(table.page_id[1:] == table.page_id[:-1])
     if len(dup):  # unreachable with disjoint psid ranges; kept as a guard
         raise DuplicatePagesError(f"{where}: page {int(table.page_id[dup[0]]):#x} is taken "
                                   f"from two parts")

@@ -29,6 +29,7 @@ the pages themselves after a load or a re-attach: nothing else is persisted.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 import weakref
 from collections.abc import Iterable
@@ -136,7 +137,7 @@ class PageManager:
         self._names: dict[str, int] = {}
         self._objects: dict[str, weakref.ReferenceType[Any]] = {}
         self._next_psid = 1  # automatic PSIDs: the next candidate (used ones are skipped)
-        self._catalog_version = 0  # bumped whenever a name or PSID appears or goes
+        self._psid_order: list[int] = []  # PSIDs of _sets, sorted (`psids_between`)
         self.generation = 0
         self.epoch = 1
         self._active: set[int] = set()
@@ -227,7 +228,7 @@ class PageManager:
         if auto:
             self._next_psid = psid + 1
         self._names[name] = psid
-        self._catalog_version += 1
+        bisect.insort(self._psid_order, psid)
         self.write_meta(psid, dict(meta or {}, name=name))
         return psid
 
@@ -244,9 +245,10 @@ class PageManager:
                 raise PageSetExistsError("every PSID is in use")
         return p
 
-    def psid_in_use(self, psid: int) -> bool:
-        """True if a page set ``psid`` exists."""
-        return psid in self._sets
+    def psids_between(self, lo: int, hi: int) -> list[int]:
+        """The PSIDs in use in ``[lo, hi)``, sorted. Runtime: O(log page sets + result)."""
+        order = self._psid_order
+        return order[bisect.bisect_left(order, lo):bisect.bisect_left(order, hi)]
 
     def destroy(self, psid: int) -> None:
         """Destroy a page set and free its pages (pinned ones once persisted)."""
@@ -256,7 +258,8 @@ class PageManager:
         del self._sets[psid]
         self._names.pop(ps.name, None)
         self._objects.pop(ps.name, None)
-        self._catalog_version += 1
+        order = self._psid_order
+        del order[bisect.bisect_left(order, psid)]
         ps.high = 0
         ps.n_pages = 0
 
@@ -751,7 +754,7 @@ class PageManager:
             ps.name = str(ps.meta["name"])
             self._names[ps.name] = psid
         self._next_psid = 1  # the lowest free PSID next (skipping those in use)
-        self._catalog_version += 1
+        self._psid_order = sorted(self._sets)
         snap.release()
         self.generation += 1
 
@@ -832,7 +835,7 @@ class PageManager:
         self._sets.update(sets)
         self._names.update(names)
         self._next_psid = 1  # the lowest free PSID next (skipping those in use)
-        self._catalog_version += 1
+        self._psid_order = sorted(self._sets)
         self.generation += 1
 
     # -- accounting ------------------------------------------------------------------------------------
@@ -861,6 +864,8 @@ class PageManager:
             assert np.array_equal(h["page_id"][frames], want), f"page set {psid}: header ids"
             assert set(ps.free_seqs) == set(range(ps.high)) - set(seqs.tolist())
             assert self._names[ps.name] == psid
+        assert self._psid_order == sorted(self._sets)
+        assert len(self._names) == len(self._sets)
         for job in self._precopy:
             job.done.wait()
         shadows = sum(job.outstanding for job in self._precopy)  # copies not yet adopted
@@ -992,7 +997,7 @@ class Loader:
             self._pm.pool.free(frames)
             self._pm._sets.clear()
             self._pm._names.clear()
-            self._pm._catalog_version += 1
+            self._pm._psid_order = []
             raise
 
     def abort(self) -> None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from mmm.errors import NamespaceFullError, PageSetNotFoundError, StructureNotFoundError
 from mmm.manager import PSID_LIMIT, PageManager, PageSet, _check_name
 from mmm.snapshot import Snapshot
@@ -78,8 +80,9 @@ class Namespace:
         if not isinstance(prefix, str) or not prefix:
             raise ValueError(f"namespace prefix {prefix!r}: must be a non-empty string")
         for what, v in (("psid_base", psid_base), ("psid_limit", psid_limit)):
-            if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"namespace {prefix!r}: {what} {v!r} is not an int")
+        psid_base, psid_limit = int(psid_base), int(psid_limit)
         if not 1 <= psid_base < psid_limit <= PSID_LIMIT:
             raise ValueError(f"namespace {prefix!r}: PSID block [{psid_base}, {psid_limit}) "
                              f"must satisfy 1 <= base < limit <= 2**32")
@@ -87,8 +90,6 @@ class Namespace:
         self.prefix = prefix
         self.psid_base = psid_base
         self.psid_limit = psid_limit
-        self._cache_version = -1
-        self._cache_names: dict[str, int] = {}
         # the page level: the manager's own bound methods (no indirection per call)
         self.pool = pm.pool
         self.page_bytes = pm.page_bytes
@@ -112,7 +113,7 @@ class Namespace:
 
     def __repr__(self) -> str:
         return (f"<Namespace {self.prefix!r} psids [{self.psid_base}, {self.psid_limit}) "
-                f"structures={len(self._catalog())}>")
+                f"structures={len(self.psids())}>")
 
     # -- the manager's changing attributes ---------------------------------------------------
     @property
@@ -139,26 +140,25 @@ class Namespace:
         _check_name(name)
         return self.prefix + name
 
-    def _catalog(self) -> dict[str, int]:
-        """``unqualified name -> psid`` of this namespace (cached per catalog change)."""
-        pm = self.manager
-        if self._cache_version != pm._catalog_version:
-            p, n = self.prefix, len(self.prefix)
-            self._cache_names = {k[n:]: v for k, v in pm._names.items() if k.startswith(p)}
-            self._cache_version = pm._catalog_version
-        return self._cache_names
+    def psids(self) -> list[int]:
+        """PSIDs of this namespace's page sets, sorted. Runtime: O(log page sets + result)."""
+        sets, p = self.manager._sets, self.prefix
+        return [q for q in self.manager.psids_between(self.psid_base, self.psid_limit)
+                if sets[q].name.startswith(p)]
 
     def names(self) -> list[str]:
-        """Names of this namespace's structures (without the prefix), sorted."""
-        return sorted(self._catalog())
+        """Names of this namespace's structures (without the prefix), sorted.
+        Runtime: O(log page sets + result)."""
+        sets, n = self.manager._sets, len(self.prefix)
+        return sorted(sets[q].name[n:] for q in self.psids())
 
-    def psids(self) -> list[int]:
-        """PSIDs of this namespace's page sets, sorted."""
-        return sorted(self._catalog().values())
+    def _find(self, name: str) -> int | None:
+        q = self.manager._names.get(self.prefix + name)
+        return q if q is not None and self.psid_base <= q < self.psid_limit else None
 
     def exists(self, name: str) -> bool:
         """True if this namespace has a structure ``name``."""
-        return name in self._catalog()
+        return self._find(name) is not None
 
     def recover(self, name: str) -> int:
         """PSID of this namespace's structure ``name``.
@@ -168,16 +168,17 @@ class Namespace:
         StructureNotFoundError
             If the namespace has no structure of that name.
         """
-        try:
-            return self._catalog()[name]
-        except KeyError:
+        q = self._find(name)
+        if q is None:
             raise StructureNotFoundError(
                 f"no structure named {name!r} in namespace {self.prefix!r}; existing: "
-                f"{self.names()}") from None
+                f"{self.names()}")
+        return q
 
     def _own(self, psid: int) -> PageSet:
         ps = self.manager._sets.get(psid)
-        if ps is None or not ps.name.startswith(self.prefix):
+        if ps is None or not ps.name.startswith(self.prefix) or \
+                not self.psid_base <= psid < self.psid_limit:
             raise PageSetNotFoundError(
                 f"page set {psid} is not a structure of namespace {self.prefix!r}"
                 + (f" (it is {ps.name!r})" if ps is not None else " (no such page set)"))
@@ -203,12 +204,12 @@ class Namespace:
 
     def _new_psid(self, full: str, psid: int | None) -> int:
         if psid is not None:
-            if isinstance(psid, bool) or not isinstance(psid, int) or \
-                    not self.psid_base <= psid < self.psid_limit:
+            if isinstance(psid, (bool, np.bool_)) or not isinstance(psid, (int, np.integer)) \
+                    or not self.psid_base <= psid < self.psid_limit:
                 raise ValueError(f"psid {psid!r} for {full!r} is outside namespace "
                                  f"{self.prefix!r}'s block [{self.psid_base}, "
                                  f"{self.psid_limit})")
-            return psid
+            return int(psid)
         sets = self.manager._sets
         p = self.psid_base  # O(page sets of the namespace): namespaces hold a few
         while p < self.psid_limit and p in sets:

@@ -1,7 +1,7 @@
 """Key groups: keys hashed into K fixed groups, each partition owning a contiguous range.
 
 A stateful query's keys fall into ``K`` *key groups* (Flink's "max parallelism"),
-``K`` fixed when its state URI is created (`DEFAULT_KEY_GROUPS` unless given,
+``K`` fixed when its state URI is created (`default_key_groups` unless given,
 ``1 <= K <= MAX_KEY_GROUPS``). State is stored by key group, so changing the
 number of partitions ``P`` reassigns whole key groups and never re-hashes a row.
 
@@ -36,14 +36,26 @@ import pyarrow as pa
 
 from sguard.partitioning import SEED, murmur3_hash, pmod
 
-__all__ = ["DEFAULT_KEY_GROUPS", "MAX_KEY_GROUPS", "KeyGroupsError", "check_key_groups",
+__all__ = ["DEFAULT_KEY_GROUPS", "KEY_GROUPS_PER_PARTITION", "MAX_KEY_GROUPS", "default_key_groups", "KeyGroupsError", "check_key_groups",
            "key_group_range", "key_group_ranges", "owner_of", "key_group_of", "route_values"]
 
 DEFAULT_KEY_GROUPS: Final = 128
-"""The number of key groups of a state URI created without ``key_groups=``."""
+"""K of an `OperatorLayout` made without ``key_groups`` (tools, tests); a query started
+without ``key_groups=`` takes `default_key_groups` of its partition count."""
+
+KEY_GROUPS_PER_PARTITION: Final = 8
+"""`default_key_groups`: a state can scale out to 8x the partitions it started with. Each
+key group of a partition costs its operator instance a call per batch (about 0.1-0.3 ms
+on this machine) and its structures' first pages, so K/P stays small by default."""
 
 MAX_KEY_GROUPS: Final = 32768
 """The largest number of key groups (Flink's bound; psid blocks of ``2**16`` per group fit)."""
+
+
+def default_key_groups(num_partitions: int) -> int:
+    """K for a new state URI of `num_partitions` partitions when none is given:
+    ``min(MAX_KEY_GROUPS, max(num_partitions, KEY_GROUPS_PER_PARTITION * num_partitions))``."""
+    return min(MAX_KEY_GROUPS, max(int(num_partitions), KEY_GROUPS_PER_PARTITION * int(num_partitions)))
 
 
 class KeyGroupsError(ValueError):

@@ -381,7 +381,7 @@ def sweep_old_generations(root: StorageRoot | str) -> int:
             continue
         (live if parsed[1] == layout.generation else dead if parsed[1] < layout.generation
          else []).append(hu)
-    return sweep_unreferenced(sroot, dead, live) if dead else 0
+    return len(sweep_unreferenced(sroot, dead, live)) if dead else 0
 
 
 # -- refusals (nothing written) --------------------------------------------------------------------
@@ -512,6 +512,11 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     _kill_point("committed")
     sroot.delete_file(MARKER_FILE, missing_ok=True)
     phases["commit_s"] = time.perf_counter() - t2
+    try:  # the old generation's checkpoints that no new one references
+        sweep_old_generations(sroot)
+    except (IOServiceError, OSError) as exc:
+        logger.warning("repartitioned %s, but cleaning the old generation failed: %s",
+                       sroot.uri, exc)
     logger.info("repartitioned %s: %d -> %d partitions (generation %d)", sroot.uri, P,
                 num_partitions, g + 1)
     return RescaleResult(g, g + 1, P, num_partitions,

@@ -66,6 +66,7 @@ import numpy.typing as npt
 from mmm._kernels import hashmap as K
 from mmm.errors import PoolExhaustedError, RecordTypeError, SchemaError
 from mmm.manager import PageManager
+from mmm.namespace import Namespace
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure, pad8
@@ -282,13 +283,13 @@ class HashMap(Structure):
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def create(cls, pm: PageManager, name: str, key: npt.DTypeLike, value: npt.DTypeLike,
+    def create(cls, pm: PageManager | Namespace, name: str, key: npt.DTypeLike, value: npt.DTypeLike,
                *, page_slots: int | None = None) -> "HashMap":
         """Create the map ``name`` or reopen it (after a restart, load or rollback).
 
         Parameters
         ----------
-        pm : PageManager
+        pm : PageManager or Namespace
         name : str
             Structure name, unique in ``pm``.
         key, value : dtype-like
@@ -333,7 +334,7 @@ class HashMap(Structure):
                               f"two to a {page_bytes}-byte page")
         return s
 
-    def __init__(self, pm: PageManager, name: str, kdt: np.dtype[Any], vdt: np.dtype[Any],
+    def __init__(self, pm: PageManager | Namespace, name: str, kdt: np.dtype[Any], vdt: np.dtype[Any],
                  schema: dict[str, str], slots: int) -> None:
         self.key_dtype = kdt
         self.value_dtype = vdt

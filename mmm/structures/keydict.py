@@ -63,6 +63,7 @@ import numpy.typing as npt
 from mmm._kernels import keydict as K
 from mmm.errors import IdNotFoundError, KeyFormatError, RecordTypeError
 from mmm.manager import PageManager
+from mmm.namespace import Namespace
 from mmm.page import HEADER_BYTES, Layout
 from mmm.structures.base import Structure
 
@@ -100,7 +101,7 @@ class KeyDict(Structure):
     MAX_LOAD = 0.7
 
     @classmethod
-    def create(cls, pm: PageManager, name: str, *, _hash_mask: int | None = None) -> "KeyDict":
+    def create(cls, pm: PageManager | Namespace, name: str, *, _hash_mask: int | None = None) -> "KeyDict":
         """Create the dictionary ``name`` or reopen it (after a restart, load or rollback).
 
         ``_hash_mask`` is a test hook: the hash is ANDed with it (0 makes every key
@@ -118,7 +119,7 @@ class KeyDict(Structure):
         mask = _FULL_MASK if _hash_mask is None else int(_hash_mask) & _FULL_MASK
         return cls(pm, name, schema, mask)
 
-    def __init__(self, pm: PageManager, name: str, schema: dict[str, str], mask: int) -> None:
+    def __init__(self, pm: PageManager | Namespace, name: str, schema: dict[str, str], mask: int) -> None:
         self._ctl_seq = -1
         super().__init__(pm, name, schema, {"hash_mask": str(mask), "format": 1})
         self._mask = int(self._params["hash_mask"])

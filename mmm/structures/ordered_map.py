@@ -70,6 +70,7 @@ from mmm._kernels import ordered as _ko
 from mmm._kernels.pages import chain_order, copy_rows_out
 from mmm.errors import PageFormatError, RecordTypeError, SchemaError
 from mmm.manager import PageManager
+from mmm.namespace import Namespace
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure, pad8
@@ -116,13 +117,13 @@ class OrderedMap(Structure):
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
-    def create(cls, pm: PageManager, name: str, key: npt.DTypeLike, value: npt.DTypeLike,
+    def create(cls, pm: PageManager | Namespace, name: str, key: npt.DTypeLike, value: npt.DTypeLike,
                *, page_slots: int | None = None) -> "OrderedMap":
         """Create the ordered map ``name`` or reopen it (after a restart, load or rollback).
 
         Parameters
         ----------
-        pm : PageManager
+        pm : PageManager or Namespace
         name : str
             Structure name, unique in ``pm``.
         key : dtype-like
@@ -183,7 +184,7 @@ class OrderedMap(Structure):
                               f"{page_bytes}-byte page")
         return s
 
-    def __init__(self, pm: PageManager, name: str, kdt: np.dtype[Any], vdt: np.dtype[Any],
+    def __init__(self, pm: PageManager | Namespace, name: str, kdt: np.dtype[Any], vdt: np.dtype[Any],
                  schema: dict[str, str], slots: int) -> None:
         self.key_dtype = kdt
         self.value_dtype = vdt

@@ -59,6 +59,7 @@ from mmm._kernels.sequence import count_before
 from mmm.errors import (PageFormatError, PoolExhaustedError, RecordTypeError, SchemaError,
                         SchemaMismatchError, StructureNotFoundError)
 from mmm.manager import PageManager
+from mmm.namespace import Namespace
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure
@@ -78,7 +79,7 @@ class _PagedSequence(Structure):
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
-    def create(cls, pm: PageManager, name: str, dtype: npt.DTypeLike, *,
+    def create(cls, pm: PageManager | Namespace, name: str, dtype: npt.DTypeLike, *,
                page_slots: int | None = None) -> Self:
         """Create the sequence ``name`` with record dtype ``dtype``, or reopen it.
 
@@ -88,7 +89,7 @@ class _PagedSequence(Structure):
 
         Parameters
         ----------
-        pm : PageManager
+        pm : PageManager or Namespace
             The page manager that holds the pages.
         name : str
             Structure name, unique within ``pm``.
@@ -141,7 +142,7 @@ class _PagedSequence(Structure):
                         f"not {page_slots}")
         return cls(pm, name, dt, schema, page_slots or max_slots)
 
-    def __init__(self, pm: PageManager, name: str, dt: np.dtype[Any], schema: dict[str, str],
+    def __init__(self, pm: PageManager | Namespace, name: str, dt: np.dtype[Any], schema: dict[str, str],
                  page_slots: int) -> None:
         """Use `create`."""
         self._dt = dt

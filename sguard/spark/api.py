@@ -25,7 +25,8 @@ import pyarrow as pa
 from ioservice import StorageRoot, open_root
 from sguard.spark.checkpointing import CheckpointConfig
 from sguard.spark.errors import NotStreamingError, OperatorMismatchError, SchemaChangedError
-from sguard.keygroups import DEFAULT_KEY_GROUPS, check_key_groups
+from sguard.keygroups import check_key_groups, default_key_groups
+from sguard.spark.keygroups import with_key_groups
 from sguard.spark.keys import key_columns, key_spec
 from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
 from sguard.spark.placement import default_local_dir, root_key
@@ -83,6 +84,15 @@ def _repartition(spark: Any, root: StorageRoot, layout: OperatorLayout, num_part
     return new
 
 
+def _sweep(root: StorageRoot) -> None:
+    """Delete old generations' checkpoints no live one references (best effort)."""
+    from sguard.rescale import sweep_old_generations
+    try:
+        sweep_old_generations(root)
+    except Exception as exc:  # noqa: BLE001 - cleaning never stops a query
+        logger.warning("state at %s: cleaning old generations failed: %s", root.uri, exc)
+
+
 def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
              num_partitions: int | None = None, *, name: str | None = None,
              checkpoint: CheckpointConfig | None = None, local_dir: str | None = None,
@@ -134,8 +144,9 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         Injected failures (tests and the demo).
     key_groups : int, optional
         K, the number of key groups (Flink's "max parallelism"): fixed when the state
-        URI is created (default 128), the most partitions the state can ever be
-        repartitioned into. Each key group's state lives in its own pages, so a
+        URI is created (default 8 x `num_partitions`,
+        `sguard.keygroups.default_key_groups`), the most partitions the state can ever
+        be repartitioned into. Each key group's state lives in its own pages, so a
         repartition moves whole key groups and never a row (`sguard.rescale`).
 
     Returns
@@ -192,7 +203,7 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         operator=operator.kind, name=name or operator.kind, key=key,
         num_partitions=num_partitions,
         key_groups=(existing.key_groups if existing is not None else
-                    key_groups if key_groups is not None else DEFAULT_KEY_GROUPS),
+                    key_groups if key_groups is not None else default_key_groups(num_partitions)),
         schema={"input": _describe(in_schema), "params": operator.params()},
         schema_version=STATE_SCHEMA_VERSION,
         generation=existing.generation if existing is not None else 0,
@@ -208,6 +219,8 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
                            "query runs with the committed %d (pass num_partitions=%d to "
                            "complete it)", root.uri, pending, existing.num_partitions, pending)
         layout = existing
+        if layout.generation > 0:
+            _sweep(root)
     else:
         write_layout(root, layout)
     cfg = RuntimeConfig(state_uri=state_uri, state_key=root_key(root), layout=layout, operator=operator, key=key,
@@ -217,7 +230,6 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
                         checkpoint=checkpoint or CheckpointConfig(),
                         storage_options=opts, lock_timeout_s=lock_timeout_s, metrics=metrics,
                         faults=faults)
-    from sguard.spark.keygroups import with_key_groups
     routed = with_key_groups(df, cols, layout.key_groups, layout.num_partitions)
     return routed.mapInArrow(task_function(cfg), from_arrow_schema(out_schema))
 

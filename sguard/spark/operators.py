@@ -31,10 +31,16 @@ binary, booleans, dates, timestamps, integers; `sguard.spark.keys`). Open a
 from the partition's key dictionary, null keys included), ``keys.dtype`` is
 their numpy dtype for the structures, ``keys.arrays(ids)`` gives back the key
 columns with their original names and types for the output and `dump`, and
-``keys.order(ids)`` a canonical order. Ids are local to a partition: never put
-them in the output. Repartitioning (`sguard.rescale`) reads a structure's
-routing column (a map's key, or the field its routing rule names) as these
-state keys: it routes each by its decoded key and renumbers it in the target.
+``keys.order(ids)`` a canonical order. Ids are local to a key group: never put
+them in the output.
+
+How state is partitioned: the runtime opens the operator once per *key group*
+(`sguard.spark.groupstate`): `open` receives an `mmm.Namespace` of the
+partition's page manager (it takes the place of the `PageManager`: create
+structures by name as usual), and `apply` receives the rows of that key group
+only. A repartitioning moves whole key groups' pages (`sguard.rescale`), so an
+operator needs nothing for it; but anything event-time (a watermark) is per key
+group.
 
 Example (a per-key row counter; tests/spark/test_custom_operator.py runs it with
 integer, string and composite keys)::

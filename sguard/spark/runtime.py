@@ -530,7 +530,13 @@ def task_function(cfg: RuntimeConfig
                 "'streaming.sql.batchId'); use it on a streaming DataFrame (readStream)")
         rbs = list(batches)
         table = (pa.Table.from_batches(rbs) if rbs else cfg.input_schema.empty_table())
-        if table.schema != cfg.input_schema:
+        if KG_COLUMN in table.column_names:  # routed by key group: keep its column
+            kg = table.column(KG_COLUMN).cast(pa.int32())
+            rest = table.drop_columns([KG_COLUMN])
+            if rest.schema != cfg.input_schema:
+                rest = rest.cast(cfg.input_schema)
+            table = rest.append_column(pa.field(KG_COLUMN, pa.int32(), nullable=False), kg)
+        elif table.schema != cfg.input_schema:
             table = table.cast(cfg.input_schema)
         out = run_partition_batch(cfg, ctx.partitionId(), int(bid), table)
         yield from out.to_batches(max_chunksize=65536)

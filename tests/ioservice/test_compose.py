@@ -162,9 +162,14 @@ def test_compose_writes_only_a_manifest_and_restores_the_selection(root: Storage
     before = listing(tmp_path / "store")
     parts = [(man_a, group_ranges([1, 2])), (man_b, group_ranges([3]))]
     pm = new_pm()
-    with CheckpointManager(pm, root, "c", n_workers=2) as mgr:
+    croot, handler = counting_root(tmp_path / "store")
+    with CheckpointManager(pm, croot, "c", n_workers=2, check_root=False) as mgr:
         man = mgr.compose(parts, user_meta={"batch": 5})
         assert mgr.base is man
+    assert handler.bytes_read() == 0  # not even a manifest: the parts are given
+    assert handler.stats().get("open_input_file", 0) == 0
+    assert handler.stats()["written_bytes"] == \
+        (tmp_path / "store" / man.manifest_path).stat().st_size  # the manifest only
     after = listing(tmp_path / "store")
     added = sorted(set(after) - set(before))
     # exactly one new directory holding one manifest: no page bytes written
@@ -247,7 +252,6 @@ def test_rerun_of_the_same_composition_returns_the_existing_one(root: StorageRoo
     with CheckpointManager(new_pm(), root, "c", n_workers=1) as mgr:
         again = mgr.compose(list(reversed(parts)), {"batch": 3})
         assert mgr.base is not None and mgr.base.name == first.name
-        assert mgr.counters["composed"] == 0
     assert again.name == first.name and again.same_content(first)
     assert listing(tmp_path / "store") == before
     # a different composition (other meta, other ranges) is a conflict; nothing written
@@ -265,16 +269,20 @@ def test_concurrent_attempts_one_writes_the_other_returns_it(root: StorageRoot) 
     man_a, man_b, *_ = two_sources(root)
     parts = [(man_a, group_ranges([2])), (man_b, group_ranges([3]))]
 
+    won: list[Manifest] = []
+
     def race(meta_other: dict[str, Any]):  # before_commit: the other attempt commits first
         def hook(pending: Any) -> None:
             with CheckpointManager(new_pm(), root, pending.name.rsplit("-", 1)[0],
                                    n_workers=1) as other:
-                assert other.compose(parts, meta_other).name == pending.name
+                won.append(other.compose(parts, meta_other))
+                assert won[-1].name == pending.name
         return hook
 
     with CheckpointManager(new_pm(), root, "c", n_workers=1, before_commit=race({"x": 1})) as mgr:
         got = mgr.compose(parts, {"x": 1})
-        assert got.name == "c-1" and mgr.counters["composed"] == 0
+        # the other attempt's manifest, not a second write
+        assert got.name == "c-1" and got.created_unix_s == won[0].created_unix_s
     with CheckpointManager(new_pm(), root, "d", n_workers=1, before_commit=race({"x": 2})) as mgr:
         with pytest.raises(CompositionConflictError, match="d-1"):
             mgr.compose(parts, {"x": 1})
@@ -393,6 +401,20 @@ def test_manifest_rules_for_composed_checkpoints(root: StorageRoot, tmp_path: Pa
     for d, msg in bad:
         with pytest.raises(ManifestError, match=msg):
             Manifest.from_json(resealed(d))
+    # seeded damage: every flip, byte or truncation is refused or harmless (layout only)
+    rng = np.random.default_rng(2026)
+    for _ in range(400):
+        data = bytearray(raw)
+        i = int(rng.integers(len(data)))
+        if rng.random() < 0.2:
+            data = data[:i]
+        else:
+            data[i] = (data[i] ^ int(rng.integers(1, 256))) & 0xFF
+        try:
+            got = Manifest.from_json(bytes(data))
+        except ManifestError:
+            continue
+        assert got.name == man.name and got.same_content(man) and got.composed
     # version 3 with an empty composed_from is an ordinary checkpoint's manifest
     plain = json.loads(checkpoint_unit(root, "p", build_pm([0], seed=4)).to_json())
     v3 = Manifest.from_json(resealed(dict(plain, format_version=3, composed_from=[])))
@@ -577,3 +599,115 @@ def test_damaged_foreign_file_is_reported_like_any_damage(root: StorageRoot,
     with pytest.warns(DamagedCheckpointWarning, match="missing"):
         with pytest.raises(CheckpointNotFoundError):
             restore(new_pm(), root, "c")
+
+
+# ------------------------------------------------------------------- garbage collection
+
+
+def test_retention_keeps_files_another_unit_references(root: StorageRoot,
+                                                       tmp_path: Path) -> None:
+    pa_ = build_pm([0, 1, 2, 3], seed=21)
+    pol = CheckpointPolicy(full_every=1, keep=1)  # every checkpoint full, keep only the last
+    with CheckpointManager(pa_, root, "a", n_workers=2, policy=pol) as mga:
+        a1 = mga.checkpoint().result()  # type: ignore[union-attr]
+        with CheckpointManager(new_pm(), root, "c", n_workers=1) as mgc:
+            comp = mgc.compose([(a1, group_ranges([1]))])
+        used = {f.path for f in comp.files}
+        assert used and all(p.startswith("checkpoint/a-1/") for p in used)
+        unused = {f.path for f in a1.files} - used
+        fill(open_map(pa_, 0), 1, 20)
+        mga.checkpoint().result()
+        fill(open_map(pa_, 2), 1, 20)
+        a3 = mga.checkpoint().result()  # type: ignore[union-attr]
+        # a-2 is gone; a-1 is expired (no manifest) but c-1's files in it stay
+        names = {c.name: c for c in __import__("ioservice").list_checkpoints(root, "a")}
+        assert set(names) == {"a-1", "a-3"} and not names["a-1"].has_manifest
+    store = tmp_path / "store"
+    assert all((store / p).exists() for p in used)
+    assert not any((store / p).exists() for p in unused)
+    pm = new_pm()
+    assert restore(pm, root, "c").name == comp.name
+    assert content(pm) == expected_content([(build_pm([1], seed=21), group_ranges([1]))])
+    assert restore(new_pm(), root, "a").name == a3.name
+
+
+def test_sweep_unreferenced_keeps_what_live_units_reference(root: StorageRoot,
+                                                            tmp_path: Path) -> None:
+    from ioservice import sweep_unreferenced
+    store = tmp_path / "store"
+    man_a, man_b, pa_, pb_ = two_sources(root)  # a-1, a-2 (incremental), b-1
+    with CheckpointManager(new_pm(), root, "c", n_workers=1) as mgr:
+        comp_c = mgr.compose([(man_a, group_ranges([1])), (man_b, group_ranges([3]))])
+    # d takes group 1 from a-2: only a-2's own file (a-2 rewrote group 1)
+    with CheckpointManager(new_pm(), root, "d", n_workers=1) as mgr:
+        comp_d = mgr.compose([(man_a, group_ranges([2]))])
+    untouched = checkpoint_unit(root, "z", build_pm([0], seed=3))
+    (store / "checkpoint/a-9").mkdir()  # a leftover of a failed checkpoint
+    (store / "checkpoint/a-9/w000-x.pages").write_bytes(b"\0" * PAGE_BYTES)
+    (store / "checkpoint/b-1/notes.txt").write_text("not ioservice's")
+    (store / "checkpoint/README").write_text("not a checkpoint")
+    referenced = {f.path for f in comp_c.files} | {f.path for f in comp_d.files}
+    a_b_files = {f.path for m in (man_a, man_b) for f in m.files}
+    z_before = listing(store / "checkpoint/z-1")
+    with pytest.raises(ValueError, match="both dead and live"):
+        sweep_unreferenced(root, ["a", "b"], ["b", "c"])
+    # a live manifest that cannot be read: nothing is deleted
+    before = listing(store)
+    d_manifest = (store / comp_d.manifest_path).read_bytes()
+    (store / comp_d.manifest_path).write_bytes(d_manifest[:-20])
+    with pytest.raises(CheckpointDamagedError):
+        sweep_unreferenced(root, ["a", "b"], ["c", "d"])
+    (store / comp_d.manifest_path).write_bytes(d_manifest)
+    assert listing(store) == before
+    deleted = sweep_unreferenced(str(store), ["a", "b"], ["c", "d"])
+    gone = a_b_files - referenced
+    assert gone  # something to collect: a-1's or a-2's files nobody references
+    assert set(deleted) >= gone | {"checkpoint/a-9", "checkpoint/a-9/w000-x.pages",
+                                   "checkpoint/a-1/manifest.json", "checkpoint/a-2/manifest.json",
+                                   "checkpoint/b-1/manifest.json"}
+    assert all((store / p).exists() for p in referenced)
+    assert not any((store / p).exists() for p in gone)
+    assert not (store / "checkpoint/a-9").exists()
+    assert (store / "checkpoint/b-1/notes.txt").exists() and (store / "checkpoint/README").exists()
+    assert listing(store / "checkpoint/z-1") == z_before
+    assert all(not d.startswith(("checkpoint/c-", "checkpoint/d-", "checkpoint/z-"))
+               for d in deleted)
+    # the live units restore exactly as before; the dead ones have no checkpoint left
+    for comp, parts in ((comp_c, [(pa_, group_ranges([1])), (pb_, group_ranges([3]))]),
+                        (comp_d, [(pa_, group_ranges([2]))])):
+        pm = new_pm()
+        assert restore(pm, root, comp.haunit).name == comp.name
+        assert content(pm) == expected_content(parts)
+    with pytest.raises(CheckpointNotFoundError):
+        restore(new_pm(), root, "a")
+    assert restore(new_pm(), root, "z").name == untouched.name
+    # a second sweep finds nothing more to delete
+    assert sweep_unreferenced(root, ["a", "b"], ["c", "d"]) == []
+    # once the live units no longer need them, everything of a and b goes (notes.txt stays)
+    sweep_unreferenced(root, ["a", "b", "c", "d"], ["z"])
+    left = [p for p, _ in listing(store / "checkpoint")]
+    assert sorted(left) == ["README", "b-1", "b-1/notes.txt", "z-1"] + \
+        sorted(p for p, _ in [(f"z-1/{q}", 0) for q, _ in z_before])
+
+
+def test_cli_shows_composed_checkpoints(root: StorageRoot, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from ioservice import sweep_unreferenced
+    from sguard.cli import main
+    man_a, man_b, *_ = two_sources(root)
+    with CheckpointManager(new_pm(), root, "c", n_workers=1) as mgr:
+        mgr.compose([(man_a, group_ranges([0])), (man_b, group_ranges([4]))])
+    store = str(tmp_path / "store")
+    assert main(["checkpoints", "show", store, "c-1"]) == 0
+    out = capsys.readouterr().out
+    assert "composed from a-2, b-1, depth 1" in out and "format_version  3" in out
+    assert main(["checkpoints", "ls", store, "--haunit", "c"]) == 0
+    assert any(line.split()[:2] == ["c-1", "comp(+1)"]
+               for line in capsys.readouterr().out.splitlines())
+    assert main(["checkpoints", "verify", store, "--checkpoint", "c-1"]) == 0
+    capsys.readouterr()
+    sweep_unreferenced(root, ["a", "b"], ["c"])  # b-1 keeps data for c-1, without a manifest
+    assert main(["checkpoints", "ls", store, "--all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:2] == ["b-1", "expired"] and "(data kept)" in line
+               for line in lines), lines

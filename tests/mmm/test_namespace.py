@@ -131,6 +131,7 @@ def test_namespace_rejects_bad_arguments() -> None:
         mmm.Namespace(pm, "", 10, 20)
     with pytest.raises(TypeError, match="psid_base"):
         mmm.Namespace(pm, "x/", 1.5, 20)  # type: ignore[arg-type]
+    assert mmm.Namespace(pm, "x/", np.int64(3) << 16, np.int32(4) << 16).psid_base == 3 << 16
     for lo, hi in ((0, 5), (5, 5), (7, 5), (1, (1 << 32) + 1)):
         with pytest.raises(ValueError, match=r"PSID block"):
             mmm.Namespace(pm, "x/", lo, hi)
@@ -497,11 +498,13 @@ class NamespacesVsDicts(RuleBasedStateMachine):
         every: list[str] = []
         for s in SCOPES:
             where = self.scope(s)
-            assert where.names() == sorted(self.models[s])
             if s is None:
-                every += [n for n in pm.names() if "/" not in n]
-                assert all(pm.recover(n) < 1 << 16 for n in where.names() if "/" not in n)
+                own = [n for n in pm.names() if "/" not in n]
+                assert own == sorted(self.models[s])
+                assert all(pm.recover(n) < 1 << 16 for n in own)  # automatic PSIDs stay small
+                every += own
                 continue
+            assert where.names() == sorted(self.models[s])
             every += [where.prefix + n for n in where.names()]
             lo, hi = (s + 1) << 16, (s + 2) << 16
             psids = where.psids()

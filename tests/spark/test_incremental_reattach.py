@@ -97,10 +97,11 @@ def _restored(cfg: RuntimeConfig, m: Manifest) -> pa.Table:
     """The state checkpoint `m` holds (restored alone, no log replayed)."""
     import mmm
     from ioservice import restore
+    from sguard.spark.groupstate import open_state
     pm = mmm.PageManager(cfg.page_bytes, 1 << 26)
     got = restore(pm, open_root(cfg.state_uri), m.haunit, before_seq=m.seq + 1)
     assert got.name == m.name
-    st = cfg.operator.open(pm, SCHEMA, "k").dump()
+    st = open_state(cfg.operator, pm, SCHEMA, "k", cfg.layout.key_group_range(0)).dump()
     return st.sort_by([(c, "ascending") for c in st.column_names])
 
 

@@ -27,7 +27,7 @@ def test_highest_valid_epoch_wins_and_stale_files_never_count(tmp_path: Path) ->
     inputlog.write_input(root, _t(3, 203), 3, 0, 0, 1, "k", bb.epoch)
     fence = fencing.read_claims(root, hu)
     assert not fence.owns(a.epoch, a.token) and fence.owns(bb.epoch, bb.token)
-    read = lambda b: inputlog.read_input(root, b, 0, 0, 1, "k", fence)  # noqa: E731
+    read = lambda b: inputlog.read_input(root, b, 0, 0, 1, "k", fence, key_groups=1)  # noqa: E731
     assert read(2).column("v").to_pylist() == [102] * 3   # before the takeover: A's counts
     assert read(3).column("v").to_pylist() == [203] * 3   # both wrote: the new owner's
     with pytest.raises(InputLogGapError, match="fenced"):

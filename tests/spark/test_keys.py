@@ -230,7 +230,7 @@ def test_string_keyed_state_repartitions_and_continues(tmp_path: Path, name: str
     _run(_config(tmp_path / "run", make(), schema, key, 2, None, 2), t2[:4], {})
     if via == "api":
         res = rescale.repartition(str(tmp_path / "run" / "state"), 3)
-        assert res.generation == 1 and res.rows > 0
+        assert res.generation == 1 and res.pages > 0
     else:
         import subprocess
         import sys
@@ -252,15 +252,16 @@ def test_string_keyed_state_repartitions_and_continues(tmp_path: Path, name: str
 
 
 def test_layouts_before_keys_and_composite_layouts_read_back(tmp_path: Path) -> None:
-    """A layout written before composite keys (key a string, no extra.keys) still reads and
-    keys an integer column directly; a composite key round-trips; a bad key is refused."""
+    """A layout without extra.keys (key a string) reads and keys an integer column
+    directly; a composite key round-trips; a bad key is refused; a layout written before
+    key groups (version 1) is refused naming the command that converts it."""
     import json
-    from sguard.statelayout import LayoutError
-    old = {"layout_version": 1, "operator": "running_aggregate", "name": "op",
+    from sguard.statelayout import CONVERT_COMMAND, LayoutError
+    old = {"layout_version": 2, "operator": "running_aggregate", "name": "op",
            "schema": {}, "num_partitions": 2, "key": "k", "generation": 0,
-           "schema_version": 1, "partitioner": "spark-murmur3", "extra": {}}
+           "schema_version": 1, "partitioner": "spark-murmur3", "extra": {}, "key_groups": 8}
     lay = OperatorLayout.from_json(json.dumps(old).encode())
-    assert lay.key == "k" and rescale._key_spec(lay) is None
+    assert lay.key == "k" and lay.key_groups == 8
     assert key_spec(pa.schema([("k", pa.int64())]), lay.key).direct
     new = OperatorLayout(operator="running_aggregate", name="op", schema={}, num_partitions=2,
                          key=["tenant", "user"],
@@ -271,6 +272,9 @@ def test_layouts_before_keys_and_composite_layouts_read_back(tmp_path: Path) -> 
     for bad in ([], [1], 3):
         with pytest.raises(LayoutError, match="'key'"):
             OperatorLayout.from_json(json.dumps({**old, "key": bad}).encode())
+    v1 = {k: v for k, v in old.items() if k != "key_groups"}
+    with pytest.raises(LayoutError, match=CONVERT_COMMAND):
+        OperatorLayout.from_json(json.dumps({**v1, "layout_version": 1}).encode())
 
 
 @pytest.mark.parametrize("name", ["window", "join"])

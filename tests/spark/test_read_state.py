@@ -20,7 +20,7 @@ import pytest
 
 import sguard.spark as ss
 from mmm import PageManager
-from sguard.keygroups import DEFAULT_KEY_GROUPS, key_group_range
+from sguard.keygroups import default_key_groups, key_group_range
 from sguard.spark.groupstate import open_state, split_by_partition
 from sguard.spark.reader import available_batches
 from tests.spark.helpers import StreamInput, make_input, running_oracle, stream
@@ -36,7 +36,7 @@ def _canon(t: pa.Table) -> list[tuple[Any, ...]]:
 
 
 def _split(t: pa.Table) -> list[pa.Table]:
-    return split_by_partition(t, "k", P, DEFAULT_KEY_GROUPS)
+    return split_by_partition(t, "k", P, default_key_groups(P))
 
 
 def _reference(op: ss.Operator, tables: list[pa.Table]) -> tuple[list[list[tuple[Any, ...]]],
@@ -45,7 +45,7 @@ def _reference(op: ss.Operator, tables: list[pa.Table]) -> tuple[list[list[tuple
     (state rows with partition_id after each batch, all output rows)."""
     schema = pa.schema([f.with_nullable(True) for f in tables[0].schema])
     states = [open_state(op, PageManager(1 << 16, 1 << 28), schema, "k",
-                         key_group_range(p, P, DEFAULT_KEY_GROUPS)) for p in range(P)]
+                         key_group_range(p, P, default_key_groups(P))) for p in range(P)]
     after, outs = [], []
     for t in tables:
         rows: list[tuple[Any, ...]] = []
