@@ -104,19 +104,49 @@ def _checkpoint_files(uri: str, generation: int) -> dict[str, str]:
             if p.startswith("checkpoint") and f".g{generation}.p" in p}
 
 
+def _referenced_files(uri: str) -> set[str]:
+    """The page files the current generation's checkpoints reference."""
+    from ioservice import list_checkpoints, read_manifest
+    root = open_root(uri)
+    lay = rescale.read_layout(root)
+    assert lay is not None
+    out: set[str] = set()
+    for p in range(lay.num_partitions):
+        for c in list_checkpoints(root, lay.haunit(p)):
+            if c.has_manifest:
+                out |= {f.path for f in read_manifest(root, c.name).files}
+    return out
+
+
+def _sources_kept(uri: str, sources: dict[str, str]) -> None:
+    """Source files are never changed; the page files the new generation references are
+    all there (the old generation's manifests and unreferenced pages may be swept after
+    the commit)."""
+    now = tree_digest(uri)
+    assert all(now[p] == d for p, d in sources.items() if p in now), "a source file changed"
+    refs = _referenced_files(uri)
+    assert refs and refs <= set(now)
+    assert refs & set(sources)  # the new generation's pages are the sources' own files
+
+
 def test_key_group_positions_travel_and_the_log_fills_the_gaps(tmp_path: Path) -> None:
-    """Partition 0's newest checkpoint is lost, so its key groups are a batch behind
-    partition 1's: each composed target records where each of its key groups is
+    """One partition's newest checkpoint is lost, so its key groups are behind the other
+    partition's: each composed target records where each of its key groups is
     (``kg_batches`` when they differ, the smallest as ``batch_id``), and the query
     continued on them replays exactly what each key group missed."""
+    from ioservice import list_checkpoints
     q, tables = _made(tmp_path / "run", 2, n_batches=5)
-    newest0 = [c for c in sorted((Path(q.uri) / "checkpoint").iterdir(),
-                                 key=lambda d: int(d.name.rpartition("-")[2]))
-               if ".g0.p0000-" in c.name][-1]
-    shutil.rmtree(newest0)
     metas = q.newest_metas()
-    lag, ahead = metas[0]["batch_id"], metas[1]["batch_id"]
-    assert lag < ahead
+    ahead_p = int(metas[1]["batch_id"] >= metas[0]["batch_id"])  # the one further on
+    behind_p = 1 - ahead_p
+    root = open_root(q.uri)
+    while q.newest_metas()[behind_p]["batch_id"] >= metas[ahead_p]["batch_id"]:
+        cks = [c for c in list_checkpoints(root, q.layout.haunit(behind_p)) if c.has_manifest]
+        assert len(cks) >= 2, "no older checkpoint to fall back to"
+        shutil.rmtree(Path(q.uri) / cks[-1].directory)  # its newest checkpoint is lost
+    metas = q.newest_metas()
+    at = {p: metas[p]["batch_id"] for p in (0, 1)}
+    assert at[behind_p] < at[ahead_p]
     res = q.repartition(3)
     assert res.changed and res.pages > 0
     lay = q.layout
@@ -126,7 +156,7 @@ def test_key_group_positions_travel_and_the_log_fills_the_gaps(tmp_path: Path) -
         pos = rescale.KeyGroupPositions.from_user_meta(m)
         assert m["batch_id"] == pos.min_batch_id
         kg = np.arange(*lay.key_group_range(t))
-        want = np.where(kg < K // 2, lag, ahead)  # partition 0 of 2 held key groups 0..3
+        want = np.where(kg < K // 2, at[0], at[1])  # partition 0 of 2 held key groups 0..3
         np.testing.assert_array_equal(pos.batch_of(kg), want)
         assert ("kg_batches" in m) == (len(set(want.tolist())) > 1)
     assert any("kg_batches" in m for m in new)
@@ -175,8 +205,10 @@ def test_repartition_reads_only_taken_pages_and_writes_only_manifests(
     assert handler.bytes_read("*.pages") == want == res.bytes_read
     assert res.pages == sum(in_groups) and res.state_bytes == sum(in_groups) * page_bytes
     after = tree_digest(q.uri)
-    changed = [p for p, d in before.items() if after.get(p) != d]
+    changed = [p for p, d in before.items() if p in after and after[p] != d]
     assert changed == ["sguard-operator.json"]  # the commit; nothing else touched
+    refs = _referenced_files(q.uri)  # what no new checkpoint references may be swept
+    assert refs <= set(before) & set(after)
     new = sorted(set(after) - set(before))
     assert new == sorted([f"checkpoint/op.g1.p{t:04d}-1/manifest.json" for t in range(3)]
                          + ["layout/g00000001.json"]), new
@@ -430,6 +462,6 @@ def test_killed_repartition_leaves_sources_intact_and_a_rerun_completes(
     lay = q.layout
     assert (lay.generation, lay.num_partitions) == (1, P2)
     assert not Path(uri, MARKER_FILE).exists()
-    assert _checkpoint_files(uri, 0) == sources
+    _sources_kept(uri, sources)
     assert not [p for p in tree_digest(uri) if ".g2." in p]
     assert q.durable() == original
