@@ -145,7 +145,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     except (BatchNotAvailableError, LayoutError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except (IOServiceError, OSError, RepartitionJobError) as exc:
+    except (IOServiceError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     import pyarrow as pa
@@ -160,7 +160,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     except BatchNotAvailableError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except (IOServiceError, OSError, RepartitionJobError) as exc:
+    except (IOServiceError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     table = pa.concat_tables(parts)
