@@ -465,3 +465,14 @@ def test_killed_repartition_leaves_sources_intact_and_a_rerun_completes(
     _sources_kept(uri, sources)
     assert not [p for p in tree_digest(uri) if ".g2." in p]
     assert q.durable() == original
+
+
+def test_state_show_storage_failure_is_one_line_exit_1(tmp_path: Path) -> None:
+    """``sguard state show`` over storage that fails (the input log is a file, not a
+    directory): one error line, exit 1 (not a traceback)."""
+    q, _ = _made(tmp_path / "s", 2, n_batches=2, name="running_int")
+    shutil.rmtree(Path(q.uri) / "inputlog")
+    (Path(q.uri) / "inputlog").write_text("not a directory")
+    out = subprocess.run([sys.executable, "-m", "sguard", "state", "show", q.uri],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    _one_line(out, 1, "sguard state show: error:")
