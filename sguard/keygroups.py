@@ -39,7 +39,7 @@ from sguard.partitioning import SEED, murmur3_hash, pmod
 __all__ = ["DEFAULT_KEY_GROUPS", "KEY_GROUPS_PER_PARTITION", "MAX_KEY_GROUPS", "default_key_groups", "KeyGroupsError", "check_key_groups",
            "key_group_range", "key_group_ranges", "owner_of", "key_group_of", "route_values"]
 
-DEFAULT_KEY_GROUPS: Final = 128
+DEFAULT_KEY_GROUPS: Final = 16
 """K of an `OperatorLayout` made without ``key_groups`` (tools, tests); a query started
 without ``key_groups=`` takes `default_key_groups` of its partition count."""
 

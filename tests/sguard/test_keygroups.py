@@ -77,7 +77,7 @@ def test_examples_of_ranges() -> None:
     """A few ranges written out (P = K is the identity, P = 1 owns everything)."""
     assert [key_group_range(p, 3, 8) for p in range(3)] == [(0, 3), (3, 6), (6, 8)]
     assert [key_group_range(p, 4, 4) for p in range(4)] == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    assert key_group_range(0, 1, DEFAULT_KEY_GROUPS) == (0, 128)
+    assert key_group_range(0, 1, DEFAULT_KEY_GROUPS) == (0, DEFAULT_KEY_GROUPS)
     assert key_group_range(4, 5, 128) == (103, 128)
 
 

@@ -7,7 +7,7 @@ task raises after its batch (Spark retries it) and a partition's local state is 
 state must equal the oracle: a plain-Python groupBy for the running aggregate, the
 runtime driven without Spark and without failures for the others (itself checked
 against failure-free runs and the Python groupBy in test_keys.py). Every logged row sits
-in the partition Spark's ``repartition(P, *key)`` sent it to, as `partition_of` says.
+in the partition that owns its key group (`sguard.keygroups`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ import pytest
 
 import sguard.spark as ss
 from ioservice import open_root
-from sguard.partitioning import partition_of
+from sguard.keygroups import DEFAULT_KEY_GROUPS, key_group_of, owner_of
+from sguard.spark.columns import KG_COLUMN
+from sguard.spark.groupstate import split_by_partition
 from sguard.spark import inputlog
 from sguard.spark.operators import SIDE_COLUMN
 from sguard.spark.state import read_durable_state, read_local_state
@@ -66,7 +68,7 @@ def _query(spark: Any, d: Path, work: Path, key: list[str], op: Any, faults: Any
     for attempt in range(4):
         df = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(d))
               .withColumnRenamed("side", SIDE_COLUMN))
-        out = ss.stateful(df, key, op, str(work / "state"), partitions, faults=faults,
+        out = ss.stateful(df, key, op, str(work / "state"), partitions, faults=faults, key_groups=DEFAULT_KEY_GROUPS,
                           local_dir=str(work / "local"),
                           checkpoint=ss.CheckpointConfig(every_n_batches=2))
         q = (out.writeStream.format("parquet").option("path", str(work / "out"))
@@ -94,10 +96,10 @@ def _without_spark(tmp: Path, tables: list[pa.Table], key: list[str], op: Any
     from tests.spark.test_keys import _config, _run
     tables = [t.rename_columns([SIDE_COLUMN if c == "side" else c for c in t.column_names])
               for t in tables]
-    parts = [[t.filter(pa.array(partition_of(t.select(key), P) == p)) for p in range(P)]
-             for t in tables]
+    parts = [split_by_partition(t, key, P, DEFAULT_KEY_GROUPS) for t in tables]
     schema = pa.schema([f.with_nullable(True) for f in tables[0].schema])
-    parts = [[x.cast(schema) for x in ps] for ps in parts]
+    kg = pa.field(KG_COLUMN, pa.int32(), nullable=False)
+    parts = [[x.cast(schema.append(kg)) for x in ps] for ps in parts]
     outs = _run(_config(tmp, op, schema, key, P, None, 2), parts, {})
     state, _ = read_local_state(str(tmp / "state"), local_dir=str(tmp / "local"))
     return pa.concat_tables([o for ps in outs for o in ps]), state
@@ -120,14 +122,17 @@ def _running_oracle(tables: list[pa.Table], key: list[str]
 
 
 def _check_placement(work: Path, key: list[str]) -> int:
-    """Every logged row is in the partition `partition_of` gives its key; rows checked."""
+    """Every logged row carries the key group `key_group_of` gives its key and is in the
+    partition that owns it; rows checked."""
     root = open_root(str(work / "state"), create=False)
     n = 0
     for p in range(P):
         for b, files in inputlog.own_files(root, 0, p).items():  # every epoch's file
             for f in files:
                 t = inputlog._read(root, f.relpath)
-                assert (partition_of(t.select(key), P) == p).all(), (b, p, f.relpath)
+                kg = t.column(KG_COLUMN).to_numpy()
+                assert (key_group_of(t.select(key), DEFAULT_KEY_GROUPS) == kg).all(), f.relpath
+                assert (owner_of(kg, P, DEFAULT_KEY_GROUPS) == p).all(), (b, p, f.relpath)
                 n += t.num_rows
     return n
 

@@ -13,6 +13,7 @@ import pytest
 
 from ioservice import open_root
 from mmm import PageManager
+from sguard.spark.groupstate import open_state
 from sguard.cli import main
 from sguard.spark.reader import (BatchNotAvailableError, available_batches, read_partition_at,
                                  state_schema)
@@ -35,7 +36,8 @@ def _reference(cfg: Any, tables: Any, batch: int, *, ordered: bool = False
     """The operator applied in-process: rows with partition_id (dump order if `ordered`)."""
     rows = []
     for p in range(P):
-        st = cfg.operator.open(PageManager(1 << 16, 1 << 26), cfg.input_schema, "k")
+        st = open_state(cfg.operator, PageManager(1 << 16, 1 << 26), cfg.input_schema, "k",
+                        cfg.layout.key_group_range(p))
         for b in range(batch + 1):
             st.apply(tables[b][p], b)
         rows += [(*r.values(), p) for r in st.dump().to_pylist()]
