@@ -68,12 +68,13 @@ from sguard.statelayout import (LAYOUT_FILE, PSID_SHIFT, LayoutError, OperatorLa
 logger = logging.getLogger(__name__)
 
 __all__ = ["MARKER_FILE", "KILL_ENV", "RescaleError", "RescaleResult",
-           "KeyGroupPositions", "TargetTask", "plan", "compose_target", "repartition",
+           "KeyGroupPositions", "TargetTask", "check", "plan", "compose_target", "repartition",
            "restore_piece", "psid_ranges", "sweep_old_generations", "piece_range"]
 
 MARKER_FILE: Final = "rescale-pending.json"
 KILL_ENV: Final = "SGUARD_RESCALE_KILL_AT"
-"""Test hook: ``<point>[:<n>]`` SIGKILLs the process the n-th time it passes `point`."""
+"""Test hook: ``<point>[:<n>]`` SIGKILLs the process the n-th time it passes `point`;
+``<point>[:<n>]@first-attempt`` only in a Spark task's first attempt (its retry lives)."""
 
 
 class RescaleError(ValueError):
@@ -184,9 +185,15 @@ def _kill_point(point: str) -> None:
     spec = os.environ.get(KILL_ENV)
     if not spec:
         return
+    spec, _, only = spec.partition("@")
     name, _, nth = spec.partition(":")
     if name != point:
         return
+    if only == "first-attempt":
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        if ctx is None or ctx.attemptNumber() > 0:
+            return
     _passes[point] = _passes.get(point, 0) + 1
     if _passes[point] >= int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -377,6 +384,50 @@ def sweep_old_generations(root: StorageRoot | str) -> int:
     return len(sweep_unreferenced(sroot, dead, live)) if dead else 0
 
 
+# -- refusals (nothing written) --------------------------------------------------------------------
+def _check_count(num_partitions: Any) -> int:
+    if not isinstance(num_partitions, (int, np.integer)) or isinstance(num_partitions, bool) \
+            or num_partitions < 1:
+        raise RescaleError(f"--partitions must be an integer >= 1, got {num_partitions!r}")
+    return int(num_partitions)
+
+
+def _check_target(root: StorageRoot, layout: OperatorLayout, num_partitions: int) -> None:
+    if num_partitions > layout.key_groups:
+        raise RescaleError(f"--partitions {num_partitions} exceeds the state's "
+                           f"{layout.key_groups} key groups (fixed when the state URI was "
+                           f"created)")
+
+
+def _foreign(root: StorageRoot, generation: int, leftovers: Sequence[str]) -> RescaleError:
+    return RescaleError(f"state URI {root.uri}: HA units of generation {generation} exist "
+                        f"({', '.join(leftovers[:3])}{'...' if len(leftovers) > 3 else ''}) "
+                        f"but no repartition made them ({MARKER_FILE} missing); "
+                        f"refusing to touch them")
+
+
+def check(root: StorageRoot | str, num_partitions: int, *, force: bool = False
+          ) -> OperatorLayout:
+    """Every refusal `repartition` would raise before writing anything (`RescaleError`),
+    without writing anything: for callers that start expensive work (a Spark session)
+    only for a repartition that can run. Returns the layout."""
+    num_partitions = _check_count(num_partitions)
+    sroot = _open(root)
+    if isinstance(root, str) and not sroot.exists(""):
+        raise RescaleError(f"state URI {root}: does not exist")
+    layout, _ = plan(sroot)
+    _check_target(sroot, layout, num_partitions)
+    if num_partitions == layout.num_partitions and not force:
+        return layout  # a no-op
+    marker = _read_marker(sroot)
+    if marker is not None and marker.get("to_generation", -1) <= layout.generation:
+        marker = None
+    leftovers = _generation_haunits(sroot, layout.name, layout.generation + 1)
+    if leftovers and marker is None:
+        raise _foreign(sroot, layout.generation + 1, leftovers)
+    return layout
+
+
 # -- public API ----------------------------------------------------------------------------------
 def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = False,
                 verify: bool = True, io_workers: int = 4,
@@ -417,19 +468,14 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
         still the state and a rerun completes.
     """
     t0 = time.perf_counter()
-    if not isinstance(num_partitions, (int, np.integer)) or isinstance(num_partitions, bool) \
-            or num_partitions < 1:
-        raise RescaleError(f"--partitions must be an integer >= 1, got {num_partitions!r}")
-    num_partitions = int(num_partitions)
+    num_partitions = _check_count(num_partitions)
     sroot = _open(root)
     if isinstance(root, str) and not sroot.exists(""):
         raise RescaleError(f"state URI {root}: does not exist")
     say = on_progress or (lambda msg: None)
     layout, sources = plan(sroot)
     g, P, K = layout.generation, layout.num_partitions, layout.key_groups
-    if num_partitions > K:
-        raise RescaleError(f"--partitions {num_partitions} exceeds the state's {K} key groups "
-                           f"(fixed when the state URI was created)")
+    _check_target(sroot, layout, num_partitions)
     marker = _read_marker(sroot)
     if marker is not None and marker.get("to_generation", -1) <= g:
         sroot.delete_file(MARKER_FILE, missing_ok=True)  # a committed run's leftover
@@ -439,10 +485,7 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
                              time.perf_counter() - t0, changed=False)
     leftovers = _generation_haunits(sroot, layout.name, g + 1)
     if leftovers and marker is None:
-        raise RescaleError(f"state URI {sroot.uri}: HA units of generation {g + 1} exist "
-                           f"({', '.join(leftovers[:3])}{'...' if len(leftovers) > 3 else ''}) "
-                           f"but no repartition made them ({MARKER_FILE} missing); "
-                           f"refusing to touch them")
+        raise _foreign(sroot, g + 1, leftovers)
     new = replace(layout, generation=g + 1, num_partitions=num_partitions)
     phases = {"plan_s": time.perf_counter() - t0}
     _kill_point("validated")

@@ -110,8 +110,8 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
         print(f"sguard state repartition: {exc}", file=sys.stderr)
         return 2
     try:
-        from sguard.rescale import plan
-        plan(root)  # bad state: refused before Spark starts
+        from sguard.rescale import check
+        check(root, args.partitions, force=args.force)  # every refusal before Spark starts
         if args.partitions == _partitions(root) and not args.force:
             res = repartition(root, args.partitions)  # nothing to do
         else:

@@ -147,6 +147,21 @@ def own_files(root: StorageRoot, generation: int, partition: int) -> dict[int, l
     return out
 
 
+def newest_older_generation_batch(root: StorageRoot, generation: int) -> int:
+    """The newest batch logged by a generation below `generation` (-1 for none): after a
+    repartition, the new partitions' key groups read those files (`read_input`)."""
+    best = -1
+    for e in root.list_dir(INPUTLOG_DIR, recursive=True, allow_not_found=True):
+        parts = e.relpath.split("/")
+        if e.is_dir or len(parts) != 3 or not parts[1].startswith("b") \
+                or not parts[1][1:].isdigit():
+            continue
+        f = _parse(int(parts[1][1:]), parts[2], e.relpath)
+        if f is not None and f.generation < generation:
+            best = max(best, f.batch)
+    return best
+
+
 def valid_batches(root: StorageRoot, generation: int, partition: int,
                   fence: FenceView | None) -> set[int]:
     """Batches for which the partition has a log file that counts."""

@@ -140,6 +140,8 @@ def read_partition_state(root: StorageRoot, layout: OperatorLayout, partition: i
     if upto_batch is None:
         logged = inputlog.valid_batches(root, layout.generation, partition, fence)
         upto = max(max(logged, default=-1), latest_checkpoint_batch(root, hu))
+        if layout.generation > 0:  # a repartition's partitions replay the older log too
+            upto = max(upto, inputlog.newest_older_generation_batch(root, layout.generation))
     else:
         upto = upto_batch
     pm = PageManager(_checkpoint_page_bytes(root, hu), 1 << 30)

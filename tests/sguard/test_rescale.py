@@ -1,597 +1,478 @@
-"""`sguard.rescale`: repartitioning checkpointed state, its crash safety and replay contract."""
+"""`sguard.rescale`: repartitioning by whole key groups, its replay contract, its crash safety.
+
+State is made by the runtime itself (`run_partition_batch`, no Spark) with K small key
+groups; the oracle of every repartitioned run is the same run that never rescaled.
+"""
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from ioservice import CheckpointManager, list_checkpoints, open_root, read_manifest, restore
-from mmm import HashMap, OrderedMap, PagedDeque, PagedList, PageManager
-from sguard.operators import AGG_VALUE, expected_aggregate
-from sguard.partitioning import partition_of
-from sguard.rescale import (KILL_ENV, MARKER_FILE, ReplayPositions, RescaleError, repartition,
-                            replay_mask, restore_piece, source_groups)
-from sguard.statelayout import OperatorLayout, read_layout, write_layout
+from ioservice import open_root
+from sguard import rescale
+from sguard.rescale import KILL_ENV, MARKER_FILE, RescaleError, repartition
+from tests.sguard.rescale_helpers import OPS, Query, make_batches, tree_digest
 
-PAGE = 4096
-VAL = np.dtype([("n", "<i8"), ("s", "<f8")])
-KW = np.dtype([("k", "<i8"), ("w", "<i4")])
-REC = np.dtype([("ts", "<i8"), ("k", "<i8")])
-ITEM = np.dtype([("k", "<i8"), ("x", "<i4")])
-_AGG = {"count": "count", "first_ts": ("min", "ts"), "last_ts": ("max", "ts")}
+K = 8
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _layout(P: int, key_dtype: str = "<i8") -> OperatorLayout:
-    return OperatorLayout(operator="test_op", name="op", schema={"key": key_dtype},
-                          num_partitions=P, key="k",
-                          extra={"routing": {"buf": {"order": "ts"}}})
+# -- exactly-once across random repartitions ---------------------------------------------------
+def _plan(rng: np.random.Generator, n_batches: int) -> list[tuple[str, int]]:
+    """Batches interleaved with repartitions (1..K partitions, some back to back, some to
+    the same count)."""
+    steps: list[tuple[str, int]] = []
+    b = 0
+    while b < n_batches:
+        n = int(rng.integers(1, 4))
+        steps += [("batch", x) for x in range(b, min(b + n, n_batches))]
+        b += n
+        if b < n_batches:
+            for _ in range(int(rng.integers(1, 3))):  # sometimes twice in a row
+                steps.append(("repartition", int(rng.integers(1, K + 1))))
+    return steps
 
 
-def _meta(layout: OperatorLayout, p: int, batch_id: int) -> dict[str, Any]:
-    return {"operator": layout.operator, "name": layout.name, "generation": layout.generation,
-            "partition": p, "num_partitions": layout.num_partitions, "batch_id": batch_id}
+@pytest.mark.parametrize("seed", range(8))
+def test_random_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path, seed: int) -> None:
+    """Batches through the runtime with repartitions P -> P' (1..K) between them, each
+    after losing some partitions' newest checkpoints (sources at different batches, so
+    the composed checkpoints carry per-key-group positions): every batch's output and the
+    final durable state equal those of a run with one partition count throughout."""
+    name = list(OPS)[seed % len(OPS)]
+    make, key, join = OPS[name]
+    rng = np.random.default_rng(100 + seed)
+    n_batches = 9
+    tables = make_batches(seed, n_batches, key, join)
+    schema = tables[0].schema
+    P0 = int(rng.integers(1, K + 1))
+    ref = Query(tmp_path / "ref", make(), key, schema, P0, K, every=2)
+    want = [ref.batch(b, t) for b, t in enumerate(tables)]
+    ref.stop()
+    q = Query(tmp_path / "run", make(), key, schema, P0, K, every=int(rng.integers(1, 4)))
+    got: dict[int, list[Any]] = {}
+    history = [P0]
+    for what, x in _plan(rng, n_batches):
+        if what == "batch":
+            got[x] = q.batch(x, tables[x])
+            assert got[x] == want[x], (name, x, history)
+        else:
+            before = q.layout
+            force = bool(rng.random() < 0.5)
+            if force or x != before.num_partitions:
+                # the old generation is dead after this: lose some newest checkpoints
+                # (a running query's own partitions never lose one behind its back)
+                q.stop()
+                q.lag(rng)
+            res = q.repartition(x, force=force, verify=bool(rng.random() < 0.5))
+            after = q.layout
+            if res.changed:
+                assert (after.generation, after.num_partitions) == (before.generation + 1, x)
+                assert res.haunits == tuple(after.haunit(t) for t in range(x))
+            else:
+                assert x == before.num_partitions and after == before
+            assert not (Path(q.uri) / MARKER_FILE).exists()
+            history.append(x)
+    assert len(got) == n_batches
+    q.stop()
+    assert q.durable() == ref.durable(), (name, history)
+    assert len(set(history)) > 1
 
 
-def make_state(uri: str, P: int, seed: int, n_keys: int = 1500) -> None:
-    """Write a P-partition state of five structures of every kind, keys placed by Spark's rule."""
+def _made(tmp: Path, P: int, n_batches: int = 4, name: str = "window", every: int = 1,
+          seed: int = 3) -> tuple[Query, list[Any]]:
+    make, key, join = OPS[name]
+    tables = make_batches(seed, n_batches + 4, key, join)
+    q = Query(tmp, make(), key, tables[0].schema, P, K, every=every)
+    for b in range(n_batches):
+        q.batch(b, tables[b])
+    q.stop()
+    return q, tables
+
+
+def _checkpoint_files(uri: str, generation: int) -> dict[str, str]:
+    return {p: d for p, d in tree_digest(uri).items()
+            if p.startswith("checkpoint") and f".g{generation}.p" in p}
+
+
+def _referenced_files(uri: str) -> set[str]:
+    """The page files the current generation's checkpoints reference."""
+    from ioservice import list_checkpoints, read_manifest
     root = open_root(uri)
-    layout = _layout(P)
-    write_layout(root, layout)
-    rng = np.random.default_rng(seed)
-    keys = np.unique(rng.integers(-10**9, 10**9, n_keys))
-    part = partition_of(keys, P)
-    for p in range(P):
-        k = keys[part == p]
-        pm = PageManager(PAGE, 1 << 26)
-        v = np.zeros(len(k), VAL)
-        v["n"], v["s"] = rng.integers(0, 100, len(k)), rng.normal(size=len(k))
-        HashMap.create(pm, "agg", key="<i8", value=VAL, page_slots=32).put(k, v)
-        OrderedMap.create(pm, "om", key="<i8", value=VAL, page_slots=8).put(k, v)
-        kw = np.zeros(2 * len(k), KW)
-        kw["k"], kw["w"] = np.repeat(k, 2), np.tile([0, 1], len(k))
-        HashMap.create(pm, "bykw", key=KW, value="<f8", page_slots=16).put(
-            kw, rng.normal(size=len(kw)))
-        rec = np.zeros(3 * len(k), REC)
-        rec["k"] = rng.permutation(np.repeat(k, 3))
-        rec["ts"] = np.sort(rng.integers(0, 10**6, len(rec)))
-        PagedDeque.create(pm, "buf", REC, page_slots=7).extend(rec)
-        items = np.zeros(2 * len(k), ITEM)
-        items["k"], items["x"] = rng.permutation(np.repeat(k, 2)), np.arange(2 * len(k))
-        PagedList.create(pm, "lst", ITEM, page_slots=9).extend(items)
-        with CheckpointManager(pm, root, layout.haunit(p)) as mgr:
-            mgr.checkpoint(_meta(layout, p, int(rng.integers(0, 5)))).result()
-
-
-def read_state(uri: str) -> dict[str, Any]:
-    """The whole state (union of partitions), asserting every row sits where Spark puts its key."""
-    root = open_root(uri)
-    layout = read_layout(root)
-    assert layout is not None
-    P = layout.num_partitions
-    out: dict[str, list[Any]] = {n: [] for n in ("agg", "om", "bykw", "buf", "lst")}
-    for p in range(P):
-        pm = PageManager(PAGE, 1 << 26)
-        man = restore(pm, root, layout.haunit(p))
-        assert man.user_meta["partition"] == p and man.user_meta["num_partitions"] == P
-        assert man.user_meta["generation"] == layout.generation
-        k, v = HashMap.create(pm, "agg", key="<i8", value=VAL).items()
-        assert (partition_of(k, P) == p).all()
-        out["agg"].append((k, v))
-        ok, ov = OrderedMap.create(pm, "om", key="<i8", value=VAL).items()
-        assert (partition_of(ok, P) == p).all()
-        out["om"].append((ok, ov))
-        kk, kv = HashMap.create(pm, "bykw", key=KW, value="<f8").items()
-        assert (partition_of(kk["k"], P) == p).all()
-        out["bykw"].append((kk, kv))
-        buf = PagedDeque.create(pm, "buf", REC).to_numpy()
-        assert (partition_of(buf["k"], P) == p).all()
-        assert (np.diff(buf["ts"]) >= 0).all(), "a window buffer lost its time order"
-        out["buf"].append(buf)
-        lst = PagedList.create(pm, "lst", ITEM).to_numpy()
-        assert (partition_of(lst["k"], P) == p).all()
-        out["lst"].append(lst)
-    state: dict[str, Any] = {}
-    for name in ("agg", "om", "bykw"):
-        k = np.concatenate([a for a, _ in out[name]])
-        v = np.concatenate([b for _, b in out[name]])
-        order = np.argsort(k, kind="stable")
-        assert len(np.unique(k)) == len(k), f"{name}: a key sits in two partitions"
-        state[name] = (k[order], v[order])
-    buf = np.concatenate(out["buf"])
-    state["buf"] = np.sort(buf, order=["ts", "k"])
-    lst = np.concatenate(out["lst"])
-    state["lst"] = lst[np.lexsort((lst["x"], lst["k"]))]  # per-key order is the x order
-    return state
-
-
-def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
-    for name in ("agg", "om", "bykw"):
-        np.testing.assert_array_equal(a[name][0], b[name][0], err_msg=name)
-        np.testing.assert_array_equal(a[name][1], b[name][1], err_msg=name)
-    for name in ("buf", "lst"):
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-
-
-def tree_digest(path: str) -> dict[str, str]:
-    """Every file under `path` with a digest of its bytes."""
-    out = {}
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            full = os.path.join(dirpath, f)
-            out[os.path.relpath(full, path)] = hashlib.sha256(Path(full).read_bytes()).hexdigest()
+    lay = rescale.read_layout(root)
+    assert lay is not None
+    out: set[str] = set()
+    for p in range(lay.num_partitions):
+        for c in list_checkpoints(root, lay.haunit(p)):
+            if c.has_manifest:
+                out |= {f.path for f in read_manifest(root, c.name).files}
     return out
 
 
-# -- state equality and placement ----------------------------------------------------------------
-@pytest.mark.parametrize("seed", range(3))
-def test_random_repartitions_keep_every_key_and_place_it_as_spark(tmp_path: Path,
-                                                                  seed: int) -> None:
-    """P -> P' -> ... (1..8, P' = P and P' = 1 included): the union equals the old state."""
-    rng = np.random.default_rng(seed)
-    uri = str(tmp_path / "state")
-    P = int(rng.integers(1, 9))
-    make_state(uri, P, seed, n_keys=800)
-    original = read_state(uri)
-    chain = [int(x) for x in rng.integers(1, 9, 2)] + [P, 1, P]
-    for P2 in chain:
-        res = repartition(uri, P2, workers=1 if seed % 2 else None, force=True)
-        assert res.num_partitions == P2 and res.changed
-        assert read_layout(open_root(uri)).num_partitions == P2  # type: ignore[union-attr]
-        assert not (tmp_path / "state" / MARKER_FILE).exists()
-        assert_same_state(read_state(uri), original)
+def _sources_kept(uri: str, sources: dict[str, str]) -> None:
+    """Source files are never changed; the page files the new generation references are
+    all there (the old generation's manifests and unreferenced pages may be swept after
+    the commit)."""
+    now = tree_digest(uri)
+    assert all(now[p] == d for p, d in sources.items() if p in now), "a source file changed"
+    refs = _referenced_files(uri)
+    assert refs and refs <= set(now)
+    assert refs & set(sources)  # the new generation's pages are the sources' own files
 
 
-def test_same_partition_count_is_a_no_op_unless_forced(tmp_path: Path) -> None:
-    """Asking for the current P writes nothing; --force writes a new generation."""
-    uri = str(tmp_path / "s")
-    make_state(uri, 3, 5, n_keys=300)
-    before = tree_digest(uri)
-    assert not repartition(uri, 3).changed
-    out = _run_cli(uri, "--partitions", "3")
-    assert out.returncode == 0 and "nothing to do" in out.stdout
-    assert tree_digest(uri) == before
-    assert repartition(uri, 3, force=True).generation == 1
-    out = _run_cli(uri, "--partitions", "2")
-    assert out.returncode == 0 and "3 -> 2 partitions, generation 2" in out.stdout, out.stderr
-    assert len(out.stdout.strip().splitlines()) == 1
+def test_key_group_positions_travel_and_the_log_fills_the_gaps(tmp_path: Path) -> None:
+    """One partition's newest checkpoint is lost, so its key groups are behind the other
+    partition's: each composed target records where each of its key groups is
+    (``kg_batches`` when they differ, the smallest as ``batch_id``), and the query
+    continued on them replays exactly what each key group missed."""
+    from ioservice import list_checkpoints
+    q, tables = _made(tmp_path / "run", 2, n_batches=5)
+    metas = q.newest_metas()
+    ahead_p = int(metas[1]["batch_id"] >= metas[0]["batch_id"])  # the one further on
+    behind_p = 1 - ahead_p
+    root = open_root(q.uri)
+    while q.newest_metas()[behind_p]["batch_id"] >= metas[ahead_p]["batch_id"]:
+        cks = [c for c in list_checkpoints(root, q.layout.haunit(behind_p)) if c.has_manifest]
+        assert len(cks) >= 2, "no older checkpoint to fall back to"
+        shutil.rmtree(Path(q.uri) / cks[-1].directory)  # its newest checkpoint is lost
+    metas = q.newest_metas()
+    at = {p: metas[p]["batch_id"] for p in (0, 1)}
+    assert at[behind_p] < at[ahead_p]
+    res = q.repartition(3)
+    assert res.changed and res.pages > 0
+    lay = q.layout
+    new = q.newest_metas()
+    for t, m in enumerate(new):
+        assert m["key_groups"] == list(lay.key_group_range(t)) and m["partition"] == t
+        pos = rescale.KeyGroupPositions.from_user_meta(m)
+        assert m["batch_id"] == pos.min_batch_id
+        kg = np.arange(*lay.key_group_range(t))
+        want = np.where(kg < K // 2, at[0], at[1])  # partition 0 of 2 held key groups 0..3
+        np.testing.assert_array_equal(pos.batch_of(kg), want)
+        assert ("kg_batches" in m) == (len(set(want.tolist())) > 1)
+    assert any("kg_batches" in m for m in new)
+    ref = Query(tmp_path / "ref", q.op, q.key, q.schema, 2, K)
+    for b in range(8):
+        want_rows = ref.batch(b, tables[b])
+        if b >= 5:
+            assert q.batch(b, tables[b]) == want_rows, b
+    q.stop()
+    ref.stop()
+    assert q.durable() == ref.durable()
 
 
-def test_groups_follow_the_gcd() -> None:
-    """Old partition s feeds new partition t only when s = t mod gcd(P, P')."""
-    assert source_groups(4, 2) == [([0, 2], [0]), ([1, 3], [1])]
-    assert source_groups(3, 5) == [([0, 1, 2], [0, 1, 2, 3, 4])]
-    keys = np.random.default_rng(0).integers(-2**62, 2**62, 20_000)
-    for P, P2 in [(4, 6), (2, 8), (6, 4), (5, 3)]:
-        links = set(zip(partition_of(keys, P).tolist(), partition_of(keys, P2).tolist()))
-        allowed = {(s, t) for srcs, tgts in source_groups(P, P2) for s in srcs for t in tgts}
-        assert links <= allowed
+# -- what a repartition reads and writes -----------------------------------------------------------
+def _counting(monkeypatch: pytest.MonkeyPatch, uri: str) -> Any:
+    """Every root `sguard.rescale` opens (the tasks' too) counts the bytes read from it."""
+    import pyarrow.fs as pafs
+
+    from ioservice import StorageRoot
+    from ioservice.testing import FaultyFS
+    handler = FaultyFS(pafs.LocalFileSystem(), count_reads=True)
+    croot = StorageRoot(pafs.PyFileSystem(handler), str(Path(uri).resolve()))
+    monkeypatch.setattr(rescale, "open_root", lambda *a, **kw: croot)
+    return croot, handler
 
 
-def test_bytes_keys_route_like_spark_binary(tmp_path: Path) -> None:
-    """A map keyed by fixed bytes splits by the hash of the bytes without padding."""
-    uri = str(tmp_path / "b")
-    root = open_root(uri)
-    layout = OperatorLayout(operator="o", name="b", schema={}, num_partitions=2, key="k")
-    write_layout(root, layout)
-    keys = np.array([f"user-{i}".encode() for i in range(500)], dtype="S12")
-    for p in range(2):
-        pm = PageManager(PAGE, 1 << 24)
-        k = keys[partition_of(keys, 2) == p]
-        HashMap.create(pm, "m", key="S12", value="<i8").put(k, np.arange(len(k)))
-        with CheckpointManager(pm, root, layout.haunit(p)) as mgr:
-            mgr.checkpoint(_meta(layout, p, 0)).result()
-    repartition(uri, 3)
-    got = []
-    for t in range(3):
-        pm = PageManager(PAGE, 1 << 24)
-        restore(pm, root, f"b.g1.p{t:04d}")
-        k, _ = HashMap.create(pm, "m", key="S12", value="<i8").items()
-        assert (partition_of(k, 3) == t).all()
-        got.append(k)
-    assert sorted(np.concatenate(got).tolist()) == sorted(keys.tolist())
+@pytest.mark.parametrize("verify", [False, True])
+def test_repartition_reads_only_taken_pages_and_writes_only_manifests(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify: bool) -> None:
+    """2 -> 3: no page bytes read without verify, exactly the sources' pages (each once)
+    with it; the only new files are the targets' manifests and the layout documents."""
+    q, _ = _made(tmp_path / "s", 2, n_batches=5)
+    layout = q.layout
+    srcs = q.newest_metas()
+    root = open_root(q.uri)
+    from ioservice import list_checkpoints, read_manifest
+    mans = [read_manifest(root, [c for c in list_checkpoints(root, layout.haunit(p))
+                                 if c.has_manifest][-1].name) for p in range(2)]
+    in_groups = [m.select_psids(rescale.psid_ranges(0, K)).n_pages for m in mans]
+    assert in_groups == [m.n_pages for m in mans] and min(in_groups) > 0  # all in key groups
+    before = tree_digest(q.uri)
+    croot, handler = _counting(monkeypatch, q.uri)
+    res = repartition(croot, 3, verify=verify)
+    page_bytes = mans[0].page_bytes
+    want = sum(in_groups) * page_bytes if verify else 0
+    assert handler.bytes_read("*.pages") == want == res.bytes_read
+    assert res.pages == sum(in_groups) and res.state_bytes == sum(in_groups) * page_bytes
+    after = tree_digest(q.uri)
+    changed = [p for p, d in before.items() if p in after and after[p] != d]
+    assert changed == ["sguard-operator.json"]  # the commit; nothing else touched
+    refs = _referenced_files(q.uri)  # what no new checkpoint references may be swept
+    assert refs <= set(before) & set(after)
+    new = sorted(set(after) - set(before))
+    assert new == sorted([f"checkpoint/op.g1.p{t:04d}-1/manifest.json" for t in range(3)]
+                         + ["layout/g00000001.json"]), new
+    assert not any(p.endswith(".pages") for p in new)
+    assert {m["batch_id"] for m in q.newest_metas()} == {m["batch_id"] for m in srcs}
 
 
-# -- exactly-once across a repartition -----------------------------------------------------------
-class _Pipeline:
-    """A keyed running aggregate over P partitions, checkpointed per partition."""
-
-    def __init__(self, uri: str, layout: OperatorLayout) -> None:
-        self.root = open_root(uri)
-        self.layout = layout
-        self.pms = [PageManager(PAGE, 1 << 26) for _ in range(layout.num_partitions)]
-        self.maps = [HashMap.create(pm, "agg", key="<i8", value=AGG_VALUE, page_slots=32)
-                     for pm in self.pms]
-
-    def apply(self, t: int, keys: np.ndarray, ts: np.ndarray) -> None:
-        self.maps[t].upsert(keys, {"ts": ts}, _AGG)
-
-    def route(self, keys: np.ndarray, ts: np.ndarray) -> None:
-        part = partition_of(keys, self.layout.num_partitions)
-        for t in range(self.layout.num_partitions):
-            self.apply(t, keys[part == t], ts[part == t])
-
-    def checkpoint(self, t: int, batch_id: int) -> None:
-        with CheckpointManager(self.pms[t], self.root, self.layout.haunit(t)) as mgr:
-            mgr.checkpoint(_meta(self.layout, t, batch_id), full=True).result()
-
-    def result(self) -> tuple[np.ndarray, np.ndarray]:
-        k = np.concatenate([m.items()[0] for m in self.maps])
-        v = np.concatenate([m.items()[1] for m in self.maps])
-        order = np.argsort(k)
-        return k[order], v[order]
+def _flip_a_page_byte(uri: str, generation: int) -> tuple[Path, int, int]:
+    pages = sorted(p for p in Path(uri, "checkpoint").rglob("*.pages")
+                   if f".g{generation}.p0001" in str(p))
+    f = pages[-1]
+    data = bytearray(f.read_bytes())
+    at = len(data) // 2
+    old = data[at]
+    data[at] ^= 0x5A
+    f.write_bytes(bytes(data))
+    return f, at, old
 
 
-@pytest.mark.parametrize("P,P2,seed", [(2, 5, 0), (4, 2, 1), (3, 1, 2), (1, 4, 3)])
-def test_pipeline_continuing_after_repartition_matches_one_that_never_stopped(
-        tmp_path: Path, P: int, P2: int, seed: int) -> None:
-    """Partitions checkpointed at different batches, stopped, repartitioned, replayed, continued."""
-    rng = np.random.default_rng(seed)
-    batches = [(rng.integers(0, 400, 300).astype(np.int64), rng.integers(0, 10**6, 300))
-               for _ in range(12)]
-    stop = 7
-    uri = str(tmp_path / "p")
-    layout = _layout(P)
-    write_layout(open_root(uri), layout)
-    run = _Pipeline(uri, layout)
-    for b, (k, ts) in enumerate(batches[:stop + 1]):
-        run.route(k, ts)
-        for t in range(P):
-            if (b + t) % 3 == 0:  # partitions checkpoint after different batches
-                run.checkpoint(t, b)
-    del run  # the live state is lost; only the checkpoints remain
-    repartition(uri, P2)
-    new_layout = read_layout(open_root(uri))
-    assert new_layout is not None and new_layout.num_partitions == P2
-    run = _Pipeline(uri, new_layout)
-    for t in range(P2):
-        man = restore(run.pms[t], run.root, new_layout.haunit(t))
-        meta = man.user_meta
-        pos = ReplayPositions.from_user_meta(meta)
-        assert meta["batch_id"] == pos.min_batch_id
-        for b in range(pos.min_batch_id + 1, stop + 1):  # replay exactly what each key missed
-            k, ts = batches[b]
-            mask = replay_mask(meta, k, b)
-            run.apply(t, k[mask], ts[mask])
-    for k, ts in batches[stop + 1:]:
-        run.route(k, ts)
-    keys = np.concatenate([k for k, _ in batches])
-    want_k, want_v = expected_aggregate(keys.astype(np.uint32), np.concatenate(
-        [ts for _, ts in batches]))
-    got_k, got_v = run.result()
-    np.testing.assert_array_equal(got_k, want_k.astype(np.int64))
-    np.testing.assert_array_equal(got_v, want_v)
+def test_damaged_source_page_fails_a_verified_repartition_and_a_rerun_completes(
+        tmp_path: Path) -> None:
+    """A flipped byte in a source page: repartition(verify=True) raises an ioservice error
+    and the layout (generation, partitions) stays; once repaired, a rerun completes and the
+    continued query equals one that never rescaled."""
+    from ioservice.errors import IOServiceError
+    q, tables = _made(tmp_path / "s", 2, n_batches=4)
+    ref, _ = _made(tmp_path / "ref", 2, n_batches=4)
+    layout = q.layout
+    f, at, old = _flip_a_page_byte(q.uri, 0)
+    with pytest.raises(IOServiceError) as info:
+        repartition(q.uri, 3, verify=True)
+    assert "checksum" in str(info.value).lower() or "damaged" in str(info.value).lower(), \
+        str(info.value)
+    assert q.layout == layout
+    data = bytearray(f.read_bytes())
+    data[at] = old
+    f.write_bytes(bytes(data))
+    res = repartition(q.uri, 3, verify=True)
+    assert res.changed and (q.layout.generation, q.layout.num_partitions) == (1, 3)
+    assert not Path(q.uri, MARKER_FILE).exists()
+    for b in range(4, 7):
+        assert q.batch(b, tables[b]) == ref.batch(b, tables[b])
+    q.stop()
+    ref.stop()
+    assert q.durable() == ref.durable()
 
 
-def test_replay_positions_compose_over_two_repartitions_without_a_checkpoint() -> None:
-    """Each key matches exactly one class, with its own source's batch."""
-    pos = ReplayPositions.from_user_meta(
-        {"sources": [{"num_partitions": 3, "partition": s, "batch_id": s} for s in range(3)]})
-    keys = np.arange(-5000, 5000)
-    mine = np.ones(len(keys), bool)
-    for P2, t in [(5, 2), (2, 1)]:
-        sub = pos.restrict(P2, t)
-        mine &= partition_of(keys, P2) == t
-        np.testing.assert_array_equal(sub.batch_of(keys[mine]), partition_of(keys[mine], 3))
-        assert (sub.batch_of(keys[~mine]) == -1).all()
-        pos = sub
+# -- parallel recovery -------------------------------------------------------------------------------
+@pytest.mark.parametrize("pieces", [1, 3, 4])
+def test_restore_piece_splits_a_partition_into_disjoint_pieces_reading_only_theirs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pieces: int) -> None:
+    """k pieces of partition 1: disjoint key groups that together are the partition's,
+    their states together the partition's state, each reading only its own pages."""
+    from ioservice import list_checkpoints, read_manifest, restore
+    from mmm import PageManager
+    from sguard.spark.groupstate import open_state, stored_key_groups
+    from tests.sguard.rescale_helpers import rows_of
+    q, _ = _made(tmp_path / "s", 2, n_batches=4, name="running_str")
+    layout = q.layout
+    root = open_root(q.uri)
+    man = read_manifest(root, [c for c in list_checkpoints(root, layout.haunit(1))
+                               if c.has_manifest][-1].name)
+    whole = PageManager(man.page_bytes, 1 << 26)
+    restore(whole, root, layout.haunit(1))
+    kg_range = layout.key_group_range(1)
+    want = rows_of([open_state(q.op, whole, q.schema, q.key, kg_range).dump()])
+    assert want
+    croot, handler = _counting(monkeypatch, q.uri)
+    got, seen = [], []
+    for j in range(pieces):
+        handler.reset_counters()
+        pm = PageManager(man.page_bytes, 1 << 26)
+        (lo, hi), pos = rescale.restore_piece(croot, 1, pieces, j, pm)
+        mine = man.select_psids(rescale.psid_ranges(lo, hi)).n_pages
+        assert handler.bytes_read("*.pages") == mine * man.page_bytes
+        assert set(stored_key_groups(pm)) <= set(range(lo, hi))
+        assert pos.ranges and all(lo <= a < b <= hi for a, b, _ in pos.ranges)
+        assert pos.min_batch_id == man.user_meta["batch_id"]
+        seen.append((lo, hi))
+        got.append(open_state(q.op, pm, q.schema, q.key, (lo, hi)).dump())
+    assert seen[0][0] == kg_range[0] and seen[-1][1] == kg_range[1]
+    assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))  # contiguous, disjoint
+    assert rows_of(got) == want
+    with pytest.raises(RescaleError, match=f"piece {pieces} of {pieces}"):
+        rescale.restore_piece(q.uri, 1, pieces, pieces, PageManager(man.page_bytes, 1 << 20))
+    with pytest.raises(RescaleError, match="partition 2 out of range"):
+        rescale.restore_piece(q.uri, 2, pieces, 0, PageManager(man.page_bytes, 1 << 20))
 
 
-# -- bad input ------------------------------------------------------------------------------------
+# -- bad input, refusals, no-ops ---------------------------------------------------------------------
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sguard", "state", "repartition", *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def _one_line(out: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
 
 
 def test_bad_input_gets_one_line_errors_and_writes_nothing(tmp_path: Path) -> None:
-    """Unknown URI, P' < 1, mixed operators, mixed schema versions: clear errors, no writes."""
-    uri = str(tmp_path / "s")
-    make_state(uri, 2, 7, n_keys=200)
+    """Unknown URI, no state there, P' < 1 or > K, a source checkpoint of another operator:
+    a `RescaleError` naming the fault (CLI: one line, exit 2) and not a byte written."""
+    from ioservice import CheckpointManager
+    from mmm import PageManager
+    q, _ = _made(tmp_path / "s", 2, n_batches=2, name="running_int")
+    uri = q.uri
     before = tree_digest(uri)
     with pytest.raises(RescaleError, match="does not exist"):
         repartition(str(tmp_path / "nope"), 2)
     assert not (tmp_path / "nope").exists()
+    (tmp_path / "empty").mkdir()
     with pytest.raises(RescaleError, match="no sguard operator state"):
-        repartition(str(tmp_path), 2)
-    for bad in (0, -3):
+        repartition(str(tmp_path / "empty"), 2)
+    for bad in (0, -3, True, 2.5, "3"):
         with pytest.raises(RescaleError, match="partitions must be an integer >= 1"):
-            repartition(uri, bad)
+            repartition(uri, bad)  # type: ignore[arg-type]
+    with pytest.raises(RescaleError, match=f"exceeds the state's {K} key groups"):
+        repartition(uri, K + 1)
     assert tree_digest(uri) == before
-    out = _run_cli(uri, "--partitions", "0")
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    out = _run_cli(str(tmp_path / "nope"), "--partitions", "3")
-    assert out.returncode == 2 and "does not exist" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+    _one_line(_run_cli(uri, "--partitions", "0"), 2, "--partitions must be >= 1")
+    _one_line(_run_cli(str(tmp_path / "nope"), "--partitions", "3"), 2, "does not exist")
+    _one_line(_run_cli(str(tmp_path / "empty"), "--partitions", "3"), 2,
+              "no sguard operator state")
+    _one_line(_run_cli(uri, "--partitions", str(K + 1)), 2, f"{K} key groups")
+    out = _run_cli(uri, "--partitions", "x")  # argparse: usage + one error line, exit 2
+    assert out.returncode == 2 and "invalid int value" in out.stderr.splitlines()[-1]
     assert tree_digest(uri) == before
-
-    root = open_root(uri)
-    layout = read_layout(root)
-    assert layout is not None
-
-    def overwrite_partition(meta: dict[str, Any], value_dtype: Any = VAL) -> None:
-        pm = PageManager(PAGE, 1 << 24)
-        restore(pm, root, layout.haunit(1))
-        if value_dtype is not VAL:
-            HashMap.create(pm, "agg", key="<i8", value=VAL).destroy()
-            HashMap.create(pm, "agg", key="<i8", value=value_dtype)
-        with CheckpointManager(pm, root, layout.haunit(1)) as mgr:
-            mgr.checkpoint(meta, full=True).result()
-
-    overwrite_partition(dict(_meta(layout, 1, 3), operator="other_op"))
+    # a checkpoint of another operator in partition 1's HA unit
+    layout = q.layout
+    pm = PageManager(1 << 16, 1 << 20)
+    with CheckpointManager(pm, open_root(uri), layout.haunit(1)) as mgr:
+        mgr.checkpoint({"operator": "other_op", "name": "op", "generation": 0,
+                        "partition": 1, "num_partitions": 2, "batch_id": 9}).result()
+    pm.close()
     mixed = tree_digest(uri)
-    with pytest.raises(RescaleError, match="operator='other_op'.*mixed operators"):
+    with pytest.raises(RescaleError, match="is not partition 1 of generation 0.*other_op"):
         repartition(uri, 3)
-    out = _run_cli(uri, "--partitions", "3")
-    assert out.returncode == 2 and "mixed operators" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+    _one_line(_run_cli(uri, "--partitions", "3"), 2, "other_op")
     assert tree_digest(uri) == mixed
+    assert q.layout == layout
 
-    overwrite_partition(_meta(layout, 1, 3), value_dtype=[("n", "<i4")])
-    mixed = tree_digest(uri)
-    with pytest.raises(RescaleError, match="structure 'agg'.*mixed schema versions"):
-        repartition(uri, 3)
-    overwrite_partition(dict(_meta(layout, 1, 3), schema_version=2))
-    with pytest.raises(RescaleError, match="schema_version 2.*mixed schema versions"):
-        repartition(uri, 3)
-    assert read_layout(root) == layout
+
+def test_layout_version_1_is_refused_naming_the_convert_command(tmp_path: Path) -> None:
+    """A state URI written before key groups is never misread: the API and the CLI refuse
+    it, naming `sguard state convert`, and write nothing."""
+    uri = tmp_path / "old"
+    uri.mkdir()
+    doc = {"layout_version": 1, "operator": "running_aggregate", "name": "op",
+           "schema": {}, "num_partitions": 2, "key": "k", "generation": 0,
+           "schema_version": 1, "partitioner": "spark-murmur3", "extra": {}}
+    (uri / "sguard-operator.json").write_text(json.dumps(doc))
+    before = tree_digest(str(uri))
+    with pytest.raises(RescaleError, match="sguard state convert"):
+        repartition(str(uri), 3)
+    _one_line(_run_cli(str(uri), "--partitions", "3"), 2, "layout_version 1",
+              "sguard state convert")
+    assert tree_digest(str(uri)) == before
 
 
 def test_foreign_next_generation_is_refused_not_deleted(tmp_path: Path) -> None:
     """HA units of generation g+1 that no repartition marked are left alone."""
-    uri = str(tmp_path / "s")
-    make_state(uri, 2, 8, n_keys=100)
-    root = open_root(uri)
-    pm = PageManager(PAGE, 1 << 22)
-    HashMap.create(pm, "x", key="<i8", value="<i8")
-    with CheckpointManager(pm, root, "op.g1.p0000") as mgr:
+    from ioservice import CheckpointManager
+    from mmm import PageManager
+    q, _ = _made(tmp_path / "s", 2, n_batches=2, name="running_int")
+    pm = PageManager(1 << 16, 1 << 20)
+    with CheckpointManager(pm, open_root(q.uri), "op.g1.p0000") as mgr:
         mgr.checkpoint({}).result()
-    before = tree_digest(uri)
+    pm.close()
+    before = tree_digest(q.uri)
     with pytest.raises(RescaleError, match="no repartition made them"):
-        repartition(uri, 3)
-    assert tree_digest(uri) == before
+        repartition(q.uri, 3)
+    _one_line(_run_cli(q.uri, "--partitions", "3"), 2, "no repartition made them")
+    assert tree_digest(q.uri) == before
 
 
-def test_unroutable_structure_is_named(tmp_path: Path) -> None:
-    """A structure without the key column is refused with its name."""
-    uri = str(tmp_path / "s")
-    root = open_root(uri)
-    layout = OperatorLayout(operator="o", name="u", schema={}, num_partitions=1, key="k")
-    write_layout(root, layout)
-    pm = PageManager(PAGE, 1 << 22)
-    PagedList.create(pm, "log", [("a", "<i8")]).extend(np.zeros(3, [("a", "<i8")]))
-    with CheckpointManager(pm, root, layout.haunit(0)) as mgr:
-        mgr.checkpoint(_meta(layout, 0, 0)).result()
-    with pytest.raises(RescaleError, match="structure 'log'.*no column 'k'"):
-        repartition(uri, 2)
+def test_same_partition_count_is_a_no_op_unless_forced(tmp_path: Path) -> None:
+    """Asking for the current P writes nothing (API and CLI); force writes a generation."""
+    q, tables = _made(tmp_path / "s", 3, n_batches=3, name="running_int")
+    before = tree_digest(q.uri)
+    res = repartition(q.uri, 3)
+    assert not res.changed and res.generation == 0 and res.pages == 0
+    out = _run_cli(q.uri, "--partitions", "3")
+    assert out.returncode == 0 and "nothing to do" in out.stdout, out.stderr
+    assert len(out.stdout.strip().splitlines()) == 1
+    assert tree_digest(q.uri) == before
+    res = repartition(q.uri, 3, force=True)
+    assert res.changed and res.generation == 1 and res.pages > 0
+    assert (q.layout.generation, q.layout.num_partitions) == (1, 3)
+    ref, _ = _made(tmp_path / "ref", 3, n_batches=3, name="running_int")
+    assert q.batch(3, tables[3]) == ref.batch(3, tables[3])
+    q.stop()
+    ref.stop()
+    assert q.durable() == ref.durable()
 
 
-# -- crash safety ----------------------------------------------------------------------------------
-_POINTS = ["validated", "marked", "cleaned", "source_restored", "target_written",
-           "before_commit", "committed", "time"]
-
-
-def _source_files(uri: str, generation: int) -> dict[str, str]:
-    return {p: d for p, d in tree_digest(uri).items()
-            if f".g{generation}.p" in p and p.startswith("checkpoint")}
-
-
-def test_killed_repartition_leaves_sources_intact_and_a_rerun_completes(tmp_path: Path) -> None:
-    """SIGKILL at seeded points (and a few seeded times): sources intact, rerun completes."""
-    base = {P: str(tmp_path / f"base{P}") for P in (2, 3)}
-    for P, uri in base.items():
-        make_state(uri, P, P, n_keys=300)
-    originals = {P: read_state(uri) for P, uri in base.items()}
-    rng = np.random.default_rng(12)
-    trials = 0
-    for trial in range(22):
-        P = 2 + trial % 2
-        P2 = int(rng.choice([1, 4, 5, 6]))
-        point = _POINTS[trial % len(_POINTS)]
-        nth = int(rng.integers(1, 3)) if point in ("source_restored", "target_written") else 1
-        uri = str(tmp_path / f"t{trial}")
-        shutil.copytree(base[P], uri)
-        if trial % 4 == 3:  # a previous interrupted run already left a partial generation
-            env = dict(os.environ, **{KILL_ENV: "target_written:1"})
-            subprocess.run([sys.executable, "-c", _CHILD, uri, str(P2 + 1)], env=env,
-                           timeout=120, capture_output=True)
-        sources = _source_files(uri, 0)
-        layout_before = Path(uri, "sguard-operator.json").read_bytes()
-        env = dict(os.environ)
-        if point != "time":
-            env[KILL_ENV] = f"{point}:{nth}"
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, uri, str(P2)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if point == "time":
-            time.sleep(float(rng.uniform(0.5, 3.0)))
-            proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=120)
-        killed = proc.returncode == -signal.SIGKILL
-        assert killed or point == "time", (point, proc.returncode)
-        assert _source_files(uri, 0) == sources, "a source checkpoint changed"
-        layout_now = Path(uri, "sguard-operator.json").read_bytes()
-        committed = layout_now != layout_before
-        assert committed == (point == "committed") or point == "time"
-        assert_same_state(read_state(uri), originals[P])  # old or new generation: same state
-        repartition(uri, P2, workers=1)
-        lay = read_layout(open_root(uri))
-        assert lay is not None and lay.num_partitions == P2 and lay.generation == 1
-        assert not Path(uri, MARKER_FILE).exists()
-        assert _source_files(uri, 0) == sources
-        assert_same_state(read_state(uri), originals[P])
-        assert not [p for p in tree_digest(uri) if ".g2." in p]
-        trials += 1
-    assert trials >= 20
-
-
+# -- crash safety ------------------------------------------------------------------------------------
+_POINTS = ["validated", "marked", "cleaned", "compose", "composed", "before_commit", "committed"]
 _CHILD = """
 import sys
 from sguard.rescale import repartition
-repartition(sys.argv[1], int(sys.argv[2]), workers=1)
+repartition(sys.argv[1], int(sys.argv[2]), verify=sys.argv[3] == "1")
 """
 
 
-# -- parallel recovery ---------------------------------------------------------------------------
-def test_restore_piece_splits_a_partition_into_k_disjoint_pieces(tmp_path: Path) -> None:
-    """k pieces of partition s hold its keys exactly once, each where P*k partitioning puts it."""
-    uri = str(tmp_path / "s")
-    make_state(uri, 3, 9, n_keys=900)
-    root = open_root(uri)
-    pm = PageManager(PAGE, 1 << 26)
-    man = restore(pm, root, "op.g0.p0001")
-    whole_k, whole_v = HashMap.create(pm, "agg", key="<i8", value=VAL).items()
-    whole_buf = PagedDeque.create(pm, "buf", REC).to_numpy()
-    k = 4
-    got, bufs = [], []
-    for j in range(k):
-        piece = PageManager(PAGE, 1 << 26)
-        pos = restore_piece(uri, 1, k, j, piece)
-        assert pos.classes[0].batch_id == man.user_meta["batch_id"]
-        kj, _ = HashMap.create(piece, "agg", key="<i8", value=VAL).items()
-        assert (partition_of(kj, 3 * k) == 1 + 3 * j).all()
-        got.append(kj)
-        bufs.append(PagedDeque.create(piece, "buf", REC).to_numpy())
-    assert sorted(np.concatenate(got).tolist()) == sorted(whole_k.tolist())
-    assert sum(len(b) for b in bufs) == len(whole_buf)
-    with pytest.raises(RescaleError, match="piece 4 of 4"):
-        restore_piece(uri, 1, 4, 4, PageManager(PAGE, 1 << 20))
-    with pytest.raises(RescaleError, match="partition 3 out of range"):
-        restore_piece(uri, 3, 2, 0, PageManager(PAGE, 1 << 20))
+def _child(uri: str, P2: int, point: str | None, verify: bool = True
+           ) -> subprocess.CompletedProcess[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(KILL_ENV, None)
+    if point is not None:
+        env[KILL_ENV] = point
+    return subprocess.run([sys.executable, "-c", _CHILD, uri, str(P2), "1" if verify else "0"],
+                          env=env, timeout=300, capture_output=True, cwd=ROOT)
 
 
-@pytest.mark.parametrize("executor", ["process", "thread"])
-def test_groups_run_in_parallel_workers(tmp_path: Path, executor: str) -> None:
-    """2 -> 4 and back with one worker (process or thread) per independent group."""
-    uri = str(tmp_path / "s")
-    make_state(uri, 2, 11, n_keys=400)
-    original = read_state(uri)
-    for P2 in (4, 2):
-        res = repartition(uri, P2, workers=2, executor=executor)
-        assert res.phases_s["insert_s"] > 0
-        assert_same_state(read_state(uri), original)
+@pytest.mark.parametrize("trial", range(len(_POINTS) + 3))
+def test_killed_repartition_leaves_sources_intact_and_a_rerun_completes(
+        tmp_path: Path, trial: int) -> None:
+    """A real process SIGKILLed at each point of the repartition (the n-th pass of the
+    per-target points; some after an earlier interrupted run to another count): the
+    sources' files are untouched, the layout changes only at ``committed``, the durable
+    state is the same, and a rerun completes to the same state, leaving no marker."""
+    point = _POINTS[trial % len(_POINTS)]
+    rng = np.random.default_rng(trial)
+    P = 2 + trial % 2
+    P2 = [1, 4, 5, 6][trial % 4]  # never P, nor P - 2 (the earlier run goes to P2 + 2)
+    nth = int(rng.integers(1, min(P2, 2) + 1)) if point in ("compose", "composed") else 1
+    q, _ = _made(tmp_path / "s", P, n_batches=3, name="running_str")
+    uri = q.uri
+    original = q.durable()
+    if trial >= len(_POINTS):  # an earlier interrupted run left part of a generation
+        out = _child(uri, P2 + 2, "composed:1")
+        assert out.returncode == -signal.SIGKILL, out.stderr.decode()[-2000:]
+    sources = _checkpoint_files(uri, 0)
+    layout = q.layout
+    out = _child(uri, P2, f"{point}:{nth}", verify=bool(trial % 2))
+    assert out.returncode == -signal.SIGKILL, (point, out.stderr.decode()[-2000:])
+    assert _checkpoint_files(uri, 0) == sources, "a source checkpoint changed"
+    now = q.layout
+    if point == "committed":
+        assert (now.generation, now.num_partitions) == (1, P2)
+    else:
+        assert now == layout
+        assert point == "validated" or Path(uri, MARKER_FILE).exists()
+    assert q.durable() == original  # the old generation's or the new one's: the same
+    res = repartition(uri, P2)
+    assert res.changed == (point != "committed")
+    lay = q.layout
+    assert (lay.generation, lay.num_partitions) == (1, P2)
+    assert not Path(uri, MARKER_FILE).exists()
+    _sources_kept(uri, sources)
+    assert not [p for p in tree_digest(uri) if ".g2." in p]
+    assert q.durable() == original
 
 
-META = np.dtype([("max_ts", "<i8"), ("seen", "<i8"), ("late", "<i8")])
-JREC = np.dtype([("k", "<i8"), ("t", "<i8"), ("v", "<f8")])
-
-
-def test_join_and_window_layouts_route_by_rules_and_replicate_metadata(tmp_path: Path) -> None:
-    """Shapes of sguard.spark's states: deques keyed by a field a glob rule names, a
-    per-partition metadata map replicated (max / sum), windows open in some partitions only;
-    the window join's default rules apply when the layout has none."""
-    uri = str(tmp_path / "j")
-    root = open_root(uri)
-    layout = OperatorLayout(
-        operator="window_join", name="j", schema={}, num_partitions=2, key="user",
-        extra={"routing": {"buf.*": {"key": "k", "order": "t"},
-                           "meta": {"replicate": {"max_ts": "max", "seen": "sum",
-                                                  "late": "sum"}}}})
-    write_layout(root, layout)
-    rng = np.random.default_rng(4)
-    keys = np.arange(300, dtype=np.int64)
-    all_recs, wins = [], {}
-    for p in range(2):
-        pm = PageManager(PAGE, 1 << 24)
-        k = keys[partition_of(keys, 2) == p]
-        recs = np.zeros(2 * len(k), JREC)
-        recs["k"], recs["t"] = rng.permutation(np.repeat(k, 2)), np.sort(rng.integers(0, 99, 2 * len(k)))
-        PagedDeque.create(pm, "buf.L", JREC, page_slots=6).extend(recs)
-        all_recs.append(recs)
-        HashMap.create(pm, "cnt.L", key="<i8", value=[("n", "<i8")]).put(
-            k, np.ones(len(k), [("n", "<i8")]))
-        HashMap.create(pm, "meta", key="<u1", value=META).put(
-            np.zeros(1, np.uint8), np.array([(10 * (p + 1), 100 + p, p)], META))
-        start = 60 * p  # window 0 is open in partition 0 only, window 60 in partition 1 only
-        HashMap.create(pm, f"win.{start}", key="<i8", value=[("n", "<i8")]).put(
-            k, np.full(len(k), start, [("n", "<i8")]))
-        wins[start] = set(k.tolist())
-        with CheckpointManager(pm, root, layout.haunit(p)) as mgr:
-            mgr.checkpoint(_meta(layout, p, 3)).result()
-    with pytest.raises(RescaleError, match="replicate needs an op"):
-        write_layout(root, replace(layout, extra={"routing": {
-            "buf.*": {"key": "k"}, "meta": {"replicate": {"max_ts": "max"}}}}))
-        repartition(uri, 3)
-    write_layout(root, replace(layout, extra={}))  # sguard.spark's own rules by default
-    repartition(uri, 3)
-    got_recs, got_wins = [], {0: set(), 60: set()}
-    for t in range(3):
-        pm = PageManager(PAGE, 1 << 24)
-        restore(pm, root, f"j.g1.p{t:04d}")
-        buf = PagedDeque.create(pm, "buf.L", JREC).to_numpy()
-        assert (partition_of(buf["k"], 3) == t).all() and (np.diff(buf["t"]) >= 0).all()
-        got_recs.append(buf)
-        _, mv = HashMap.create(pm, "meta", key="<u1", value=META).items()
-        assert mv.tolist() == [(20, 201, 1)]  # max of max_ts, sum of the counters
-        for start in (0, 60):
-            if pm.exists(f"win.{start}"):
-                wk, _ = HashMap.create(pm, f"win.{start}", key="<i8", value=[("n", "<i8")]).items()
-                assert (partition_of(wk, 3) == t).all()
-                got_wins[start] |= set(wk.tolist())
-    assert got_wins == wins
-    want = np.sort(np.concatenate(all_recs), order=["t", "k"])
-    np.testing.assert_array_equal(np.sort(np.concatenate(got_recs), order=["t", "k"]), want)
-
-
-def test_bulk_built_targets_pass_check_and_keep_updating_like_the_original(
-        tmp_path: Path) -> None:
-    """Targets' hash maps are bulk-built (`HashMap.load_distinct`): every invariant holds,
-    and the same later upserts give the same values as on the never-repartitioned state."""
-    uri = str(tmp_path / "s")
-    make_state(uri, 2, 21, n_keys=3000)
-    before = read_state(uri)
-    repartition(uri, 3)
-    root = open_root(uri)
-    rng = np.random.default_rng(5)
-    new_keys = rng.integers(-10**9, 10**9, 500)
-    upd = np.concatenate([before["agg"][0][::7], new_keys])
-    ref = PageManager(PAGE, 1 << 26)
-    m_ref = HashMap.create(ref, "agg", key="<i8", value=VAL, page_slots=32)
-    m_ref.put(*before["agg"])
-    m_ref.upsert(upd, {"x": np.ones(len(upd))}, {"n": "count", "s": ("sum", "x")})
-    want = dict(zip(*[a.tolist() for a in m_ref.items()]))
-    got: dict[int, Any] = {}
-    for p in range(3):
-        pm = PageManager(PAGE, 1 << 26)
-        restore(pm, root, haunit(p))
-        m = HashMap.create(pm, "agg", key="<i8", value=VAL)
-        m._check()
-        HashMap.create(pm, "bykw", key=KW, value="<f8")._check()
-        mine = upd[partition_of(upd, 3) == p]
-        m.upsert(mine, {"x": np.ones(len(mine))}, {"n": "count", "s": ("sum", "x")})
-        m._check()
-        got.update(zip(*[a.tolist() for a in m.items()]))
-    assert got == want
-
-
-def haunit(p: int) -> str:
-    return replace(_layout(3), generation=1).haunit(p)
-
-
-def test_a_key_in_two_source_partitions_is_refused_and_nothing_commits(
-        tmp_path: Path) -> None:
-    uri = str(tmp_path / "s")
-    make_state(uri, 2, 23, n_keys=200)
-    root = open_root(uri)
-    layout = read_layout(root)
-    assert layout is not None
-    pm0 = PageManager(PAGE, 1 << 26)
-    restore(pm0, root, layout.haunit(0))
-    dup = HashMap.create(pm0, "agg", key="<i8", value=VAL).keys()[:1]
-    pm = PageManager(PAGE, 1 << 26)
-    man = restore(pm, root, layout.haunit(1))
-    HashMap.create(pm, "agg", key="<i8", value=VAL).put(dup, np.zeros(1, VAL))
-    with CheckpointManager(pm, root, layout.haunit(1)) as mgr:  # a damaged source
-        mgr.checkpoint(dict(man.user_meta)).result()
-    with pytest.raises(RescaleError, match="agg.*earlier in the batch"):
-        repartition(uri, 1, workers=1)
-    assert read_layout(root) == layout  # not committed
-    with pytest.raises(RescaleError, match="agg"):
-        repartition(uri, 1)  # a rerun is refused the same way
+def test_state_show_storage_failure_is_one_line_exit_1(tmp_path: Path) -> None:
+    """``sguard state show`` over storage that fails (the input log is a file, not a
+    directory): one error line, exit 1 (not a traceback)."""
+    q, _ = _made(tmp_path / "s", 2, n_batches=2, name="running_int")
+    shutil.rmtree(Path(q.uri) / "inputlog")
+    (Path(q.uri) / "inputlog").write_text("not a directory")
+    out = subprocess.run([sys.executable, "-m", "sguard", "state", "show", q.uri],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    _one_line(out, 1, "sguard state show: error:")

@@ -1,8 +1,10 @@
 """Scale out and in at start-up on real Spark (``local[2,4]``): a streaming query that is
 stopped (or whose driver is SIGKILLed) and restarted with another ``num_partitions``
-repartitions its state on the driver before it starts, and its sink rows and final
-state equal a run that never changed its partition count (the numpy oracles), for the
-running aggregate and the tumbling-window aggregate."""
+repartitions its state before it starts, as a Spark job that moves whole key groups
+(`sguard.spark.rescaling`), and its sink rows and final state equal a run that never
+changed its partition count (the numpy oracles), for the running aggregate and the
+tumbling-window aggregate; the repartition job survives its tasks' Python workers being
+SIGKILLed (Spark retries them; composing is idempotent)."""
 from __future__ import annotations
 
 import logging
@@ -154,11 +156,12 @@ def test_driver_sigkilled_then_scaled_out_and_in(spark: Any, tmp_path: Path) -> 
 
 def test_window_aggregate_scaled_with_lagging_checkpoint(
         spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Tumbling windows, P = 2 -> 3 at start-up, then 3 -> 4 offline (``sguard state
+    """Tumbling windows over 8 key groups (each sees rows every batch, so every window but
+    the last closes when the next batch arrives, whatever the partitioning: event time is
+    per key group), P = 2 -> 3 at start-up, then 3 -> 4 offline (``sguard state
     repartition``). Before the first restart partition 0's newest checkpoint is lost, so
-    it lags: the start-up brings the partitions forward from their input logs to batch 4
-    (the one before the newest logged, so committed), and the new partitions replay only
-    batch 5 under the merged watermark."""
+    its key groups are behind partition 1's: the new partitions replay each key group
+    from where it is."""
     inp, stage = _staged(tmp_path, 10, seed=3)
     op = ss.WindowAggregate(time="ts", window=W, value="v")
     ck = ss.CheckpointConfig(every_n_batches=4)
@@ -177,44 +180,54 @@ def test_window_aggregate_scaled_with_lagging_checkpoint(
             assert latest_checkpoint_batch(root, hu[0]) < was
         if p == 4:  # this time offline, with the one command; the query then just runs
             out = subprocess.run([sys.executable, "-m", "sguard", "state", "repartition",
-                                  str(tmp_path / "state"), "--partitions", "4"], cwd=ROOT,
-                                 capture_output=True, text=True, timeout=300)
-            assert out.returncode == 0 and "3 -> 4 partitions" in out.stdout, out.stderr
+                                  str(tmp_path / "state"), "--partitions", "4",
+                                  "--master", "local[2]"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=600)
+            assert out.returncode == 0, out.stderr[-3000:]
+            line, = out.stdout.strip().splitlines()
+            assert "3 -> 4 partitions, generation 2; whole key groups moved" in line, line
+            assert " 0 written" in line, line
         with caplog.at_level(logging.WARNING, logger="sguard.spark.api"):
             rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=p,
-                                              checkpoint=ck)
+                                              checkpoint=ck, key_groups=8)
         assert failures == 0
+        if p == 3:  # the composed checkpoints carry partition 0's and 1's positions
+            from ioservice import read_manifest
+            metas = [read_manifest(root, [c for c in list_checkpoints(
+                root, f"window_aggregate.g1.p{q:04d}") if c.has_manifest][0].name).user_meta
+                for q in range(3)]
+            assert any("kg_batches" in m for m in metas), metas
     want_rows, want_state = window_oracle(inp.tables)
     assert _window_rows(rows) == want_rows
     assert _window_rows(state) == want_state
     lines = [r.getMessage() for r in caplog.records if "repartitioned" in r.getMessage()]
-    assert len(lines) == 1 and "brought forward to batch 4" in lines[0], lines
+    assert len(lines) == 1 and "from 2 to 3 partitions" in lines[0], lines
     lay = read_layout(root)
-    assert lay is not None and (lay.generation, lay.num_partitions) == (2, 4)
+    assert lay is not None and (lay.generation, lay.num_partitions, lay.key_groups) == (2, 4, 8)
 
 
 _KILLED_STARTUP = """
 import sys
-import pyarrow as pa
-import sguard.spark as ss
 from ioservice import open_root
+from sguard.spark import local_session
 from sguard.spark.placement import root_key
 from sguard.spark.rescaling import repartition_at_startup
 from sguard.statelayout import read_layout
 root = open_root(sys.argv[1])
-schema = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("ts", pa.timestamp("us", "UTC"))])
-repartition_at_startup(root, read_layout(root), ss.RunningAggregate(value="v"), schema, 3,
-                       state_key=root_key(root), local_dir=sys.argv[2], page_bytes=1 << 16,
-                       capacity_bytes=1 << 28)
+spark = local_session("local[1]", "killed-startup")
+repartition_at_startup(spark, root, read_layout(root), 3, state_key=root_key(root),
+                       local_dir=sys.argv[2])
 """
 
 
-@pytest.mark.parametrize("point", ["target_written"])
+@pytest.mark.parametrize("point", ["marked", "before_commit"])
 def test_killed_start_up_repartition_completes_on_rerun(spark: Any, tmp_path: Path,
                                                         point: str) -> None:
-    """The driver is SIGKILLed inside the start-up repartition (a real process, killed at
-    `point`): the old partitioning is still the state, and the query started again with
-    the same count completes the repartition and continues exactly once."""
+    """The driver is SIGKILLed inside the start-up repartition (a real process with its own
+    Spark session, killed at `point`: after the marker, or after the job composed every
+    target but before the commit): the old partitioning is still the state, and the query
+    started again with the same count completes the repartition and continues exactly
+    once."""
     from sguard import rescale
     inp, stage = _staged(tmp_path, 4, rows=500, keys=50)
     op = ss.RunningAggregate(value="v")
@@ -225,11 +238,13 @@ def test_killed_start_up_repartition_completes_on_rerun(spark: Any, tmp_path: Pa
     env = dict(os.environ, PYTHONPATH=str(ROOT), **{rescale.KILL_ENV: point})
     out = subprocess.run([sys.executable, "-c", _KILLED_STARTUP, str(tmp_path / "state"),
                           str(tmp_path / "local")], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=600)
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
     lay = read_layout(root)
     assert lay is not None and (lay.generation, lay.num_partitions) == (0, 2)
     assert root.exists(rescale.MARKER_FILE)
+    if point == "before_commit":  # every target was composed, none committed
+        assert len([h for h in __import__("ioservice").list_haunits(root) if ".g1." in h]) == 3
     _feed(inp, stage, 4)
     rows, state, _ = run_query(spark, inp, tmp_path, op, partitions=3)
     assert (rows, state) == running_oracle(inp.tables)
@@ -238,19 +253,66 @@ def test_killed_start_up_repartition_completes_on_rerun(spark: Any, tmp_path: Pa
     assert not root.exists(rescale.MARKER_FILE)
 
 
+@pytest.mark.parametrize("point", ["compose", "composed"])
+def test_repartition_job_survives_sigkilled_task_workers(spark: Any, tmp_path: Path,
+                                                         point: str) -> None:
+    """The start-up repartition job's tasks are SIGKILLed (their Python worker process) in
+    their first attempt, before or after writing their composed checkpoint: Spark retries
+    them, the retry composes (or finds its checkpoint), and the query continues exactly
+    once on the new partitioning."""
+    from sguard import rescale
+    inp, stage = _staged(tmp_path, 5, rows=800, keys=120)
+    op = ss.RunningAggregate(value="v")
+    _feed(inp, stage, 3)
+    run_query(spark, inp, tmp_path, op, partitions=2, key_groups=16,
+              checkpoint=ss.CheckpointConfig(every_n_batches=1))
+    sc = spark.sparkContext
+    _feed(inp, stage, 5)
+    sc.setJobGroup(f"rescale-kill-{point}", "repartition with killed task workers")
+    sc.environment[rescale.KILL_ENV] = f"{point}@first-attempt"
+    try:
+        rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=3)
+    finally:
+        del sc.environment[rescale.KILL_ENV]
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert failures == 0
+    assert (rows, state) == running_oracle(inp.tables)
+    tracker = sc.statusTracker()
+    failed = 0
+    for job in tracker.getJobIdsForGroup(f"rescale-kill-{point}"):
+        info = tracker.getJobInfo(job)
+        for sid in (info.stageIds if info is not None else []):
+            st = tracker.getStageInfo(sid)
+            if st is not None and st.name and "collect" in st.name:
+                failed += st.numFailedTasks
+    assert failed >= 3, failed  # each of the 3 targets' first attempt died
+    root = open_root(str(tmp_path / "state"))
+    lay = read_layout(root)
+    assert lay is not None and (lay.generation, lay.num_partitions) == (1, 3)
+    assert not root.exists(rescale.MARKER_FILE)
+    for q in range(3):  # one composed checkpoint per target, whichever attempt wrote it
+        first = [c for c in list_checkpoints(root, lay.haunit(q)) if c.has_manifest][0]
+        assert first.name.endswith("-1")
+
+
 def test_read_input_takes_one_generation(tmp_path: Path) -> None:
     """A batch logged by two generations (the older never committed it) is read from the
-    newest generation not above the reader's, filtered to the reader's keys."""
+    newest generation not above the reader's, filtered to the reader's key groups."""
+    from sguard.keygroups import owner_of
+    from sguard.spark.groupstate import add_key_groups, key_group_column
     root = open_root(str(tmp_path))
-    keys = np.arange(40, dtype=np.int64)
-    t = pa.table({"k": keys, "v": keys * 2})
-    from sguard.partitioning import partition_of
+    K = 16
+    keys = np.arange(400, dtype=np.int64)
+    t = add_key_groups(pa.table({"k": keys, "v": keys * 2}), "k", K)
+    kg = key_group_column(t).astype(np.int64)
     for g, P in ((0, 2), (1, 3)):
-        part = np.asarray(partition_of(keys, P))
+        own = owner_of(kg, P, K)
         for p in range(P):
-            inputlog.write_input(root, t.filter(pa.array(part == p)), 7, g, p, P, "k")
-    got = inputlog.read_input(root, 7, 2, 0, 1, "k")
+            inputlog.write_input(root, t.filter(pa.array(own == p)), 7, g, p, P, "k")
+    got = inputlog.read_input(root, 7, 2, 0, 1, "k", key_groups=K)  # generation 2 of 1
     assert sorted(got.column("k").to_pylist()) == keys.tolist()
-    got = inputlog.read_input(root, 7, 2, 1, 2, "k")
-    want = keys[np.asarray(partition_of(keys, 2)) == 1]
-    assert sorted(got.column("k").to_pylist()) == want.tolist()
+    got = inputlog.read_input(root, 7, 2, 1, 2, "k", key_groups=K)  # generation 2 of 2
+    want = keys[owner_of(kg, 2, K) == 1]
+    assert sorted(got.column("k").to_pylist()) == sorted(want.tolist())
+    got = inputlog.read_input(root, 7, 0, 1, 2, "k", key_groups=K)  # its own file
+    assert sorted(got.column("k").to_pylist()) == sorted(want.tolist())

@@ -1,0 +1,144 @@
+"""A query's state driven through the runtime without Spark (`run_partition_batch`), as
+Spark drives it, stopped and repartitioned between batches (`sguard.rescale`)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ioservice import list_checkpoints, open_root, read_manifest
+from sguard import rescale
+from sguard.spark import CheckpointConfig, RunningAggregate, WindowAggregate, WindowJoin
+from sguard.spark.api import schema_to_json
+from sguard.spark.groupstate import split_by_partition
+from sguard.spark.keys import key_spec
+from sguard.spark.operators import SIDE_COLUMN, Operator
+from sguard.spark.placement import root_key
+from sguard.spark.runtime import _RUNTIMES, RuntimeConfig, run_partition_batch
+from sguard.spark.state import read_durable_state
+from sguard.statelayout import OperatorLayout, read_layout, write_layout
+
+OPS: dict[str, Any] = {
+    "running_int": (lambda: RunningAggregate(value="v"), "k", False),
+    "running_str": (lambda: RunningAggregate(value="v"), "s", False),
+    "window": (lambda: WindowAggregate(time="ts", window=50, value="v", lateness=30), "k", False),
+    "join": (lambda: WindowJoin(time="ts", window=15, value="v", lateness=30), "k", True),
+}
+
+
+def make_batches(seed: int, n_batches: int, key: str, join: bool, rows: int = 300,
+                 keys: int = 80) -> list[pa.Table]:
+    """Rows of each batch (not yet routed): event times advance with the batch, some late."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in range(n_batches):
+        k = rng.integers(0, keys, rows, dtype=np.int64)
+        cols: dict[str, Any] = {"s": pa.array([f"user-{x}" for x in k.tolist()])} \
+            if key == "s" else {"k": k}
+        cols["v"] = rng.integers(-50, 50, rows, dtype=np.int64)
+        cols["ts"] = b * 100 + rng.integers(-20, 100, rows, dtype=np.int64)
+        if join:
+            cols[SIDE_COLUMN] = rng.integers(0, 2, rows, dtype=np.int8)
+        out.append(pa.table(cols))
+    return out
+
+
+def rows_of(tables: Sequence[pa.Table]) -> list[tuple[Any, ...]]:
+    """The rows of `tables` as a sorted list of tuples (a multiset)."""
+    rows = [tuple(r.values()) for t in tables for r in t.to_pylist()]
+    return sorted(rows, key=repr)
+
+
+class Query:
+    """One operator's state under ``<d>/state``, its tasks run in this process."""
+
+    def __init__(self, d: Path, op: Operator, key: str, schema: pa.Schema, P: int, K: int,
+                 every: int = 2) -> None:
+        self.d, self.op, self.key, self.schema = d, op, key, schema
+        self.uri = str(d / "state")
+        self.every = every
+        root = open_root(self.uri)
+        write_layout(root, OperatorLayout(
+            operator=op.kind, name="op", schema={"params": op.params()}, num_partitions=P,
+            key=key, key_groups=K,
+            extra={"arrow_schema": schema_to_json(schema),
+                   "keys": key_spec(schema, key).describe()}))
+        self.state_key = root_key(root)
+
+    @property
+    def layout(self) -> OperatorLayout:
+        lay = read_layout(open_root(self.uri))
+        assert lay is not None
+        return lay
+
+    def cfg(self) -> RuntimeConfig:
+        return RuntimeConfig(state_uri=self.uri, state_key=self.state_key, layout=self.layout,
+                             operator=self.op, key=self.key, input_schema=self.schema,
+                             output_schema=self.op.output_schema(self.schema, self.key),
+                             local_dir=str(self.d / "local"), capacity_bytes=1 << 26,
+                             checkpoint=CheckpointConfig(every_n_batches=self.every))
+
+    def batch(self, b: int, table: pa.Table) -> list[tuple[Any, ...]]:
+        """Batch `b` through every partition, as Spark routes it; its output rows."""
+        cfg = self.cfg()
+        lay = cfg.layout
+        parts = split_by_partition(table, self.key, lay.num_partitions, lay.key_groups)
+        return rows_of([run_partition_batch(cfg, p, b, t) for p, t in enumerate(parts)])
+
+    def stop(self) -> None:
+        """The query stops: its in-flight checkpoints land, its partitions are let go."""
+        rt = _RUNTIMES.pop(self.cfg().sid, None)
+        if rt is None:
+            return
+        for part in rt.parts.values():
+            if part.ckpt is not None:
+                part.ckpt.wait()
+            part.slot.release()
+
+    def lag(self, rng: np.random.Generator, p_lose: float = 0.6) -> int:
+        """Lose the newest checkpoint of some partitions (each keeps one at least), so the
+        sources are at different batches; returns how many were lost."""
+        root = open_root(self.uri)
+        lay = self.layout
+        lost = 0
+        for p in range(lay.num_partitions):
+            cks = [c for c in list_checkpoints(root, lay.haunit(p)) if c.has_manifest]
+            if len(cks) >= 2 and rng.random() < p_lose:
+                shutil.rmtree(Path(self.uri) / cks[-1].directory)
+                lost += 1
+        return lost
+
+    def newest_metas(self) -> list[dict[str, Any]]:
+        """The `user_meta` of each partition's newest checkpoint."""
+        root = open_root(self.uri)
+        lay = self.layout
+        out = []
+        for p in range(lay.num_partitions):
+            cks = [c for c in list_checkpoints(root, lay.haunit(p)) if c.has_manifest]
+            out.append(read_manifest(root, cks[-1].name).user_meta)
+        return out
+
+    def durable(self) -> list[tuple[Any, ...]]:
+        """The state rebuilt from the state URI alone (checkpoints plus input log)."""
+        t, _ = read_durable_state(self.uri)
+        return rows_of([t])
+
+    def repartition(self, P: int, **kw: Any) -> rescale.RescaleResult:
+        self.stop()
+        return rescale.repartition(self.uri, P, **kw)
+
+
+def tree_digest(path: str) -> dict[str, str]:
+    """Every file under `path` with a digest of its bytes."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            full = os.path.join(dirpath, f)
+            out[os.path.relpath(full, path)] = hashlib.sha256(Path(full).read_bytes()).hexdigest()
+    return out
