@@ -289,7 +289,9 @@ def compose_target(task: TargetTask) -> dict[str, int]:
     old = replace(new, generation=new.generation - 1, num_partitions=len(task.sources))
     t = task.target
     lo, hi = new.key_group_range(t)
-    parts, kg_batches, read, page_bytes = [], [], 0, None
+    parts: list[tuple[Manifest, list[tuple[int, int]]]] = []
+    kg_batches: list[tuple[int, int, int]] = []
+    read, page_bytes = 0, None
     io = IOService(task.io_workers)
     try:
         for p, name in enumerate(task.sources):
@@ -374,7 +376,8 @@ def sweep_old_generations(root: StorageRoot | str) -> int:
     from ioservice import sweep_unreferenced
     sroot = _open(root)
     layout = _layout(sroot)
-    dead, live = [], []
+    dead: list[str] = []
+    live: list[str] = []
     for hu in list_haunits(sroot):
         parsed = parse_haunit_name(hu)
         if parsed is None or parsed[0] != layout.name:

@@ -89,7 +89,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mmm import HashMap, PageManager, PagedDeque
+from mmm import HashMap, Namespace, PageManager, PagedDeque
 from mmm._kernels import jit
 from sguard.spark import ttl as _ttl
 from sguard.spark.columns import column_numpy
@@ -104,6 +104,9 @@ __all__ = ["Operator", "OperatorState", "RunningAggregate", "WindowAggregate", "
 
 SIDE_COLUMN = "_sguard_side"
 Key = str | Sequence[str]
+Pages = PageManager | Namespace
+"""Where an operator's state lives: a key group's `mmm.Namespace` of the partition's page
+manager (the runtime), or a page manager (tools, tests)."""
 """A key as the user gives it: a column name or a list of names (`sguard.spark.keys`)."""
 
 
@@ -224,7 +227,7 @@ class Operator(abc.ABC):
         """The Arrow schema of the output rows."""
 
     @abc.abstractmethod
-    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
+    def open(self, pm: Pages, schema: pa.Schema, key: Key) -> OperatorState:
         """Create or recover the operator's structures in `pm`."""
 
     def prepare_input(self, df: Any, key: Key) -> Any:
@@ -292,12 +295,12 @@ class RunningAggregate(Operator):
             out.append(pa.field(name, pa.from_numpy_dtype(np.dtype(dt)), nullable=False))
         return pa.schema(out)
 
-    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
+    def open(self, pm: Pages, schema: pa.Schema, key: Key) -> OperatorState:
         return _RunningAggregateState(self, pm, schema, key)
 
 
 class _RunningAggregateState(OperatorState):
-    def __init__(self, op: RunningAggregate, pm: PageManager, schema: pa.Schema, key: Key) -> None:
+    def __init__(self, op: RunningAggregate, pm: Pages, schema: pa.Schema, key: Key) -> None:
         self.keys = KeyIndex.open(pm, schema, key)
         self.value = op.value
         self.out_schema = op.output_schema(schema, key)
@@ -375,7 +378,7 @@ class _EventTimeState(OperatorState):
     column's units, the keys, and the watermark map ``meta`` (largest time seen, rows
     seen, late rows dropped)."""
 
-    def __init__(self, op: _EventTimeOperator, pm: PageManager, schema: pa.Schema,
+    def __init__(self, op: _EventTimeOperator, pm: Pages, schema: pa.Schema,
                  key: Key) -> None:
         self.pm, self.time, self.value = pm, op.time, op.value
         per_s = _time_unit(schema, op.time)[1]
@@ -442,12 +445,12 @@ class WindowAggregate(_EventTimeOperator):
                           pa.field(f"min_{self.value}", vt, nullable=False),
                           pa.field(f"max_{self.value}", vt, nullable=False)])
 
-    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
+    def open(self, pm: Pages, schema: pa.Schema, key: Key) -> OperatorState:
         return _WindowAggregateState(self, pm, schema, key)
 
 
 class _WindowAggregateState(_EventTimeState):
-    def __init__(self, op: WindowAggregate, pm: PageManager, schema: pa.Schema, key: Key) -> None:
+    def __init__(self, op: WindowAggregate, pm: Pages, schema: pa.Schema, key: Key) -> None:
         super().__init__(op, pm, schema, key)
         self.kdt = self.keys.dtype
         self.fields = [("count", "<i8"), ("sum", self.vk), ("min", self.vk), ("max", self.vk)]
@@ -628,12 +631,12 @@ class WindowJoin(_EventTimeOperator):
                           pa.field(f"right_{self.time}", tt, nullable=False),
                           pa.field(f"right_{self.value}", vt, nullable=False)])
 
-    def open(self, pm: PageManager, schema: pa.Schema, key: Key) -> OperatorState:
+    def open(self, pm: Pages, schema: pa.Schema, key: Key) -> OperatorState:
         return _WindowJoinState(self, pm, schema, key)
 
 
 class _WindowJoinState(_EventTimeState):
-    def __init__(self, op: WindowJoin, pm: PageManager, schema: pa.Schema, key: Key) -> None:
+    def __init__(self, op: WindowJoin, pm: Pages, schema: pa.Schema, key: Key) -> None:
         super().__init__(op, pm, schema, key)
         kdt = self.keys.dtype
         self.rec = np.dtype([("k", kdt), ("t", "<i8"), ("v", self.vk)])

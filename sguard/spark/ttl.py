@@ -59,7 +59,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mmm import HashMap, PageManager
+from mmm import HashMap, Namespace, PageManager
 from sguard.spark.errors import BatchTimeMissingError, SchemaChangedError
 from sguard.spark.columns import column_numpy, duration_units, time_unit
 
@@ -180,7 +180,7 @@ class KeyExpiry:
     maps; `touch` stamps the keys the batch updated.
     """
 
-    def __init__(self, pm: PageManager, key_dtype: Any, ttl: TTL, schema: pa.Schema) -> None:
+    def __init__(self, pm: PageManager | Namespace, key_dtype: Any, ttl: TTL, schema: pa.Schema) -> None:
         self.pm, self.kdt, self.ttl = pm, np.dtype(key_dtype), ttl
         self.span = ttl.units(schema)
         self.width = max(1, self.span // _BUCKETS_PER_TTL)
