@@ -93,8 +93,22 @@ def _partitions(root: Any) -> int | None:
     return None if lay is None else lay.num_partitions
 
 
-def _cmd_repartition(args: argparse.Namespace) -> int:
+def _existing_root(args: argparse.Namespace, prog: str) -> Any:
+    """The state URI's root, or None after one line on stderr (unreachable, or no such
+    directory: nothing is created)."""
     from ioservice import open_root
+    try:
+        root = open_root(args.uri, create=False, s3_endpoint=args.s3_endpoint)
+        if root.exists(""):
+            return root
+        msg = f"state URI {args.uri}: does not exist"
+    except IOServiceError as exc:
+        msg = str(exc)
+    print(f"{prog}: {msg}", file=sys.stderr)
+    return None
+
+
+def _cmd_repartition(args: argparse.Namespace) -> int:
     from sguard.rescale import RescaleError, repartition
     from sguard.spark.rescaling import RepartitionJobError
 
@@ -102,12 +116,8 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
         print(f"sguard state repartition: --partitions must be >= 1, got {args.partitions}",
               file=sys.stderr)
         return 2
-    try:
-        root = open_root(args.uri, create=False, s3_endpoint=args.s3_endpoint)
-        if not root.exists(""):
-            raise RescaleError(f"state URI {args.uri}: does not exist")
-    except (IOServiceError, RescaleError) as exc:
-        print(f"sguard state repartition: {exc}", file=sys.stderr)
+    root = _existing_root(args, "sguard state repartition")
+    if root is None:
         return 2
     try:
         from sguard.rescale import check
@@ -151,16 +161,11 @@ def _validate_convert(args: argparse.Namespace) -> None:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from ioservice import open_root
     from sguard.convert import ConvertError, convert
 
     prog = "sguard state convert"
-    try:
-        root = open_root(args.uri, create=False, s3_endpoint=args.s3_endpoint)
-        if not root.exists(""):
-            raise ConvertError(f"state URI {args.uri}: does not exist")
-    except (IOServiceError, ConvertError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    root = _existing_root(args, prog)
+    if root is None:
         return 2
     try:
         res = convert(root, args.key_groups)

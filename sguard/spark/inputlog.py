@@ -44,6 +44,7 @@ trimmed past their batch.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -133,16 +134,23 @@ def _best(files: list[LogFile], fence: FenceView | None) -> LogFile | None:
     return max(ok, key=lambda f: f.epoch) if ok else None
 
 
-def own_files(root: StorageRoot, generation: int, partition: int) -> dict[int, list[LogFile]]:
-    """The partition's own log files by batch (one recursive listing)."""
-    out: dict[int, list[LogFile]] = {}
+def _all_files(root: StorageRoot) -> Iterator[LogFile]:
+    """Every log file under the state URI (one recursive listing)."""
     for e in root.list_dir(INPUTLOG_DIR, recursive=True, allow_not_found=True):
         parts = e.relpath.split("/")
         if e.is_dir or len(parts) != 3 or not parts[1].startswith("b") \
                 or not parts[1][1:].isdigit():
             continue
         f = _parse(int(parts[1][1:]), parts[2], e.relpath)
-        if f is not None and (f.generation, f.partition) == (generation, partition):
+        if f is not None:
+            yield f
+
+
+def own_files(root: StorageRoot, generation: int, partition: int) -> dict[int, list[LogFile]]:
+    """The partition's own log files by batch (one recursive listing)."""
+    out: dict[int, list[LogFile]] = {}
+    for f in _all_files(root):
+        if (f.generation, f.partition) == (generation, partition):
             out.setdefault(f.batch, []).append(f)
     return out
 
@@ -150,16 +158,7 @@ def own_files(root: StorageRoot, generation: int, partition: int) -> dict[int, l
 def newest_older_generation_batch(root: StorageRoot, generation: int) -> int:
     """The newest batch logged by a generation below `generation` (-1 for none): after a
     repartition, the new partitions' key groups read those files (`read_input`)."""
-    best = -1
-    for e in root.list_dir(INPUTLOG_DIR, recursive=True, allow_not_found=True):
-        parts = e.relpath.split("/")
-        if e.is_dir or len(parts) != 3 or not parts[1].startswith("b") \
-                or not parts[1][1:].isdigit():
-            continue
-        f = _parse(int(parts[1][1:]), parts[2], e.relpath)
-        if f is not None and f.generation < generation:
-            best = max(best, f.batch)
-    return best
+    return max((f.batch for f in _all_files(root) if f.generation < generation), default=-1)
 
 
 def valid_batches(root: StorageRoot, generation: int, partition: int,
