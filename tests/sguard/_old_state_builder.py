@@ -1,4 +1,4 @@
-"""Run with the PREVIOUS sguard (main's tree, layout_version 1) on PYTHONPATH: build the
+"""Run with the PREVIOUS sguard (test_convert.V1_COMMIT, layout_version 1) on PYTHONPATH: build the
 version-1 state of each scenario the way its runtime did (rows split by Spark's
 ``pmod(murmur3(key), P)``), checkpointing every few batches (partition 0 also after
 its last batch, so the partitions end at different batches), and write each batch's

@@ -1,5 +1,5 @@
-"""``sguard state convert``: a state written by the PREVIOUS sguard (layout_version 1, main's
-tree run in a subprocess) converted into the key-group layout, then continued by this
+"""``sguard state convert``: a state written by the PREVIOUS sguard (layout_version 1, the tree
+of `V1_COMMIT` run in a subprocess) converted into the key-group layout, then continued by this
 sguard's runtime, against a run of this sguard from scratch that never converted.
 
 The old runs checkpoint every 3 batches and log their input past the last checkpoint;
@@ -61,17 +61,21 @@ def _data(kind: str, seed: int) -> list[pa.Table]:
     return out
 
 
+V1_COMMIT = "668ca26c75ee67dbe871c528b58d38368d368cb4"
+"""The last commit that wrote layout_version 1 (the sguard before key groups)."""
+
+
 def _python() -> str:
     return sys.executable
 
 
 @pytest.fixture(scope="session")
 def old_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The version-1 states, built once by main's sguard in a subprocess."""
+    """The version-1 states, built once by the sguard of `V1_COMMIT` in a subprocess."""
     base = tmp_path_factory.mktemp("convert-old")
     src = base / "oldsrc"
     src.mkdir()
-    arch = subprocess.run(["git", "-C", str(REPO), "archive", "main", "sguard", "mmm",
+    arch = subprocess.run(["git", "-C", str(REPO), "archive", V1_COMMIT, "sguard", "mmm",
                            "ioservice", "peace"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(src)], input=arch.stdout, check=True)
     specs = []
