@@ -38,7 +38,9 @@ from sguard.spark.state import read_local_state
 from sguard.statelayout import (CONVERT_COMMAND, LAYOUT_FILE, LayoutError, OperatorLayout,
                                 read_layout, write_layout)
 
-REPO = Path(__file__).resolve().parents[2]
+# the source checkout (its git history holds V1_COMMIT): $SGUARD_REPO when the suite runs on a
+# copy of tests/ against the installed wheel (scripts/test.sh), else this file's checkout
+REPO = Path(os.environ.get("SGUARD_REPO") or Path(__file__).resolve().parents[2])
 P = 2
 OLD_BATCHES = 8   # run by the previous sguard
 BATCHES = 12      # in all
