@@ -132,6 +132,13 @@ class CheckpointPolicy:
         on a loaded 2-core machine the copier thread's share of the GIL made
         the freeze pause about 10x longer and the batches during a checkpoint
         slower (`bench.chkpt_latency --precopy`).
+    stage_mb : float
+        Right after the freeze, a background thread copies up to this many MB
+        of the pages the checkpoint writes out of the pool into a buffer and
+        unpins their frames (`mmm.Snapshot.stage_planned`), so the operator
+        writes them in place instead of cloning them; the I/O threads write
+        from that buffer. 0 turns it off. Extra memory: at most this much per
+        checkpoint in flight, until it is written.
     """
 
     interval_s: float | None = None
@@ -140,8 +147,11 @@ class CheckpointPolicy:
     full_every: int = 8
     keep: int | None = 3
     precopy: bool = False
+    stage_mb: float = 256.0
 
     def __post_init__(self) -> None:
+        if not self.stage_mb >= 0:
+            raise ValueError(f"stage_mb must be >= 0, got {self.stage_mb}")
         if self.interval_s is not None and self.interval_s < 0:
             raise ValueError(f"interval_s must be >= 0, got {self.interval_s}")
         if self.every_n_tuples is not None and self.every_n_tuples < 1:
@@ -338,6 +348,7 @@ class CheckpointManager:
         self._clock = clock
         self._lock = threading.Lock()
         self._pending: PendingCheckpoint | None = None
+        self._stager: cf.ThreadPoolExecutor | None = None  # made on first use
         self._base: Manifest | None = None
         self._base_partial = False  # the base is a selection (partial restore): never skip
         self._manifests: dict[str, Manifest] = {}
@@ -460,8 +471,22 @@ class CheckpointManager:
             return
         self.wait(timeout_s)
         self._closed = True
+        if self._stager is not None:
+            self._stager.shutdown(wait=True)
         if self._own_io:
             self.io.shutdown()
+
+    def _stage(self, snap: Any, write_idx: npt.NDArray[np.int64]) -> None:
+        """Plan the staging of the first `CheckpointPolicy.stage_mb` of the pages to write
+        and start the copier (`mmm.Snapshot.stage_planned`) before any writer reads them."""
+        if not self.policy.stage_mb or not len(write_idx) or not hasattr(snap, "plan_staging"):
+            return
+        n = int(self.policy.stage_mb * (1 << 20)) // snap.page_bytes
+        if not snap.plan_staging(write_idx[:n]):
+            return
+        if self._stager is None:
+            self._stager = cf.ThreadPoolExecutor(1, thread_name_prefix=f"sguard-stage-{self.haunit}")
+        self._stager.submit(snap.stage_planned)
 
     # ----------------------------------------------------------------- recovery
     def restore(self, *, before_seq: int | None = None,
@@ -765,6 +790,7 @@ class CheckpointManager:
                                         time.perf_counter() - t0)
             pending.scheduled = self.scheduler is not None
             self._pending = pending
+        self._stage(snap, write_idx)
         directory = checkpoint_dir(name)
         tag = uuid.uuid4().hex[:12] if self.exclusive else None
         fut = self.io.write_snapshot(self.root, directory, snap, write_idx, name=name,  # step 3

@@ -711,6 +711,10 @@ class PageManager:
         if snap._pm is not self:
             raise SnapshotStateError(f"snapshot {snap.snapshot_id} belongs to another manager")
         snap._require_active("roll back")
+        if snap.n_staged:
+            raise SnapshotStateError(
+                f"snapshot {snap.snapshot_id}: {snap.n_staged} page(s) were already staged "
+                f"and released; only an unstaged snapshot is a rollback point")
         if snap._n_persisted:
             raise SnapshotStateError(
                 f"snapshot {snap.snapshot_id}: {snap._n_persisted} page(s) were already "

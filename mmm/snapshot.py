@@ -7,6 +7,16 @@ the write barrier (`PageManager.writable`) clones it first. I/O threads read
 the pinned frames and call `Snapshot.mark_persisted`, which unpins them:
 unchanged pages become writable in place again, replaced ones are freed.
 
+Staging (copy-out) takes the operator thread off the copy path: right after
+the freeze, `plan_staging` names the pages a checkpoint will write, and a
+background thread (`stage_planned`) copies them, chunk by chunk and without the
+GIL, into a buffer the snapshot owns, then unpins their frames at once. The
+operator then writes those pages in place: it clones only the pages it meets
+before the copier got to them. Readers (`page`, `pages_view`, `copy_pages`)
+read a staged page from the buffer, and wait for a planned page until it is
+staged; so no reader ever holds a frame the copier may unpin. A staged page is
+no longer a rollback point.
+
 Lifecycle (`SnapshotState`): ACTIVE -> COMPLETED (`complete`: the checkpoint
 is durable, e.g. its manifest is written; pages not yet marked persisted, such
 as unchanged pages an incremental checkpoint references, are unpinned), CANCELLED (`cancel`: a failed checkpoint), RELEASED
@@ -23,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from mmm._kernels.pages import gather_frames
 from mmm.errors import SnapshotStateError
 from mmm.pool import PagePool
 
@@ -79,6 +90,14 @@ class Snapshot:
         self._persisted = np.zeros(len(page_ids), dtype=bool)
         self._n_persisted = 0
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # staging: the buffer row of each staged page (-1: read its frame), the pages a
+        # stager will copy (readers wait for them), the plan in order, rows handed out
+        self._row = np.full(len(page_ids), -1, dtype=np.int64)
+        self._planned = np.zeros(len(page_ids), dtype=bool)
+        self._plan = np.zeros(0, dtype=np.int64)
+        self._staged: npt.NDArray[np.uint8] | None = None
+        self._n_staged = 0
         self.state = SnapshotState.ACTIVE
 
     # -- introspection --------------------------------------------------------------
@@ -101,9 +120,15 @@ class Snapshot:
         with self._lock:
             return self._persisted.copy()
 
+    @property
+    def n_staged(self) -> int:
+        """Pages copied out by `stage_planned` (their frames unpinned)."""
+        return self._n_staged
+
     def __repr__(self) -> str:
         return (f"<Snapshot {self.snapshot_id} {self.state.name} pages={len(self)} "
-                f"changed={self.n_changed} persisted={self._n_persisted}>")
+                f"changed={self.n_changed} persisted={self._n_persisted} "
+                f"staged={self._n_staged}>")
 
     def _require_active(self, what: str) -> None:
         if self.state is not SnapshotState.ACTIVE:
@@ -121,11 +146,15 @@ class Snapshot:
             (its frame may have been reused).
         """
         self._require_active(f"read page {i}")
+        self._wait_staged(np.array([i], dtype=np.int64))
         if self._persisted[i]:
             raise SnapshotStateError(
                 f"snapshot {self.snapshot_id}: page {int(self.page_ids[i]):#x} was already "
                 f"persisted and released")
-        view: npt.NDArray[np.uint8] = self._pm.pool.frames[self._frames[i]].view()
+        row = int(self._row[i])
+        src = self._staged[row] if row >= 0 and self._staged is not None \
+            else self._pm.pool.frames[self._frames[i]]
+        view: npt.NDArray[np.uint8] = src.view()
         view.flags.writeable = False
         return view
 
@@ -146,16 +175,19 @@ class Snapshot:
         idx = np.asarray(indices, dtype=np.int64)
         if not len(idx):
             return None
-        if self._persisted[idx].any():
-            bad = idx[self._persisted[idx]][0]
-            raise SnapshotStateError(
-                f"snapshot {self.snapshot_id}: page {int(self.page_ids[bad]):#x} was already "
-                f"persisted and released")
-        fr = self._frames[idx]
+        self._wait_staged(idx)
+        self._check_unpersisted(idx)
+        rows = self._row[idx]
+        if rows[0] >= 0 and self._staged is not None:  # staged: consecutive rows?
+            src, fr = self._staged, rows
+        else:
+            src, fr = self._pm.pool.frames, self._frames[idx]
+            if (rows >= 0).any():
+                return None
         f0 = int(fr[0])
         if int(fr[-1]) - f0 != len(fr) - 1 or (len(fr) > 2 and not np.all(np.diff(fr) == 1)):
             return None
-        view: npt.NDArray[np.uint8] = self._pm.pool.frames[f0:f0 + len(fr)].view()
+        view: npt.NDArray[np.uint8] = src[f0:f0 + len(fr)].view()
         view.flags.writeable = False
         return view
 
@@ -173,15 +205,99 @@ class Snapshot:
         """
         self._require_active("copy pages")
         idx = np.asarray(indices, dtype=np.int64)
+        self._wait_staged(idx)
+        self._check_unpersisted(idx)
+        if out is None:
+            out = np.empty((len(idx), self.page_bytes), dtype=np.uint8)
+        rows = self._row[idx]
+        staged = rows >= 0
+        if not staged.any():
+            np.take(self._pm.pool.frames, self._frames[idx], axis=0, out=out[:len(idx)])
+        else:
+            assert self._staged is not None
+            out[:len(idx)][staged] = self._staged[rows[staged]]
+            out[:len(idx)][~staged] = self._pm.pool.frames[self._frames[idx[~staged]]]
+        return out
+
+    def _check_unpersisted(self, idx: npt.NDArray[np.int64]) -> None:
         if self._persisted[idx].any():
             bad = idx[self._persisted[idx]][0]
             raise SnapshotStateError(
                 f"snapshot {self.snapshot_id}: page {int(self.page_ids[bad]):#x} was already "
                 f"persisted and released")
-        if out is None:
-            out = np.empty((len(idx), self.page_bytes), dtype=np.uint8)
-        np.take(self._pm.pool.frames, self._frames[idx], axis=0, out=out[:len(idx)])
-        return out
+
+    # -- staging (copy-out; see the module docstring) -------------------------------------
+    def plan_staging(self, indices: npt.ArrayLike) -> int:
+        """Announce that `stage_planned` will copy pages ``indices`` out (in this order).
+
+        Call it before any reader can read those pages (e.g. before handing the
+        snapshot to I/O threads), then run `stage_planned` (in a background
+        thread): from now on a reader of a planned page waits until it is staged
+        (or the stager gave up on it). Pages already persisted, staged or planned
+        are left out. Returns the number of pages planned. Pages copied: 0.
+
+        Raises
+        ------
+        SnapshotStateError
+            If the snapshot is not ACTIVE.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        with self._lock:
+            self._require_active("plan staging")
+            fresh = ~self._persisted[idx] & (self._row[idx] < 0) & ~self._planned[idx]
+            idx = idx[fresh]
+            _, first = np.unique(idx, return_index=True)
+            idx = idx[np.sort(first)]
+            self._planned[idx] = True
+            self._plan = np.concatenate([self._plan, idx])
+            return len(idx)
+
+    def stage_planned(self, chunk_bytes: int = 1 << 20) -> int:
+        """Copy the planned pages into the snapshot's buffer and unpin their frames.
+
+        Any thread (one at a time); the copy of each chunk of ``chunk_bytes``
+        holds no GIL, and the chunk's frames are unpinned (the operator may
+        write them in place again) as soon as it is copied. Stops early, leaving
+        the rest to be read from their (still pinned) frames, when the snapshot
+        leaves the ACTIVE state or on any error. Returns the pages staged.
+        Extra memory: the staged pages' bytes, until the snapshot is finished.
+        """
+        with self._lock:
+            plan, self._plan = self._plan, np.zeros(0, dtype=np.int64)
+            if self._staged is None and len(plan):
+                # one row per page of the snapshot at most: untouched rows cost no memory
+                self._staged = np.empty((len(self.page_ids), self.page_bytes), dtype=np.uint8)
+            buf = self._staged
+            start = self._n_staged
+        per = max(1, chunk_bytes // self.page_bytes)
+        done = 0
+        try:
+            for s in range(0, len(plan), per):
+                part = plan[s:s + per]
+                rows = np.arange(start + done, start + done + len(part), dtype=np.int64)
+                gather_frames(self._pm.pool.frames, self._frames[part], buf, rows)
+                with self._cond:
+                    if self.state is not SnapshotState.ACTIVE:
+                        break
+                    self._row[part] = rows
+                    self._planned[part] = False
+                    self._n_staged += len(part)
+                    self._pm.pool.unpin(self._frames[part])
+                    self._cond.notify_all()
+                done += len(part)
+        finally:
+            with self._cond:  # whatever was not staged is read from its frame
+                self._planned[plan] = False
+                self._cond.notify_all()
+        return done
+
+    def _wait_staged(self, idx: npt.NDArray[np.int64]) -> None:
+        if not self._planned[idx].any():
+            return
+        with self._cond:
+            while self.state is SnapshotState.ACTIVE and self._planned[idx].any():
+                self._cond.wait()
+            self._require_active("read pages")
 
     # -- lifecycle ----------------------------------------------------------------------
     def mark_persisted(self, indices: npt.ArrayLike) -> None:
@@ -198,7 +314,7 @@ class Snapshot:
             idx = idx[~self._persisted[idx]]
             self._persisted[idx] = True
             self._n_persisted += len(idx)
-            self._pm.pool.unpin(self._frames[idx])
+            self._pm.pool.unpin(self._frames[idx[self._row[idx] < 0]])  # staged: unpinned
 
     def complete(self) -> None:
         """Declare the snapshot durable (e.g. an incremental checkpoint that
@@ -228,8 +344,10 @@ class Snapshot:
         rest = np.flatnonzero(~self._persisted)
         self._persisted[rest] = True
         self._n_persisted = len(self.page_ids)
-        self._pm.pool.unpin(self._frames[rest])
+        self._pm.pool.unpin(self._frames[rest[self._row[rest] < 0]])
 
     def _finish(self, state: Any) -> None:
         self.state = state
+        self._staged = None  # a reader still writing from it keeps its own reference
+        self._cond.notify_all()
         self._pm._snapshot_done(self)

@@ -22,7 +22,7 @@ import numpy as np
 from mmm._kernels import jit
 
 __all__ = ["group_pages", "chain_order", "copy_rows_out", "copy_rows_in", "copy_frames",
-           "precopy_frames"]
+           "precopy_frames", "gather_frames"]
 
 _NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -155,6 +155,14 @@ def copy_frames(frames: Any, src: Any, dst: Any) -> None:
     background precopy of `mmm.precopy` and bulk copy-on-write)."""
     for j in range(src.shape[0]):
         frames[dst[j], :] = frames[src[j], :]
+
+
+@jit
+def gather_frames(frames: Any, src: Any, out: Any, rows: Any) -> None:
+    """Copy whole frames out of the pool: ``out[rows[j]] = frames[src[j]]`` (no GIL
+    held: the staging copy of `mmm.Snapshot.stage`)."""
+    for j in range(src.shape[0]):
+        out[rows[j], :] = frames[src[j], :]
 
 
 @jit

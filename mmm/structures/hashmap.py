@@ -747,8 +747,10 @@ class HashMap(Structure):
         pm = self._pm
         n = len(kw)
         i = 0
+        bulk = False
         if pm._precopy:  # a checkpoint's pages are being un-shared in the background
             self._unshare_touched(kw)
+            bulk = True
         while True:
             state[0] = self._len
             code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
@@ -761,9 +763,13 @@ class HashMap(Structure):
             if code == K.DONE:
                 return
             if code == K.NEED_CLONE:
-                if pm._precopy:
-                    pm.adopt_precopied(self.psid)
-                pm.writable1(self.psid, int(state[2]))
+                if not bulk:  # the first pinned page: un-share the rest of the batch's
+                    bulk = True  # chains in one copy instead of one kernel exit per page
+                    self._unshare_touched(kw[i:])
+                else:
+                    if pm._precopy:
+                        pm.adopt_precopied(self.psid)
+                    pm.writable1(self.psid, int(state[2]))
             elif code == K.NEED_PAGE:
                 self._add_overflow(int(state[2]))
             else:  # split ahead for the new keys the rest of the batch may bring (at the
@@ -782,7 +788,8 @@ class HashMap(Structure):
         in one bulk copy (one barrier call instead of a kernel exit per page).
         Pages copied: at most the pages of the touched chains still pinned."""
         pm = self._pm
-        pm.adopt_precopied(self.psid)
+        if pm._precopy:
+            pm.adopt_precopied(self.psid)
         if not len(kw):
             return
         hit = np.zeros(self._n_buckets, dtype=bool)
