@@ -14,7 +14,10 @@ temporary directory; every variant fsyncs what it writes). Variants:
   (the `Aggregate` operator, batch API) or in a Python dict of
   ``[count, first, last]`` lists updated tuple by tuple (the idiomatic operator);
 * ``mmm``: `ioservice.CheckpointManager` (prepare = freeze pages, then the I/O
-  threads write them while the operator runs; copy-on-write of touched pages;
+  threads write them while the operator runs; a background thread first copies
+  the pages to write out of the pool and releases them, ``--stage-mb``,
+  `CheckpointPolicy.stage_mb`, so the operator writes them in place; it clones
+  only the pinned pages it touches before they were staged;
   with ``--precopy`` a background copier un-shares the frozen pages right after
   the freeze, `mmm.precopy`, and the operator clones only the pages it touches
   before the copier got to them);
@@ -125,7 +128,8 @@ class Runner:
     """One variant with P partitions: process a batch; start a partition's checkpoint."""
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
-                 workdir: str, n_workers: int, precopy: bool = False) -> None:
+                 workdir: str, n_workers: int, precopy: bool = False,
+                 stage_mb: float = CheckpointPolicy.stage_mb) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
         self.workdir = workdir
@@ -136,7 +140,8 @@ class Runner:
         if variant == "mmm":
             root = os.path.join(workdir, "mmm")
             self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
-                                           policy=CheckpointPolicy(keep=2, precopy=precopy),
+                                           policy=CheckpointPolicy(keep=2, precopy=precopy,
+                                                                   stage_mb=stage_mb),
                                            n_workers=n_workers)
                          for p, op in enumerate(ops)]
         if variant == "async pickle":
@@ -231,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--precopy", action="store_true",
                     help="mmm with the background copier (`CheckpointPolicy.precopy`, off "
                          "by default): frozen pages un-shared right after the freeze")
+    ap.add_argument("--stage-mb", type=float, default=CheckpointPolicy.stage_mb,
+                    help="mmm: MB of each checkpoint's pages a background thread copies out "
+                         "right after the freeze (`CheckpointPolicy.stage_mb`; 0: off, the "
+                         "operator clones every pinned page it writes)")
     ap.add_argument("--priority", choices=("rt", "normal"), default="normal",
                     help="scheduling of the timed runs: rt = SCHED_FIFO for this process's "
                          "threads (children reset to normal) when permitted; opt-in")
@@ -284,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         _print_run(r, v, rounds[v][-1], out)
                         continue
                     runner = Runner(v, ops, dicts, workdir, args.workers,
-                                    precopy=args.precopy)
+                                    precopy=args.precopy, stage_mb=args.stage_mb)
                     st0 = [op.pm.stats() for op in ops]
                     try:
                         out = run(runner, cols if runner.uses_mmm else recs, period, interval,
@@ -384,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
               "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
               "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
-              "mmm_precopy": args.precopy,
+              "mmm_precopy": args.precopy, "mmm_stage_mb": args.stage_mb,
               "partitions": args.partitions, "rounds": n_rounds,
               "ratios": "median over rounds of the ratio within each round",
               "storage": "file:// (temporary dir, fsync)",

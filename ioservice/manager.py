@@ -366,7 +366,8 @@ class CheckpointManager:
         self._next_seq = self._seq_after(list_checkpoints(self.root, self.haunit))
         self._last_start = clock()
         self._tuples = 0
-        self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0}
+        self.counters = {"committed": 0, "failed": 0, "skipped": 0, "retention_deleted": 0,
+                         "pages_staged": 0}
         #: committed checkpoints written through the scheduler, and those that fell back
         self.schedule_counters = {"scheduled": 0, "unscheduled_fallbacks": 0}
         self._closed = False
@@ -486,7 +487,12 @@ class CheckpointManager:
             return
         if self._stager is None:
             self._stager = cf.ThreadPoolExecutor(1, thread_name_prefix=f"sguard-stage-{self.haunit}")
-        self._stager.submit(snap.stage_planned)
+        self._stager.submit(snap.stage_planned).add_done_callback(self._staged)
+
+    def _staged(self, fut: cf.Future[int]) -> None:
+        exc = fut.exception()
+        if exc is not None:  # the pages it did not copy are written from their frames
+            logger.warning("HA unit %s: staging stopped early: %s", self.haunit, exc)
 
     # ----------------------------------------------------------------- recovery
     def restore(self, *, before_seq: int | None = None,
@@ -824,6 +830,7 @@ class CheckpointManager:
             except IOServiceError as exc:
                 raise CheckpointWriteError(f"checkpoint {pending.name}: writing its manifest "
                                            f"failed: {exc}") from exc
+            staged = snap.n_staged  # final: every page written was staged or read pinned
             snap.complete()
         except BaseException as exc:  # noqa: BLE001 - reported through the future
             self._cancel(pending, snap, exc)
@@ -832,6 +839,7 @@ class CheckpointManager:
         self._base_partial = False
         self._manifests[man.name] = man
         self.counters["committed"] += 1
+        self.counters["pages_staged"] += staged
         logger.info("checkpoint %s committed: %d pages, %d written (%d B) to %s", man.name,
                     man.n_pages, pending.n_pages_written, man.written_bytes, self.root.uri)
         if self.on_record is not None:

@@ -41,6 +41,9 @@ __all__ = ["Snapshot", "SnapshotState", "SnapshotOwner"]
 
 SnapshotState = enum.Enum("SnapshotState", "ACTIVE COMPLETED CANCELLED RELEASED")
 
+STAGE_CHUNK_BYTES = 1 << 20
+"""Bytes `Snapshot.stage_planned` copies per kernel call (between two unpinnings)."""
+
 
 class SnapshotOwner(Protocol):
     """What a snapshot needs from the page manager that took it (`mmm.PageManager`).
@@ -252,11 +255,11 @@ class Snapshot:
             self._plan = np.concatenate([self._plan, idx])
             return len(idx)
 
-    def stage_planned(self, chunk_bytes: int = 1 << 20) -> int:
+    def stage_planned(self, chunk_bytes: int | None = None) -> int:
         """Copy the planned pages into the snapshot's buffer and unpin their frames.
 
         Any thread (one at a time); the copy of each chunk of ``chunk_bytes``
-        holds no GIL, and the chunk's frames are unpinned (the operator may
+        (default `STAGE_CHUNK_BYTES`) holds no GIL, and the chunk's frames are unpinned (the operator may
         write them in place again) as soon as it is copied. Stops early, leaving
         the rest to be read from their (still pinned) frames, when the snapshot
         leaves the ACTIVE state or on any error. Returns the pages staged.
@@ -269,7 +272,7 @@ class Snapshot:
                 self._staged = np.empty((len(self.page_ids), self.page_bytes), dtype=np.uint8)
             buf = self._staged
             start = self._n_staged
-        per = max(1, chunk_bytes // self.page_bytes)
+        per = max(1, (chunk_bytes or STAGE_CHUNK_BYTES) // self.page_bytes)
         done = 0
         try:
             for s in range(0, len(plan), per):

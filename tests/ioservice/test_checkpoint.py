@@ -182,8 +182,10 @@ def test_policies_interval_and_tuple_count(tmp_path: Path) -> None:
         assert mgr.maybe_checkpoint(0) is None  # interval restarted
         now[0] = 200.0
         assert mgr.maybe_checkpoint(0) is None  # due, but nothing changed: skipped
+        staged = mgr.counters.pop("pages_staged")
         assert mgr.counters == {"committed": 3, "failed": 0, "skipped": 1,
                                 "retention_deleted": 0}
+        assert staged > 0  # the checkpoints' pages were staged (on by default)
 
 
 def test_at_most_one_checkpoint_in_flight(tmp_path: Path) -> None:
