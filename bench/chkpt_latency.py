@@ -17,10 +17,7 @@ temporary directory; every variant fsyncs what it writes). Variants:
   threads write them while the operator runs; a background thread first copies
   the pages to write out of the pool and releases them, ``--stage-mb``,
   `CheckpointPolicy.stage_mb`, so the operator writes them in place; it clones
-  only the pinned pages it touches before they were staged;
-  with ``--precopy`` a background copier un-shares the frozen pages right after
-  the freeze, `mmm.precopy`, and the operator clones only the pages it touches
-  before the copier got to them);
+  only the pinned pages it touches before they were staged);
 * ``sync pickle``: ``pickle.dumps`` of the dict, write and fsync the file, all
   in the operator thread;
 * ``async pickle``: ``pickle.dumps`` in the operator thread; write and fsync in
@@ -128,7 +125,7 @@ class Runner:
     """One variant with P partitions: process a batch; start a partition's checkpoint."""
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
-                 workdir: str, n_workers: int, precopy: bool = False,
+                 workdir: str, n_workers: int,
                  stage_mb: float = CheckpointPolicy.stage_mb) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
@@ -140,8 +137,7 @@ class Runner:
         if variant == "mmm":
             root = os.path.join(workdir, "mmm")
             self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
-                                           policy=CheckpointPolicy(keep=2, precopy=precopy,
-                                                                   stage_mb=stage_mb),
+                                           policy=CheckpointPolicy(keep=2, stage_mb=stage_mb),
                                            n_workers=n_workers)
                          for p, op in enumerate(ops)]
         if variant == "async pickle":
@@ -209,8 +205,8 @@ def _print_run(r: int, v: str, s: dict[str, Any], out: dict[str, Any]) -> None:
           f"{s['gc_ms']:5.1f} ms  ({len(out['events'])} chkpts, max pause "
           f"{s['max_pause_ms']:.1f} ms)", flush=True)
     if v == "mmm":
-        print(f"      pages cloned by the operator {s.get('pages_cloned')}, copied ahead "
-              f"{s.get('pages_precopied')}; slowest batches (latency/service/cpu/queued ms, "
+        print(f"      pages cloned by the operator {s.get('pages_cloned')}, staged "
+              f"{s.get('pages_staged')}; slowest batches (latency/service/cpu/queued ms, "
               f"batches after a checkpoint start): " + ", ".join(
                   f"{b['latency_ms']:.1f}/{b['service_ms']:.1f}/{b['cpu_ms']:.1f}/"
                   f"{b['queued_ms']:.1f} @{b['batches_after_checkpoint']}"
@@ -233,9 +229,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--precopy", action="store_true",
-                    help="mmm with the background copier (`CheckpointPolicy.precopy`, off "
-                         "by default): frozen pages un-shared right after the freeze")
     ap.add_argument("--stage-mb", type=float, default=CheckpointPolicy.stage_mb,
                     help="mmm: MB of each checkpoint's pages a background thread copies out "
                          "right after the freeze (`CheckpointPolicy.stage_mb`; 0: off, the "
@@ -293,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         _print_run(r, v, rounds[v][-1], out)
                         continue
                     runner = Runner(v, ops, dicts, workdir, args.workers,
-                                    precopy=args.precopy, stage_mb=args.stage_mb)
+                                    stage_mb=args.stage_mb)
                     st0 = [op.pm.stats() for op in ops]
                     try:
                         out = run(runner, cols if runner.uses_mmm else recs, period, interval,
@@ -301,10 +294,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     finally:
                         runner.close()
                     s = _record(out)
-                    if runner.mgrs:  # this run's: cloned by the operator, copied ahead
+                    if runner.mgrs:  # this run's: cloned by the operator, staged
                         st = [op.pm.stats() for op in ops]
-                        for key in ("pages_cloned", "pages_precopied"):
-                            s[key] = int(sum(x[key] - y[key] for x, y in zip(st, st0)))
+                        s["pages_cloned"] = int(sum(x["pages_cloned"] - y["pages_cloned"]
+                                                    for x, y in zip(st, st0)))
+                        s["pages_staged"] = int(sum(m.counters["pages_staged"]
+                                                    for m in runner.mgrs))
                     rounds[v].append(s)
                     curves[f"{n_parts}:{v}"] = out["latency_s"]
                     _print_run(r, v, s, out)
@@ -393,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
               "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
               "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
-              "mmm_precopy": args.precopy, "mmm_stage_mb": args.stage_mb,
+              "mmm_stage_mb": args.stage_mb,
               "partitions": args.partitions, "rounds": n_rounds,
               "ratios": "median over rounds of the ratio within each round",
               "storage": "file:// (temporary dir, fsync)",

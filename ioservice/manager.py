@@ -125,13 +125,6 @@ class CheckpointPolicy:
         A full checkpoint at least every this many checkpoints (1: always full).
     keep : int or None
         Restorable checkpoints kept (None: keep everything).
-    precopy : bool
-        Un-share the frozen pages in a background thread right after the
-        freeze (`mmm.PageManager.chkpt` ``precopy``), so the operator rarely
-        clones a page itself while the checkpoint is written. Off by default:
-        on a loaded 2-core machine the copier thread's share of the GIL made
-        the freeze pause about 10x longer and the batches during a checkpoint
-        slower (`bench.chkpt_latency --precopy`).
     stage_mb : float
         Right after the freeze, a background thread copies up to this many MB
         of the pages the checkpoint writes out of the pool into a buffer and
@@ -146,7 +139,6 @@ class CheckpointPolicy:
     skip_unchanged: bool = True
     full_every: int = 8
     keep: int | None = 3
-    precopy: bool = False
     stage_mb: float = 256.0
 
     def __post_init__(self) -> None:
@@ -754,7 +746,7 @@ class CheckpointManager:
             t0 = time.perf_counter()
             self._last_start = self._clock()
             self._tuples = 0
-            snap = self.pm.chkpt(precopy=self.policy.precopy)                 # step 2
+            snap = self.pm.chkpt()                 # step 2
             base = self._base
             if (self.policy.skip_unchanged and full is not True and base is not None
                     and not self._base_partial and snap.n_changed == 0 and np.array_equal(snap.page_ids, base.pages.page_id)

@@ -45,7 +45,6 @@ from mmm.errors import (PageFormatError, PageNotFoundError, PageSetExistsError,
 from mmm.page import (DEFAULT_PAGE_BYTES, HEADER_BYTES, HEADER_DTYPE, NIL_INT, PAGE_MAGIC,
                       Layout, decode_meta, encode_meta, make_page_id, split_page_id)
 from mmm.pool import DEFAULT_CAPACITY_BYTES, LIVE, PagePool
-from mmm.precopy import Precopy
 from mmm.snapshot import Snapshot, SnapshotState
 
 __all__ = ["PageManager", "PageSet", "Loader"]
@@ -145,8 +144,6 @@ class PageManager:
         self._lock = threading.Lock()
         self._flush_hooks: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.stats_pages_cloned = 0
-        self.stats_pages_precopied = 0
-        self._precopy: list[Precopy] = []
         if _pool is not None:
             self._adopt(np.flatnonzero(self.pool.state == LIVE), dedupe=True)
 
@@ -406,13 +403,8 @@ class PageManager:
         if self._active:
             pinned = self.pool.pins[frames] > 0
             if pinned.any():
-                if self._precopy:  # shadows the background copier made of these pages
-                    self._adopt_shadows(psid, seqs[pinned])
-                    frames = ps.frames[seqs]
-                    pinned = self.pool.pins[frames] > 0
-                if pinned.any():
-                    frames = frames.copy()
-                    frames[pinned] = self._clone(ps, seqs[pinned], frames[pinned])
+                frames = frames.copy()
+                frames[pinned] = self._clone(ps, seqs[pinned], frames[pinned])
         ps.mod[seqs] = self.epoch
         return frames
 
@@ -421,11 +413,7 @@ class PageManager:
         ps = self._sets[psid]
         frame = int(ps.frames[seq])
         if self._active and self.pool.pins[frame] > 0:
-            if self._precopy:
-                self._adopt_shadows(psid, np.array([seq], np.int64))
-                frame = int(ps.frames[seq])
-            if self.pool.pins[frame] > 0:
-                frame = self._clone1(ps, seq, frame)
+            frame = self._clone1(ps, seq, frame)
         ps.mod[seq] = self.epoch
         return frame
 
@@ -460,103 +448,6 @@ class PageManager:
         self.pool.orphan(old)
         self.stats_pages_cloned += len(old)
         return new
-
-    # -- background precopy (mmm.precopy) ---------------------------------------------------
-    def adopt_precopied(self, psid: int | None = None) -> int:
-        """Switch pinned pages to the copies the background copier made of them.
-
-        Operator thread only. Only the page tables of ``psid`` (all page sets if
-        None) change, as if those pages had been cloned by the write barrier:
-        call it only where no frame of them is held across the call (a
-        structure at the start of an operation). Returns the pages switched.
-        Pages copied: 0.
-        """
-        if not self._precopy:
-            return 0
-        n = 0
-        for job in list(self._precopy):
-            job.drain()
-            if job.n_ready:
-                lo, hi = (0, len(job.snap)) if psid is None else job.span(psid)
-                n += self._adopt_idx(job, lo + np.flatnonzero(job.shadow_of[lo:hi] >= 0))
-        self._reap_precopy()
-        return n
-
-    def _adopt_shadows(self, psid: int, seqs: npt.NDArray[np.int64]) -> None:
-        """`adopt_precopied` for the pages ``seqs`` of ``psid`` only (the write barrier)."""
-        for job in self._precopy:
-            job.drain()
-            if job.n_ready:
-                self._adopt_idx(job, job.indices(psid, seqs))
-
-    def _adopt_idx(self, job: Precopy, idx: npt.NDArray[np.int64]) -> int:
-        """Adopt the ready shadows of snapshot pages ``idx`` that are still exact; free
-        the others. See `mmm.precopy` for why the check suffices."""
-        if not len(idx):
-            return 0
-        snap = job.snap
-        dst = job.shadow_of[idx]
-        job.shadow_of[idx] = -1
-        job.n_ready -= len(idx)
-        src = snap._frames[idx]
-        ids = snap.page_ids[idx]
-        psids = (ids >> np.uint64(32)).astype(np.int64)
-        seqs = (ids & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        ok = ~snap._persisted[idx]  # (a) the snapshot still pins the frozen frame
-        sets = []
-        for p in np.unique(psids).tolist():
-            ps = self._sets.get(p)
-            sel = np.flatnonzero(psids == p)
-            if ps is None:
-                ok[sel] = False
-                continue
-            sq = seqs[sel]
-            inr = sq < len(ps.frames)
-            now = np.full(len(sq), -2, np.int64)
-            now[inr] = ps.frames[sq[inr]]
-            ok[sel] &= now == src[sel]  # (b) the page table still maps the page to it
-            sets.append((ps, sel))
-        n_ok = int(np.count_nonzero(ok))
-        if n_ok:
-            self.pool.clock += 1
-            self.pool.headers["version"][dst[ok]] = self.pool.clock
-            for ps, sel in sets:
-                good = sel[ok[sel]]
-                if len(good):
-                    ps.frames[seqs[good]] = dst[good]
-                    ps.version += 1
-            self.pool.orphan(src[ok])
-        if n_ok < len(idx):
-            self.pool.free(dst[~ok])
-        job.adopted += n_ok
-        job.discarded += len(idx) - n_ok
-        job.settled(len(idx))
-        self.stats_pages_precopied += n_ok
-        return n_ok
-
-    def _reap_precopy(self) -> None:
-        """Free the shadows of snapshots no longer active; forget finished jobs."""
-        for job in list(self._precopy):
-            if job.snap.state is not SnapshotState.ACTIVE:
-                job.drain()
-                if job.n_ready:
-                    self._adopt_idx(job, np.flatnonzero(job.shadow_of >= 0))  # all freed
-            if job.finished:
-                self._precopy.remove(job)
-
-    def _stop_precopy(self) -> None:
-        """Stop every copier and free every shadow (before the page tables are replaced)."""
-        for job in self._precopy:
-            job.stop(wait=True)
-            job.drain()
-            idx = np.flatnonzero(job.shadow_of >= 0)
-            if len(idx):
-                self.pool.free(job.shadow_of[idx])
-                job.shadow_of[idx] = -1
-                job.n_ready = 0
-                job.discarded += len(idx)
-                job.settled(len(idx))
-        self._precopy.clear()
 
     # -- metadata in super pages --------------------------------------------------------------
     def write_meta(self, psid: int, meta: dict[str, Any]) -> None:
@@ -634,18 +525,15 @@ class PageManager:
 
     # -- snapshots ----------------------------------------------------------------------------------
     def chkpt(self, psids: Iterable[int] | None = None,
-              names: Iterable[str] | None = None, *, precopy: bool = False) -> Snapshot:
+              names: Iterable[str] | None = None) -> Snapshot:
         """Freeze the pages of the chosen page sets (all by default) and return a `Snapshot`.
 
         No page bytes are copied or serialized: the page tables are copied and
         the frames pinned; later writes clone pinned pages (copy-on-write).
         Runtime complexity: O(pages). Pages copied: 0.
 
-        With ``precopy`` a background thread then copies the frozen pages, most
-        recently written first, into new frames that the operator adopts instead
-        of cloning pages itself (`mmm.precopy`; `adopt_precopied`): for a
-        checkpoint that is being written, so that the batches after it rarely
-        meet a pinned page. The pause is unchanged.
+        A checkpoint's writer may stage pages (`Snapshot.plan_staging`): copy them
+        out in a background thread and release their frames early.
 
         Raises
         ------
@@ -679,10 +567,6 @@ class PageManager:
         snap.covers_all = chosen == set(self._sets)
         self._active.add(snap.snapshot_id)
         self.epoch += 1
-        if self._precopy:
-            self._reap_precopy()
-        if precopy and len(fr):
-            self._precopy.append(Precopy(self, snap, np.concatenate(mods)))
         return snap
 
     def _snapshot_done(self, snap: Snapshot) -> None:
@@ -769,7 +653,6 @@ class PageManager:
         Returns a `Loader`; call `Loader.add` from any number of threads as
         pages arrive, in any order, then `Loader.finish`.
         """
-        self._stop_precopy()
         for psid in list(self._sets):
             self.destroy(psid)
         self.pool.reset_if_empty()  # consecutive frames: pages can be read straight into them
@@ -847,8 +730,7 @@ class PageManager:
         """Pool statistics plus page sets, active snapshots and pages cloned."""
         out = self.pool.stats()
         out.update(page_sets=len(self._sets), active_snapshots=len(self._active),
-                   pages_cloned=self.stats_pages_cloned,
-                   pages_precopied=self.stats_pages_precopied)
+                   pages_cloned=self.stats_pages_cloned)
         return out
 
     def _check(self) -> None:
@@ -870,10 +752,7 @@ class PageManager:
             assert self._names[ps.name] == psid
         assert self._psid_order == sorted(self._sets)
         assert len(self._names) == len(self._sets)
-        for job in self._precopy:
-            job.done.wait()
-        shadows = sum(job.outstanding for job in self._precopy)  # copies not yet adopted
-        assert len(seen) + shadows == int(np.count_nonzero(self.pool.state == LIVE))
+        assert len(seen) == int(np.count_nonzero(self.pool.state == LIVE))
 
 
 def _check_psid(psid: Any) -> int:

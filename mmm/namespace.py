@@ -130,10 +130,6 @@ class Namespace:
     def _active(self) -> set[int]:
         return self.manager._active
 
-    @property
-    def _precopy(self) -> list[Any]:
-        return self.manager._precopy
-
     # -- names ----------------------------------------------------------------------------
     def qualify(self, name: str) -> str:
         """The page manager's name of this namespace's structure ``name``."""
@@ -248,8 +244,8 @@ class Namespace:
         return self.manager._lookup_object(self.prefix + name)
 
     # -- snapshots ------------------------------------------------------------------------------
-    def chkpt(self, psids: Iterable[int] | None = None, names: Iterable[str] | None = None,
-              *, precopy: bool = False) -> Snapshot:
+    def chkpt(self, psids: Iterable[int] | None = None,
+              names: Iterable[str] | None = None) -> Snapshot:
         """Freeze page sets of this namespace (all of them by default; ``names``
         unqualified). `PageManager.chkpt` of `manager` freezes every namespace.
 
@@ -266,7 +262,7 @@ class Namespace:
         else:
             chosen = [self._own(int(p)).psid for p in (psids or ())]
             chosen += [self.recover(n) for n in (names or ())]
-        snap = self.manager.chkpt(psids=chosen, precopy=precopy)
+        snap = self.manager.chkpt(psids=chosen)
         snap.covers_all = False  # also when the namespace's page sets are all there are
         if psids is None and names is None:
             setattr(snap, "_namespace", self.prefix)  # see `rollback`

@@ -22,7 +22,7 @@ import numpy as np
 from mmm._kernels import jit
 
 __all__ = ["group_pages", "chain_order", "copy_rows_out", "copy_rows_in", "copy_frames",
-           "precopy_frames", "gather_frames"]
+           "gather_frames"]
 
 _NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -151,8 +151,8 @@ def copy_rows_in(frames: Any, fr: Any, first: Any, count: Any, off: Any, size: A
 
 @jit
 def copy_frames(frames: Any, src: Any, dst: Any) -> None:
-    """Copy whole frames: ``frames[dst[j]] = frames[src[j]]`` (no GIL held: the
-    background precopy of `mmm.precopy` and bulk copy-on-write)."""
+    """Copy whole frames: ``frames[dst[j]] = frames[src[j]]`` (no GIL held: bulk
+    copy-on-write)."""
     w = frames.shape[1]
     for j in range(src.shape[0]):
         d, s = dst[j], src[j]
@@ -163,28 +163,9 @@ def copy_frames(frames: Any, src: Any, dst: Any) -> None:
 @jit
 def gather_frames(frames: Any, src: Any, out: Any, rows: Any) -> None:
     """Copy whole frames out of the pool: ``out[rows[j]] = frames[src[j]]`` (no GIL
-    held: the staging copy of `mmm.Snapshot.stage`)."""
+    held: the staging copy of `mmm.Snapshot.stage_planned`)."""
     w = frames.shape[1]
     for j in range(src.shape[0]):
         d, s = rows[j], src[j]
         for k in range(w):  # an explicit loop (see `copy_frames`)
             out[d, k] = frames[s, k]
-
-
-@jit
-def precopy_frames(frames: Any, src: Any, dst: Any, hdr: Any, ver: Any) -> None:
-    """`copy_frames` for copies made ahead of use (`mmm.precopy`): the copy's header
-    ``version`` field (bytes ``ver:ver+8`` of the ``hdr``-byte header) is zeroed
-    first and stays zero, and the header is written after the body. A copy a crash
-    interrupts is thus never taken for the page on a re-attach (the newest version
-    of a PageID wins, and every page in use has a version of at least 1)."""
-    for j in range(src.shape[0]):
-        d, s = dst[j], src[j]
-        for k in range(ver, ver + 8):
-            frames[d, k] = 0
-        for k in range(hdr, frames.shape[1]):  # explicit loops (see `copy_frames`)
-            frames[d, k] = frames[s, k]
-        for k in range(ver):
-            frames[d, k] = frames[s, k]
-        for k in range(ver + 8, hdr):
-            frames[d, k] = frames[s, k]

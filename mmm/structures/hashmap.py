@@ -748,9 +748,6 @@ class HashMap(Structure):
         n = len(kw)
         i = 0
         bulk = False
-        if pm._precopy:  # a checkpoint's pages are being un-shared in the background
-            self._unshare_touched(kw)
-            bulk = True
         while True:
             state[0] = self._len
             code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
@@ -765,10 +762,11 @@ class HashMap(Structure):
             if code == K.NEED_CLONE:
                 if not bulk:  # the first pinned page: un-share the rest of the batch's
                     bulk = True  # chains in one copy instead of one kernel exit per page
-                    self._unshare_touched(kw[i:])
+                    try:
+                        self._unshare_touched(kw[i:])
+                    except PoolExhaustedError:  # nothing changed: page by page, as needed
+                        pm.writable1(self.psid, int(state[2]))
                 else:
-                    if pm._precopy:
-                        pm.adopt_precopied(self.psid)
                     pm.writable1(self.psid, int(state[2]))
             elif code == K.NEED_PAGE:
                 self._add_overflow(int(state[2]))
@@ -782,14 +780,10 @@ class HashMap(Structure):
                     self._split(target - self._n_buckets)
 
     def _unshare_touched(self, kw: npt.NDArray[np.uint64]) -> None:
-        """While a background copier un-shares a checkpoint's pages (`mmm.precopy`):
-        take the copies it made (`PageManager.adopt_precopied`; no frame of this map
-        is held here), then un-share the rest of the pages the batch's buckets hold
-        in one bulk copy (one barrier call instead of a kernel exit per page).
+        """Un-share the pinned pages of the chains that keys ``kw`` hash to, in one
+        bulk copy (one barrier call instead of a kernel exit per page).
         Pages copied: at most the pages of the touched chains still pinned."""
         pm = self._pm
-        if pm._precopy:
-            pm.adopt_precopied(self.psid)
         if not len(kw):
             return
         hit = np.zeros(self._n_buckets, dtype=bool)
