@@ -101,7 +101,6 @@ class Namespace:
         self.writable = pm.writable
         self.writable1 = pm.writable1
         self.clone = pm.clone
-        self.adopt_precopied = pm.adopt_precopied
         self.write_meta = pm.write_meta
         self.read_meta = pm.read_meta
         self.page_set = pm.page_set
