@@ -192,3 +192,47 @@ def test_local_read_names_the_damage_and_leaves_nothing(tmp_path: Path, damage: 
         pm._check()
     finally:
         service.READ_PIECE_BYTES = old
+
+
+def test_restore_prefetches_the_candidates_page_files(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """On local storage, restore asks the kernel to read each candidate's own page files
+    (``POSIX_FADV_WILLNEED``) before it parses the manifest; a missing file is skipped
+    and the damaged candidate still falls back; a partial restore prefetches nothing."""
+    import os
+    import ioservice.recovery as recovery
+    root, states = _two_checkpoints(tmp_path, "local")
+    advised: list[str] = []
+    lock = threading.Lock()
+    threads: list[threading.Thread] = []
+    real_fadvise, real_thread = os.posix_fadvise, threading.Thread
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_WILLNEED
+        with lock:
+            advised.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fadvise(fd, offset, length, advice)
+
+    def thread(*args, **kwargs):  # type: ignore[no-untyped-def]
+        th = real_thread(*args, **kwargs)
+        threads.append(th)
+        return th
+
+    monkeypatch.setattr(recovery.os, "posix_fadvise", fadvise)
+    monkeypatch.setattr(recovery.threading, "Thread", thread)
+    p2 = read_manifest(root, "p-2")
+    (tmp_path / p2.files[0].path).unlink()
+    pm = new_pm()
+    with pytest.warns(DamagedCheckpointWarning, match="checkpoint p-2 .*missing"):
+        assert restore(pm, root, "p").name == "p-1"
+    for th in threads:
+        th.join()
+    assert state_of(open_structures(pm)) == states[0]
+    want = {str(tmp_path / f.path) for f in p2.files[1:]} | \
+        {str(tmp_path / f.path) for f in read_manifest(root, "p-1").files}
+    assert set(advised) == want and len(advised) == len(want)
+    advised.clear()
+    restore(new_pm(), root, "p", before_seq=2, psid_ranges=[(0, 1 << 32)])
+    for th in threads:
+        th.join()
+    assert advised == []
