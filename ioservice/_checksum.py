@@ -206,3 +206,62 @@ def pread_verify_rows(fd: int, pages: npt.NDArray[np.uint8], offset: int,
         fd, pages, offset, np.asarray(sums, np.uint64), np.asarray(ids, np.uint64), id_at,
         sub_pages, verify)
     return int(done), int(status), int(n_bad), int(first_sum), int(first_id)
+
+
+_B64_LUT = np.full(256, 255, dtype=np.uint8)
+_B64_LUT[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
+                       np.uint8)] = np.arange(64, dtype=np.uint8)
+
+
+@jit
+def _b64_kernel(src: Any, lut: Any, out: Any) -> int:  # pragma: no cover - compiled
+    n = len(src)
+    pad = 0
+    if n and src[n - 1] == 61:  # '='
+        pad = 2 if n > 1 and src[n - 2] == 61 else 1
+    body = n - pad
+    o = 0
+    for q in range(0, n, 4):
+        acc = 0
+        for k in range(4):
+            i = q + k
+            if i >= body:
+                v = 0
+            else:
+                v = lut[src[i]]
+                if v == 255:
+                    return -1 - i
+            acc = (acc << 6) | v
+        for k in range(3):
+            if o < len(out):
+                out[o] = (acc >> (16 - 8 * k)) & 0xFF
+                o += 1
+    return o
+
+
+def b64decode_strict(text: str) -> bytes:
+    """``base64.b64decode(text, validate=True)`` for text whose length is a multiple
+    of 4, in one compiled pass (several times faster than `binascii` on the megabytes of
+    a large manifest's page table): every character in the standard alphabet, ``=``
+    only as the last one or two.
+
+    Raises
+    ------
+    ValueError
+        On any other text, naming the first character at fault.
+    """
+    try:
+        src = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+    except UnicodeEncodeError:
+        raise ValueError("base64 text holds a non-ASCII character") from None
+    n = len(src)
+    if n % 4:
+        raise ValueError(f"base64 text of {n} characters (not a multiple of 4)")
+    pad = 0
+    if n and src[-1] == 61:
+        pad = 2 if n > 1 and src[-2] == 61 else 1
+    out = np.empty(n // 4 * 3 - pad, dtype=np.uint8)
+    got = _b64_kernel(src, _B64_LUT, out)
+    if got < 0:
+        raise ValueError(f"base64 text has {text[-1 - got]!r} at character {-1 - got}")
+    return out.tobytes()

@@ -137,3 +137,21 @@ def test_pread_verify_rows_reads_and_finds_damage_like_verify_rows(tmp_path, wid
         pread_verify_rows(fd, np.zeros((2, width), np.uint8)[:, ::2], 0, sums[:2], ids[:2], at, 1)
     with pytest.raises(ValueError):
         pread_verify_rows(fd, out, 0, sums[:3], ids[:2], at, 1)
+
+
+def test_b64decode_strict_agrees_with_the_standard_library() -> None:
+    """The manifest's compiled base64 decoder returns what
+    ``base64.b64decode(validate=True)`` returns for every length of valid text, and
+    refuses what a strict reading refuses: other characters, padding inside the text or
+    more than two, a length not a multiple of 4, non-ASCII."""
+    import base64
+    from ioservice._checksum import b64decode_strict
+    rng = np.random.default_rng(3)
+    for n in list(range(0, 40)) + [3 * 70000 + 1]:
+        raw = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        text = base64.b64encode(raw).decode()
+        assert b64decode_strict(text) == base64.b64decode(text, validate=True) == raw
+    for bad in ("QUJD!", "QU JD", "QUJ\n", "QQ=A", "Q===", "====", "QUJDQQ", "QUJDQ", "QUJ=QUJD",
+                "QUJ\u00e9"):
+        with pytest.raises(ValueError):
+            b64decode_strict(bad)
