@@ -177,7 +177,7 @@ def _prefetch_local(root: StorageRoot, name: str) -> None:
     def run() -> None:
         for path in paths:
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except OSError:
                 continue
             try:
