@@ -22,9 +22,13 @@ in chunks of ``chunk_bytes`` straight into page frames when the sink is an
 `mmm.Loader` (else into a small ring of reusable buffers), verifies every
 page's checksum and header PageID against the manifest in one compiled call
 without the GIL, and hands the verified pages to the sink (e.g.
-`mmm.Loader.add`) as they arrive, in any order. With fewer readers than CPUs
-the read is pipelined: a reader hands each chunk to a verifier thread and reads
-the next ones (up to `READ_AHEAD_CHUNKS` ahead) while it is verified and placed.
+`mmm.Loader.add`) as they arrive, in any order. On local files a reader reads
+and verifies each chunk in one compiled call (``pread`` of `READ_PIECE_BYTES`
+pieces, each checked right after it lands, while it is in the cache; the
+kernel's readahead keeps the disk busy meanwhile). Elsewhere, with fewer
+readers than CPUs, the read is pipelined: a reader hands each chunk to a
+verifier thread and reads the next ones (up to `READ_AHEAD_CHUNKS` ahead) while
+it is verified and placed.
 
 Notes
 -----
