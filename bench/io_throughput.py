@@ -26,10 +26,11 @@ The state is one page set of ``--local-mb`` (file://) or ``--s3-mb``
   cannot keep its pages in the cache.)
 
 The reads of one repeat run back to back and their order alternates between
-repeats. Restore with ``w`` workers reads with ``w`` threads and verifies on up
-to ``max(2, w)`` more (`IOService.read_pages` pipelines read and verification);
-the summary compares each side at its best worker count over 1-8, so the raw
-read is offered up to 8 threads too.
+repeats. Restore with ``w`` workers reads with ``w`` threads (on local files each
+reads and verifies its pages in one compiled call per chunk; on SeaweedFS it
+hands verification to up to ``max(2, w)`` verifier threads and reads on); the
+summary compares each side at its best worker count over 1-8, so the raw read is
+offered up to 8 threads too.
 
 Every (worker count, operation) pair starts with one untimed warm-up round
 (new threads, their buffers, fresh files). On local storage the page cache is dropped for the files about to be read
@@ -45,7 +46,9 @@ Run: ``python -m bench.io_throughput [--quick] [--no-seaweedfs]``. Writes
 ``read_ratio_vs_raw_local``, ``write_ratio_vs_raw_seaweedfs``,
 ``read_ratio_vs_raw_seaweedfs``: the best checkpoint throughput over the best
 raw throughput, each over the worker counts; the ratio at every count and
-their geometric mean are in the summary too) and
+their geometric mean are in the summary too; ``read_cpu_ratio_vs_raw_local``:
+the raw read's CPU time over restore's, all threads, at the best worker count,
+what the read ratio tends to on a loaded machine) and
 ``bench/results/io_throughput.png``.
 """
 from __future__ import annotations
@@ -173,7 +176,8 @@ def bench_backend(label: str, root: StorageRoot, nbytes: int, page_bytes: int,
         tpool = cf.ThreadPoolExecutor(w, thread_name_prefix="raw")
         t: dict[str, list[float]] = {"ckpt_write": [], "raw_write": [], "ckpt_restore": [],
                                      "ckpt_read_pages": [], "raw_read": [],
-                                     "raw_read_small_buffer": []}
+                                     "raw_read_small_buffer": [], "ckpt_restore_cpu": [],
+                                     "raw_read_cpu": []}
         last = None
         try:
             keep = [False] + [True] * repeats  # an untimed warm-up round first
@@ -219,10 +223,12 @@ def bench_backend(label: str, root: StorageRoot, nbytes: int, page_bytes: int,
                     for key, fn in (ops if r % 2 else ops[::-1]):
                         _evict(root, files)
                         gc.collect()
-                        t0 = time.perf_counter()
+                        c0, t0 = time.process_time(), time.perf_counter()
                         fn()
                         if timed:
                             t[key].append(time.perf_counter() - t0)
+                            if key + "_cpu" in t:  # CPU time of every thread of the process
+                                t[key + "_cpu"].append(time.process_time() - c0)
                     assert got_n[0] == len(frames) and got_n[1] == size, (got_n, size)
         finally:
             mgr.close()
@@ -232,14 +238,19 @@ def bench_backend(label: str, root: StorageRoot, nbytes: int, page_bytes: int,
         row: dict[str, Any] = {"workers": w}
         for k, v in t.items():
             row[k] = stats(v)
-            row[k + "_mb_s"] = size / MB / row[k]["median"]
+            if not k.endswith("_cpu"):
+                row[k + "_mb_s"] = size / MB / row[k]["median"]
+        # MB per CPU-second, restore over raw read: the throughput ratio on a machine
+        # loaded enough that every CPU-second waits for a core
+        row["read_cpu_ratio"] = row["raw_read_cpu"]["median"] / row["ckpt_restore_cpu"]["median"]
         row["write_ratio"] = row["ckpt_write_mb_s"] / row["raw_write_mb_s"]
         row["read_ratio"] = row["ckpt_restore_mb_s"] / row["raw_read_mb_s"]
         row["read_pages_ratio"] = row["ckpt_read_pages_mb_s"] / row["raw_read_mb_s"]
         print(f"  {label:<9} w={w}: write ckpt {row['ckpt_write_mb_s']:7.0f} MB/s vs raw "
               f"{row['raw_write_mb_s']:7.0f} ({row['write_ratio']:.2f}x) | read restore "
               f"{row['ckpt_restore_mb_s']:7.0f} (read_pages {row['ckpt_read_pages_mb_s']:6.0f}) "
-              f"vs raw {row['raw_read_mb_s']:7.0f} MB/s ({row['read_ratio']:.2f}x)")
+              f"vs raw {row['raw_read_mb_s']:7.0f} MB/s ({row['read_ratio']:.2f}x; CPU time "
+              f"{row['read_cpu_ratio']:.2f}x)")
         rows.append(row)
     del pm, pm2, data, dest
     gc.collect()
@@ -314,6 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary[f"{what}_ratios_by_workers_{tag}"] = {x["workers"]: x[ratio] for x in rows}
             summary[f"{what}_ratio_geomean_{tag}"] = float(
                 np.exp(np.mean(np.log([x[ratio] for x in rows]))))
+        summary[f"read_cpu_ratio_vs_raw_{tag}"] = max(x["read_cpu_ratio"] for x in rows)
+        summary[f"read_cpu_ratios_by_workers_{tag}"] = {x["workers"]: x["read_cpu_ratio"]
+                                                        for x in rows}
         summary[f"read_ratio_vs_raw_small_buffer_{tag}"] = (
             max(x["ckpt_restore_mb_s"] for x in rows)
             / max(x["raw_read_small_buffer_mb_s"] for x in rows))  # reference only

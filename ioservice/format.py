@@ -87,7 +87,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from ioservice._checksum import xxh3_rows
+from ioservice._checksum import b64decode_strict, xxh3_rows
 from ioservice.errors import InvalidNameError, ManifestError
 from ioservice.fs import validate_name
 from mmm.page import MAX_PAGE_BYTES, MIN_PAGE_BYTES
@@ -763,7 +763,7 @@ def _decode_table(sec: dict[str, Any], where: str) -> PageTable:
                                     f"expected {dt!r}")
             if len(text) > 4 * (n * 8 // 3 + 4):
                 raise ValueError(f"column {name!r} is longer than {n} rows")
-            raw = base64.b64decode(text, validate=True)
+            raw = b64decode_strict(text)  # base64.b64decode(text, validate=True), faster
             # one text per column bytes: validated base64 of the right length whose last
             # quantum (the only one with unused bits) re-encodes to itself
             tail = len(raw) % 3 or 3

@@ -22,9 +22,13 @@ in chunks of ``chunk_bytes`` straight into page frames when the sink is an
 `mmm.Loader` (else into a small ring of reusable buffers), verifies every
 page's checksum and header PageID against the manifest in one compiled call
 without the GIL, and hands the verified pages to the sink (e.g.
-`mmm.Loader.add`) as they arrive, in any order. With fewer readers than CPUs
-the read is pipelined: a reader hands each chunk to a verifier thread and reads
-the next ones (up to `READ_AHEAD_CHUNKS` ahead) while it is verified and placed.
+`mmm.Loader.add`) as they arrive, in any order. On local files a reader reads
+and verifies each chunk in one compiled call (``pread`` of `READ_PIECE_BYTES`
+pieces, each checked right after it lands, while it is in the cache; the
+kernel's readahead keeps the disk busy meanwhile). Elsewhere, with fewer
+readers than CPUs, the read is pipelined: a reader hands each chunk to a
+verifier thread and reads the next ones (up to `READ_AHEAD_CHUNKS` ahead) while
+it is verified and placed.
 
 Notes
 -----
@@ -53,7 +57,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from ioservice._checksum import verify_rows
+from ioservice._checksum import pread_verify_rows, verify_rows
 from ioservice.errors import (
     CheckpointDamagedError,
     CheckpointWriteError,
@@ -81,6 +85,10 @@ operator thread competes for the GIL)."""
 
 READ_AHEAD_CHUNKS = 2
 """Chunks a reader thread reads ahead of their verification (`IOService.read_pages`)."""
+
+READ_PIECE_BYTES = 256 << 10
+"""Bytes per ``pread`` on local files, each piece verified right after it lands while
+it is still in the CPU cache (`IOService.read_pages`; a core's L2 holds a few)."""
 
 ProgressFn = Callable[[int, int], None]
 
@@ -398,8 +406,14 @@ class IOService:
         # and read on; as many readers as cores already overlap one's verification with
         # the others' reads, and a hand-off per chunk would only add CPU.
         pipelined = min(self.n_workers, len(groups)) < _cpus()
-        futs = [self._pool.submit(self._read_file, root, manifest, g, sink, verify, stop,
-                                  progress, pipelined) for g in groups]
+        # Local files: each reader reads and verifies in one compiled call per chunk
+        # (`_read_file_local`); elsewhere through the filesystem's streams, pipelined.
+        if root._native_local:
+            futs = [self._pool.submit(self._read_file_local, root, manifest, g, sink, verify,
+                                      stop, progress) for g in groups]
+        else:
+            futs = [self._pool.submit(self._read_file, root, manifest, g, sink, verify, stop,
+                                      progress, pipelined) for g in groups]
         first: BaseException | None = None
         for fut in futs:
             try:
@@ -527,6 +541,88 @@ class IOService:
             # whatever happened, no verifier may touch the sink or frames after we return
             cf.wait(pending)
             f.close()
+
+
+    def _read_file_local(self, root: StorageRoot, manifest: Manifest, rows: npt.NDArray[np.intp],
+                         sink: Callable[[npt.NDArray[np.uint8]], None], verify: bool,
+                         stop: threading.Event, progress: Callable[[int], None]) -> None:
+        """`_read_file` for a local file: read and verify each chunk in one compiled call
+        without the GIL (`ioservice._checksum.pread_verify_rows`), `READ_PIECE_BYTES` per
+        ``pread``, each piece checked right after it lands, while it is still in the CPU
+        cache (verifying whole chunks afterwards reads them back from memory). The kernel's
+        readahead keeps the disk busy meanwhile, so no verifier thread is needed.
+        """
+        if stop.is_set():
+            raise _Stop()
+        t = manifest.pages
+        pb = manifest.page_bytes
+        pf = manifest.files[int(t.file[rows[0]])]
+        where = (f"checkpoint {manifest.name}: {pf.path} on {root.backend} root {root.uri}")
+        per = self._chunk_pages(pb)
+        piece = max(1, READ_PIECE_BYTES // pb)
+        owner = getattr(sink, "__self__", None)  # a bound `mmm.Loader.add`: zero-copy reads
+        loader = owner if isinstance(owner, Loader) else None
+        offs = t.offset[rows]
+        ids = t.page_id[rows]
+        sums = t.checksum[rows]
+        breaks = np.flatnonzero(np.diff(offs) != np.uint64(pb)) + 1
+        starts = np.concatenate(([0], breaks))
+        ends = np.concatenate((breaks, [len(rows)]))
+        path = root.full_path(pf.path)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError as exc:
+            raise CheckpointDamagedError(f"{where}: page file is missing") from exc
+        except OSError as exc:
+            raise root._translate(exc, "open for reading", pf.path) from exc
+        try:
+            for a0, b0 in zip(starts.tolist(), ends.tolist()):
+                for a in range(a0, b0, per):
+                    if stop.is_set():
+                        raise _Stop()
+                    b = min(a + per, b0)
+                    n = b - a
+                    frames, dest = loader.reserve(n) if loader is not None else (None, None)
+                    try:
+                        target = dest if dest is not None else \
+                            self._buffer(per * pb)[:n * pb].reshape(n, pb)
+                        off = int(offs[a])
+                        done, status, n_bad, i, j = pread_verify_rows(
+                            fd, target, off, sums[a:b], ids[a:b], _PAGE_ID_AT, piece, verify)
+                        if status < 0:  # pread failed: repeat it here for the error
+                            self._pread_rest(fd, target, off, done, root, pf.path, where)
+                            if verify:
+                                _verify(target, ids[a:b], sums[a:b], offs[a:b], where)
+                        elif status == 0:
+                            raise CheckpointDamagedError(
+                                f"{where}: short file: {done} of {n * pb} bytes at offset {off}")
+                        elif verify:
+                            _raise_damage(target, ids[a:b], offs[a:b], n_bad, i, j, where)
+                    except BaseException:
+                        if frames is not None:
+                            assert loader is not None  # frames come only from `loader.reserve`
+                            loader.unreserve(frames)
+                        raise
+                    _settle_chunk(target, frames, dest is not None, loader, sink, rows[a:b],
+                                  offs[a:b], t, False, stop, where, progress)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _pread_rest(fd: int, target: npt.NDArray[np.uint8], off: int, done: int,
+                    root: StorageRoot, relpath: str, where: str) -> None:
+        """Read the rest of `target` from byte `done` on with ``os.preadv`` (after the
+        compiled read failed there): raises the storage error, or completes the read."""
+        flat = target.reshape(-1)
+        while done < len(flat):
+            try:
+                got = os.preadv(fd, [flat[done:]], off + done)
+            except OSError as exc:
+                raise root._translate(exc, "read", relpath) from exc
+            if not got:
+                raise CheckpointDamagedError(
+                    f"{where}: short file: {done} of {len(flat)} bytes at offset {off}")
+            done += got
 
 
 def _cpus() -> int:
@@ -807,6 +903,14 @@ def _verify(pages: npt.NDArray[np.uint8], page_ids: npt.NDArray[np.uint64],
     """Raise CheckpointDamagedError unless every page matches its checksum and PageID
     (one compiled call without the GIL, `ioservice._checksum.verify_rows`)."""
     n_bad, i, j = verify_rows(pages, checksums, page_ids, _PAGE_ID_AT)
+    _raise_damage(pages, page_ids, offsets, n_bad, i, j, where)
+
+
+def _raise_damage(pages: npt.NDArray[np.uint8], page_ids: npt.NDArray[np.uint64],
+                  offsets: npt.NDArray[np.uint64], n_bad: int, i: int, j: int,
+                  where: str) -> None:
+    """Raise CheckpointDamagedError for a verification's outcome (`verify_rows`'s
+    ``(rows failing their checksum, first such row, first row whose id differs)``)."""
     if n_bad:
         raise CheckpointDamagedError(
             f"{where}: page {int(page_ids[i]):#x} at offset {int(offsets[i])} fails its "

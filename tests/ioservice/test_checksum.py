@@ -91,3 +91,67 @@ def test_verify_rows_finds_every_kind_of_damage(width: int) -> None:
         verify_rows(pages, sums[:3], ids, at)
     with pytest.raises(ValueError):
         verify_rows(pages, sums, ids, width - 7)
+
+
+@pytest.mark.parametrize("width", [MIN_PAGE_BYTES, 8192])
+def test_pread_verify_rows_reads_and_finds_damage_like_verify_rows(tmp_path, width: int) -> None:
+    """`pread_verify_rows` (the local read: ``pread`` and verification in one compiled
+    call) reads exactly the pages at the offset, reports what `verify_rows` reports,
+    stops at damage, and reports the end of the file and a failing descriptor."""
+    import os
+    from ioservice._checksum import pread_verify_rows, verify_rows
+    rng = np.random.default_rng(width)
+    pages = rng.integers(0, 256, size=(11, width), dtype=np.uint8)
+    at = 8
+    ids = pages[:, at:at + 8].copy().view("<u8")[:, 0].copy()
+    sums = _reference(pages)
+    path = tmp_path / "f.pages"
+    path.write_bytes(pages.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for piece in (1, 3, 20):
+            out = np.zeros((7, width), np.uint8)
+            got = pread_verify_rows(fd, out, 2 * width, sums[2:9], ids[2:9], at, piece)
+            assert got == (7 * width, 1, 0, -1, -1)
+            assert np.array_equal(out, pages[2:9])
+            bad = sums[2:9].copy()
+            bad[4] ^= np.uint64(1)
+            assert pread_verify_rows(fd, out, 2 * width, bad, ids[2:9], at, piece)[2:] == \
+                verify_rows(pages[2:9], bad, ids[2:9], at)
+            wrong = ids[2:9].copy()
+            wrong[3] += np.uint64(1)
+            assert pread_verify_rows(fd, out, 2 * width, sums[2:9], wrong, at, piece)[2:] == \
+                (0, -1, 3)
+            # not verified: read all the same
+            assert pread_verify_rows(fd, out, 2 * width, bad, wrong, at, piece, False) == \
+                (7 * width, 1, 0, -1, -1)
+            # past the end: status 0 and the bytes that exist
+            pad = np.zeros(2, np.uint64)
+            assert pread_verify_rows(fd, out, 6 * width, np.r_[sums[6:], pad],
+                                     np.r_[ids[6:], pad], at, piece)[:2] == (5 * width, 0)
+    finally:
+        os.close(fd)
+    out = np.zeros((2, width), np.uint8)
+    assert pread_verify_rows(fd, out, 0, sums[:2], ids[:2], at, 1)[:2] == (0, -1)  # closed fd
+    with pytest.raises(ValueError, match="writable"):
+        pread_verify_rows(fd, np.zeros((2, width), np.uint8)[:, ::2], 0, sums[:2], ids[:2], at, 1)
+    with pytest.raises(ValueError):
+        pread_verify_rows(fd, out, 0, sums[:3], ids[:2], at, 1)
+
+
+def test_b64decode_strict_agrees_with_the_standard_library() -> None:
+    """The manifest's compiled base64 decoder returns what
+    ``base64.b64decode(validate=True)`` returns for every length of valid text, and
+    refuses what a strict reading refuses: other characters, padding inside the text or
+    more than two, a length not a multiple of 4, non-ASCII."""
+    import base64
+    from ioservice._checksum import b64decode_strict
+    rng = np.random.default_rng(3)
+    for n in list(range(0, 40)) + [3 * 70000 + 1]:
+        raw = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        text = base64.b64encode(raw).decode()
+        assert b64decode_strict(text) == base64.b64decode(text, validate=True) == raw
+    for bad in ("QUJD!", "QU JD", "QUJ\n", "QQ=A", "Q===", "====", "QUJDQQ", "QUJDQ", "QUJ=QUJD",
+                "QUJ\u00e9"):
+        with pytest.raises(ValueError):
+            b64decode_strict(bad)
