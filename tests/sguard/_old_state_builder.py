@@ -1,8 +1,9 @@
 """Run with the PREVIOUS sguard (test_convert.V1_COMMIT, layout_version 1) on PYTHONPATH: build the
 version-1 state of each scenario the way its runtime did (rows split by Spark's
-``pmod(murmur3(key), P)``), checkpointing every few batches (partition 0 also after
-its last batch, so the partitions end at different batches), and write each batch's
-outputs to ``<dir>/out-b<b>-p<p>.arrow``.
+``pmod(murmur3(key), P)``), checkpointing every few batches, each checkpoint landing
+before the next batch (so the same batches on any machine, whatever its load;
+partition 0 also after its last batch, so the partitions end at different batches),
+and write each batch's outputs to ``<dir>/out-b<b>-p<p>.arrow``.
 
 Usage: python _old_state_builder.py '<json list of scenarios>'; a scenario is
 ``{"dir": ..., "data": ..., "op": "running" | "window", "batches": N, "every": n, "P": P}``.
@@ -51,6 +52,10 @@ def build(sc: dict) -> None:
             out = run_partition_batch(cfg, p, b, t.filter(pa.array(part == p)))
             with ipc.new_file(f"{sc['dir']}/out-b{b}-p{p}.arrow", out.schema) as w:
                 w.write_table(out)
+            # the checkpoint this batch started lands before the next batch: a checkpoint
+            # still in flight would make the policy skip one, so which batches the
+            # partitions end at (and which logs they trimmed) would depend on the load
+            rt.partition(p).ckpt.wait()
     for p in range(P):
         part = rt.partition(p)
         part.ckpt.wait()

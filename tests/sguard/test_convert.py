@@ -99,6 +99,24 @@ def old_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+Reference = tuple[dict[tuple[int, int], pa.Table], pa.Table]
+
+
+@pytest.fixture(scope="session")
+def references(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``ref(name)``: `_reference` of scenario `name` with the default K, run once per
+    session (every test that continues a converted state compares with it)."""
+    done: dict[str, Reference] = {}
+
+    def ref(name: str) -> Reference:
+        if name not in done:
+            tables = _data(SCENARIOS[name][1], 100 + list(SCENARIOS).index(name))
+            done[name] = _reference(tmp_path_factory.mktemp(f"ref-{name}"), name, tables,
+                                    default_key_groups(P))
+        return done[name]
+    return ref
+
+
 def _copy(old: Path, tmp: Path) -> Path:
     """A private copy of a built old state."""
     d = tmp / "case"
@@ -153,7 +171,8 @@ def _run(cfg: RuntimeConfig, tables: list[pa.Table], first: int
 
 def _reference(tmp: Path, name: str, tables: list[pa.Table], key_groups: int
                ) -> tuple[dict[tuple[int, int], pa.Table], pa.Table]:
-    """This sguard from scratch, never converted, with the same P and K."""
+    """This sguard from scratch, never converted, with the same P and K (through the
+    `references` fixture: each scenario's is run once)."""
     op = _op(name)
     schema = tables[0].schema
     uri = str(tmp / "ref" / "state")
@@ -212,7 +231,7 @@ def _window_oracle(tables: list[pa.Table]) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_converted_state_continues_like_a_run_that_never_converted(
-        old_states: dict[str, Path], tmp_path: Path, name: str) -> None:
+        old_states: dict[str, Path], references: Any, tmp_path: Path, name: str) -> None:
     d = _copy(old_states[name], tmp_path)
     tables = _data(SCENARIOS[name][1], 100 + list(SCENARIOS).index(name))
     old_at = _old_batches(d)
@@ -251,7 +270,7 @@ def test_converted_state_continues_like_a_run_that_never_converted(
     assert not convert(str(d / "state")).changed  # a second run: nothing to do
 
     out, state = _continue(d, name, tables)
-    ref_out, ref_state = _reference(tmp_path, name, tables, K)
+    ref_out, ref_state = references(name)
     if SCENARIOS[name][0] == "running":
         assert state.num_rows > 0 and state.equals(ref_state)
         for bp, t in ref_out.items():
@@ -286,7 +305,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 
 def test_a_killed_convert_leaves_the_old_state_and_a_rerun_completes(
-        old_states: dict[str, Path], tmp_path: Path) -> None:
+        old_states: dict[str, Path], references: Any, tmp_path: Path) -> None:
     name = "running-int"
     d = _copy(old_states[name], tmp_path)
     uri = str(d / "state")
@@ -309,12 +328,25 @@ def test_a_killed_convert_leaves_the_old_state_and_a_rerun_completes(
     assert _tree(d, 0) == before
     tables = _data("int", 100 + list(SCENARIOS).index(name))
     _, state = _continue(d, name, tables)
-    _, ref_state = _reference(tmp_path, name, tables, default_key_groups(P))
+    _, ref_state = references(name)
     assert state.num_rows > 0 and state.equals(ref_state)
 
 
+def _cli_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``sguard state convert`` through the CLI's `main` in this process: (exit status,
+    stderr). The same parser and messages as `_cli`, without a process start-up each."""
+    from sguard.cli import main
+    capsys.readouterr()
+    try:
+        code = main(["state", "convert", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
 def test_bad_arguments_and_foreign_leftovers_are_refused_before_any_write(
-        old_states: dict[str, Path], tmp_path: Path) -> None:
+        old_states: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = _copy(old_states["running-int"], tmp_path)
     uri = str(d / "state")
     files = sorted(str(p) for p in (d / "state").rglob("*"))
@@ -322,11 +354,13 @@ def test_bad_arguments_and_foreign_leftovers_are_refused_before_any_write(
                       (["--key-groups", "1"], "multiple of the state's 2 partition"),
                       (["--key-groups", "40000"], "at most 32768"),
                       (["--key-groups", "x"], "--key-groups")):
-        r = _cli(uri, *args)
-        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, \
-            (args, r.stderr)
-    r = _cli(str(tmp_path / "nothing-here"))
-    assert r.returncode == 2 and "does not exist" in r.stderr
+        code, err = _cli_here(capsys, uri, *args)
+        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, (args, err)
+    r = _cli(uri, "--key-groups", "129")  # and in a real process: one line, exit 2
+    assert r.returncode == 2 and "multiple of the state's 2 partition" in r.stderr \
+        and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    code, err = _cli_here(capsys, str(tmp_path / "nothing-here"))
+    assert code == 2 and "does not exist" in err
     assert sorted(str(p) for p in (d / "state").rglob("*")) == files
     # HA units of the next generation that no conversion made: refused, never deleted
     root = open_root(uri)
@@ -341,13 +375,16 @@ def test_bad_arguments_and_foreign_leftovers_are_refused_before_any_write(
     shutil.rmtree(foreign)
     res = convert(uri, 4)
     assert res.key_groups == 4 and _layout_version(d) == 2
-    r = _cli(uri, "--key-groups", "8")
-    assert r.returncode == 2 and "cannot change" in r.stderr
+    code, err = _cli_here(capsys, uri, "--key-groups", "8")
+    assert code == 2 and "cannot change" in err
 
 
-def test_state_show_names_the_command(old_states: dict[str, Path], tmp_path: Path) -> None:
+def test_state_show_names_the_command(old_states: dict[str, Path], tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``sguard state show`` (the CLI's `main`, in this process) on a version-1 state."""
+    from sguard.cli import main
     d = _copy(old_states["running-str"], tmp_path)
-    r = subprocess.run([_python(), "-m", "sguard", "state", "show", str(d / "state")],
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 2 and CONVERT_COMMAND in r.stderr, r.stderr
+    capsys.readouterr()
+    assert main(["state", "show", str(d / "state")]) == 2
+    err = capsys.readouterr().err
+    assert CONVERT_COMMAND in err, err

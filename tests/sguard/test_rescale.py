@@ -304,6 +304,20 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``sguard state repartition`` through the CLI's `main` in this process (the same parser,
+    checks and messages as `_run_cli`, without a process start-up each; every refusal here
+    comes before Spark would start), as a completed process."""
+    from sguard.cli import main
+    capsys.readouterr()
+    try:
+        code = main(["state", "repartition", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    got = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, got.out, got.err)
+
+
 def _one_line(out: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
     assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
@@ -312,7 +326,8 @@ def _one_line(out: subprocess.CompletedProcess[str], code: int, *needles: str) -
         assert n in lines[0], lines[0]
 
 
-def test_bad_input_gets_one_line_errors_and_writes_nothing(tmp_path: Path) -> None:
+def test_bad_input_gets_one_line_errors_and_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Unknown URI, no state there, P' < 1 or > K, a source checkpoint of another operator:
     a `RescaleError` naming the fault (CLI: one line, exit 2) and not a byte written."""
     from ioservice import CheckpointManager
@@ -332,12 +347,12 @@ def test_bad_input_gets_one_line_errors_and_writes_nothing(tmp_path: Path) -> No
     with pytest.raises(RescaleError, match=f"exceeds the state's {K} key groups"):
         repartition(uri, K + 1)
     assert tree_digest(uri) == before
-    _one_line(_run_cli(uri, "--partitions", "0"), 2, "--partitions must be >= 1")
-    _one_line(_run_cli(str(tmp_path / "nope"), "--partitions", "3"), 2, "does not exist")
-    _one_line(_run_cli(str(tmp_path / "empty"), "--partitions", "3"), 2,
+    _one_line(_main(capsys, uri, "--partitions", "0"), 2, "--partitions must be >= 1")
+    _one_line(_main(capsys, str(tmp_path / "nope"), "--partitions", "3"), 2, "does not exist")
+    _one_line(_main(capsys, str(tmp_path / "empty"), "--partitions", "3"), 2,
               "no sguard operator state")
-    _one_line(_run_cli(uri, "--partitions", str(K + 1)), 2, f"{K} key groups")
-    out = _run_cli(uri, "--partitions", "x")  # argparse: usage + one error line, exit 2
+    _one_line(_main(capsys, uri, "--partitions", str(K + 1)), 2, f"{K} key groups")
+    out = _main(capsys, uri, "--partitions", "x")  # argparse: usage + one error line, exit 2
     assert out.returncode == 2 and "invalid int value" in out.stderr.splitlines()[-1]
     assert tree_digest(uri) == before
     # a checkpoint of another operator in partition 1's HA unit
@@ -350,7 +365,7 @@ def test_bad_input_gets_one_line_errors_and_writes_nothing(tmp_path: Path) -> No
     mixed = tree_digest(uri)
     with pytest.raises(RescaleError, match="is not partition 1 of generation 0.*other_op"):
         repartition(uri, 3)
-    _one_line(_run_cli(uri, "--partitions", "3"), 2, "other_op")
+    _one_line(_main(capsys, uri, "--partitions", "3"), 2, "other_op")
     assert tree_digest(uri) == mixed
     assert q.layout == layout
 
@@ -372,7 +387,8 @@ def test_layout_version_1_is_refused_naming_the_convert_command(tmp_path: Path) 
     assert tree_digest(str(uri)) == before
 
 
-def test_foreign_next_generation_is_refused_not_deleted(tmp_path: Path) -> None:
+def test_foreign_next_generation_is_refused_not_deleted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """HA units of generation g+1 that no repartition marked are left alone."""
     from ioservice import CheckpointManager
     from mmm import PageManager
@@ -384,17 +400,18 @@ def test_foreign_next_generation_is_refused_not_deleted(tmp_path: Path) -> None:
     before = tree_digest(q.uri)
     with pytest.raises(RescaleError, match="no repartition made them"):
         repartition(q.uri, 3)
-    _one_line(_run_cli(q.uri, "--partitions", "3"), 2, "no repartition made them")
+    _one_line(_main(capsys, q.uri, "--partitions", "3"), 2, "no repartition made them")
     assert tree_digest(q.uri) == before
 
 
-def test_same_partition_count_is_a_no_op_unless_forced(tmp_path: Path) -> None:
+def test_same_partition_count_is_a_no_op_unless_forced(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Asking for the current P writes nothing (API and CLI); force writes a generation."""
     q, tables = _made(tmp_path / "s", 3, n_batches=3, name="running_int")
     before = tree_digest(q.uri)
     res = repartition(q.uri, 3)
     assert not res.changed and res.generation == 0 and res.pages == 0
-    out = _run_cli(q.uri, "--partitions", "3")
+    out = _main(capsys, q.uri, "--partitions", "3")
     assert out.returncode == 0 and "nothing to do" in out.stdout, out.stderr
     assert len(out.stdout.strip().splitlines()) == 1
     assert tree_digest(q.uri) == before

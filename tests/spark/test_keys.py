@@ -213,12 +213,15 @@ def test_failure_schedules_with_typed_keys_equal_failure_free_and_oracle(
         assert any(None in k for k in want)  # null keys took part, as their own groups
 
 
-@pytest.mark.parametrize("name,via", [("running", "api"), ("window", "cli"), ("join", "api")])
-def test_string_keyed_state_repartitions_and_continues(tmp_path: Path, name: str,
+@pytest.mark.parametrize("name,via", [("running", "api"), ("window", "job"), ("join", "api")])
+def test_string_keyed_state_repartitions_and_continues(request: pytest.FixtureRequest,
+                                                       tmp_path: Path, name: str,
                                                        via: str) -> None:
-    """2 -> 3 partitions between batches (`sguard.rescale.repartition`, or ``sguard state
-    repartition``): every key lands where Spark sends it (with its dictionary entry), the
-    new partitions replay the log, the result equals a 3-partition run of the same rows."""
+    """2 -> 3 partitions between batches (`sguard.rescale.repartition`, or the Spark job
+    ``sguard state repartition`` runs, on the suite's session: the command itself, with its
+    own Spark, is run in test_rescale_spark.py): every key lands where Spark sends it (with
+    its dictionary entry), the new partitions replay the log, the result equals a
+    3-partition run of the same rows."""
     key = ["tenant", "user"] if name == "running" else ["user"]
     make, join = OPS[name]
     t2 = _batches(5, key, 2, join)
@@ -232,12 +235,10 @@ def test_string_keyed_state_repartitions_and_continues(tmp_path: Path, name: str
         res = rescale.repartition(str(tmp_path / "run" / "state"), 3)
         assert res.generation == 1 and res.pages > 0
     else:
-        import subprocess
-        import sys
-        done = subprocess.run([sys.executable, "-m", "sguard", "state", "repartition",
-                               str(tmp_path / "run" / "state"), "--partitions", "3"],
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr
+        from sguard.spark.rescaling import repartition_job
+        res = repartition_job(request.getfixturevalue("spark"),
+                              open_root(str(tmp_path / "run" / "state")), 3)
+        assert res.generation == 1 and res.pages > 0
     cfg = _config(tmp_path / "run", make(), schema, key, 3, None, 1)
     assert cfg.layout.num_partitions == 3 and cfg.layout.key == key
     out = _run(cfg, t3[4:], {}, first=4)
