@@ -172,12 +172,15 @@ def test_window_aggregate_scaled_with_lagging_checkpoint(
             hu = [f"window_aggregate.g0.p{q:04d}" for q in (0, 1)]
             t0 = time.monotonic()  # the asynchronous checkpoints of batch 4 land
             while min(latest_checkpoint_batch(root, h) for h in hu) < 3:
-                assert time.monotonic() - t0 < 60
+                assert time.monotonic() - t0 < 600  # a hang guard, not a speed bound
                 time.sleep(0.1)
-            was = latest_checkpoint_batch(root, hu[0])
-            infos = [c for c in list_checkpoints(root, hu[0]) if c.has_manifest]
-            shutil.rmtree(tmp_path / "state" / infos[-1].directory)
-            assert latest_checkpoint_batch(root, hu[0]) < was
+            # drop partition 0's newest checkpoints until it is behind partition 1 (which
+            # checkpoints each partition took depends on when the asynchronous ones landed)
+            while latest_checkpoint_batch(root, hu[0]) >= latest_checkpoint_batch(root, hu[1]):
+                infos = [c for c in list_checkpoints(root, hu[0]) if c.has_manifest]
+                assert len(infos) > 1, infos
+                shutil.rmtree(tmp_path / "state" / infos[-1].directory)
+            assert latest_checkpoint_batch(root, hu[0]) < latest_checkpoint_batch(root, hu[1])
         if p == 4:  # this time offline, with the one command; the query then just runs
             out = subprocess.run([sys.executable, "-m", "sguard", "state", "repartition",
                                   str(tmp_path / "state"), "--partitions", "4",
