@@ -144,6 +144,7 @@ class PageManager:
         self._lock = threading.Lock()
         self._flush_hooks: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.stats_pages_cloned = 0
+        self._stage_spare: npt.NDArray[np.uint8] | None = None  # see `_stage_buffer`
         if _pool is not None:
             self._adopt(np.flatnonzero(self.pool.state == LIVE), dedupe=True)
 
@@ -568,6 +569,21 @@ class PageManager:
         self._active.add(snap.snapshot_id)
         self.epoch += 1
         return snap
+
+    def _stage_buffer(self, rows: int) -> npt.NDArray[np.uint8]:
+        """The spare staging buffer (`Snapshot.stage_planned`) when it has ``rows`` rows,
+        else a new one. Any thread."""
+        with self._lock:
+            buf, self._stage_spare = self._stage_spare, None
+        if buf is None or len(buf) < rows:
+            buf = np.empty((rows, self.page_bytes), dtype=np.uint8)
+        return buf
+
+    def _stage_buffer_done(self, buf: npt.NDArray[np.uint8]) -> None:
+        """Keep the largest staging buffer given back, for the next checkpoint."""
+        with self._lock:
+            if self._stage_spare is None or len(buf) > len(self._stage_spare):
+                self._stage_spare = buf
 
     def _snapshot_done(self, snap: Snapshot) -> None:
         self._active.discard(snap.snapshot_id)

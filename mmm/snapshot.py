@@ -57,6 +57,12 @@ class SnapshotOwner(Protocol):
     def _snapshot_done(self, snap: "Snapshot") -> None:
         """Called once when the snapshot leaves the ACTIVE state."""
 
+    def _stage_buffer(self, rows: int) -> npt.NDArray[np.uint8]:
+        """A ``(>= rows, page_bytes)`` buffer for staged pages (a spare one when it has one)."""
+
+    def _stage_buffer_done(self, buf: npt.NDArray[np.uint8]) -> None:
+        """Take back a staging buffer no snapshot uses any more (to reuse it)."""
+
 
 class Snapshot:
     """A frozen, consistent set of pages of one page manager.
@@ -268,8 +274,9 @@ class Snapshot:
         with self._lock:
             plan, self._plan = self._plan, np.zeros(0, dtype=np.int64)
             if self._staged is None and len(plan):
-                # one row per page of the snapshot at most: untouched rows cost no memory
-                self._staged = np.empty((len(self.page_ids), self.page_bytes), dtype=np.uint8)
+                # one row per page of the snapshot at most: untouched rows cost no memory;
+                # the page manager's spare one has its memory mapped already (no page faults)
+                self._staged = self._pm._stage_buffer(len(self.page_ids))
             buf = self._staged
             start = self._n_staged
         per = max(1, (chunk_bytes or STAGE_CHUNK_BYTES) // self.page_bytes)
@@ -351,6 +358,10 @@ class Snapshot:
 
     def _finish(self, state: Any) -> None:
         self.state = state
-        self._staged = None  # a reader still writing from it keeps its own reference
+        buf, self._staged = self._staged, None
         self._cond.notify_all()
         self._pm._snapshot_done(self)
+        if buf is not None and state is SnapshotState.COMPLETED:
+            # every write read its pages before the checkpoint completed; after a
+            # cancel a failed write may still be reading, so that buffer is dropped
+            self._pm._stage_buffer_done(buf)
