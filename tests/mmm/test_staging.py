@@ -185,3 +185,25 @@ def test_planning_skips_persisted_staged_and_repeated_pages() -> None:
     with pytest.raises(SnapshotStateError):
         snap.plan_staging([4])
     pm._check()
+
+
+def test_a_completed_snapshot_gives_its_buffer_back_a_cancelled_one_does_not() -> None:
+    pm, m = _setup()
+    snap = pm.chkpt()
+    snap.plan_staging(np.arange(len(snap)))
+    snap.stage_planned()
+    buf = snap._staged
+    snap.mark_persisted(np.arange(len(snap)))
+    snap.complete()
+    assert pm._stage_spare is buf  # kept for the next checkpoint
+    _touch_all(m)
+    snap2 = pm.chkpt()
+    want = _frozen(pm, snap2)
+    snap2.plan_staging(np.arange(len(snap2)))
+    snap2.stage_planned()
+    assert snap2._staged is buf and pm._stage_spare is None  # reused, not shared
+    _touch_all(m)
+    np.testing.assert_array_equal(snap2.copy_pages(np.arange(len(snap2))), want)
+    snap2.cancel()  # a failed write may still read it: dropped, not reused
+    assert pm._stage_spare is None
+    pm._check()
