@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -54,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "out"
 PAGE = 1 << 16
 BATCH = 20_000
+CHUNK_MB = 8
 
 
 # ----------------------------------------------------------------------------- worker
@@ -90,12 +92,14 @@ def _worker(args: argparse.Namespace) -> int:
     while time.time() < start_at:
         batch()
     t_ask = time.time()
+    cpu_ask = time.process_time()
     pending = mgr.checkpoint(full=True)
     assert pending is not None
     while not pending.done():
         batch()
     man = pending.result()
     t_done = time.time()
+    cpu_s = time.process_time() - cpu_ask
     end = t_done + args.warmup_s
     while time.time() < end:
         batch()
@@ -106,7 +110,7 @@ def _worker(args: argparse.Namespace) -> int:
         "haunit": args.haunit, "ask": t_ask, "first_start": t_ask + pending.admission_s,
         "done": t_done, "bytes": man.written_bytes, "files": len(man.files),
         "fallback": pending.fallback, "grants": len(pending.grants),
-        "prepare_s": pending.prepare_s, "batch_s_before": before, "batch_s_during": during}))
+        "prepare_s": pending.prepare_s, "cpu_s": cpu_s, "batch_s_before": before, "batch_s_during": during}))
     return 0
 
 
@@ -115,10 +119,9 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitions: int,
-           size_mb: int, tag: str, env: dict[str, str]) -> dict[str, Any]:
-    vol_dirs = [cluster.workdir / f"volume{i}" for i in range(len(cluster.volumes))]
-    before = [_dir_bytes(d) for d in vol_dirs]
+def _spawn(bucket: str, scheduler: str | None, partitions: int, size_mb: int, tag: str,
+           env: dict[str, str], chunk_mb: int) -> list[subprocess.Popen[bytes]]:
+    """Start one mode's partition processes and wait until each has built its state."""
     procs = []
     for i in range(partitions):
         cmd = [sys.executable, "-m", "bench.peace_live", "--worker", "--root",
@@ -126,7 +129,7 @@ def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitio
                "--seed", str(i), "--warmup-s", "0.5"]
         if scheduler:
             cmd += ["--scheduler", f"{scheduler}?writer={_writer(i, partitions)}&replication=2"
-                                   "&chunk_mb=8&timeout_s=10"]
+                                   f"&chunk_mb={chunk_mb}&timeout_s=10"]
         procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, env=env, cwd=ROOT))
     for p in procs:  # barrier: every partition has built its state
@@ -135,6 +138,17 @@ def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitio
         if line.strip() != b"READY":
             tail = p.stderr.read().decode()[-3000:] if p.stderr is not None else ""
             raise RuntimeError(f"partition worker did not get ready: {line!r} {tail}")
+    return procs
+
+
+def _round(cluster: Any, procs: list[subprocess.Popen[bytes]], mode: str, partitions: int,
+           size_mb: int, server_pids: list[int]) -> dict[str, Any]:
+    """Start every (ready) partition's checkpoint at one instant and collect the outcome."""
+    vol_dirs = [cluster.workdir / f"volume{i}" for i in range(len(cluster.volumes))]
+    before = [_dir_bytes(d) for d in vol_dirs]
+    os.sync()  # the previous round's bytes reach the disk now, not during this round
+    cpu0, srv0 = _cpu_s(), _pids_cpu_s(server_pids)
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start_at = time.time() + 1.0
     results = []
     for p in procs:
@@ -146,6 +160,8 @@ def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitio
         if p.returncode != 0:
             raise RuntimeError(f"partition worker failed ({p.returncode}): {err.decode()[-3000:]}")
         results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    cpu1, srv1 = _cpu_s(), _pids_cpu_s(server_pids)
+    kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     time.sleep(1.0)  # let the volume servers flush
     after = [_dir_bytes(d) for d in vol_dirs]
     first_ask = min(r["ask"] for r in results)
@@ -166,7 +182,52 @@ def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitio
         "volume_bytes": [a - b for a, b in zip(after, before)],
         "volume_racks": list(cluster.racks),
         "written_bytes": sum(r["bytes"] for r in results),
+        "machine_cpu_s": cpu1 - cpu0,
+        "servers_cpu_s": srv1 - srv0,
+        "partitions_cpu_s": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime),
+        "worker_cpu_s": [r["cpu_s"] for r in results],
     }
+
+
+def _warm_up(cluster: Any, bucket: str, partitions: int) -> None:
+    """Write and delete ``partitions`` files of 8 MiB at once, so SeaweedFS has grown its
+    volumes before the first measured round (else that round alone pays for it)."""
+    import concurrent.futures as cf
+
+    fs = cluster.filesystem()
+    blob = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
+    path = bucket.removeprefix("s3://") + "/warmup"
+
+    def put(i: int) -> None:
+        with fs.open_output_stream(f"{path}/f{i}") as out:
+            out.write(blob)
+
+    with cf.ThreadPoolExecutor(partitions) as pool:
+        list(pool.map(put, range(partitions)))
+    fs.delete_dir(path)
+
+
+def _pids_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` spent so far (SeaweedFS, coordinator)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+            total += int(f[11]) + int(f[12])
+        except (OSError, ValueError, IndexError):
+            return float("nan")
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system) the whole machine spent so far, from /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            f = fh.readline().split()
+        return (int(f[1]) + int(f[2]) + int(f[3])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def _pct(a: np.ndarray) -> dict[str, float]:
@@ -191,6 +252,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="rounds of both modes (1 or 2)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help="output directory (default: %(default)s, untracked)")
+    ap.add_argument("--writer-chunks", type=int, default=2,
+                    help="coordinator model: chunks in flight per writer (default %(default)s)")
+    ap.add_argument("--receiver-chunks", type=int, default=2,
+                    help="coordinator model: chunks in flight per receiver (default %(default)s)")
+    ap.add_argument("--chunk-mb", type=int, default=CHUNK_MB,
+                    help="scheduled chunk size in MiB (default %(default)s)")
+    ap.add_argument("--barrier", action="store_true",
+                    help="coordinator with the paper's timestep barrier (80%% of a timestep's "
+                         "chunks done before the next) instead of work-conserving grants")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--haunit", help=argparse.SUPPRESS)
@@ -222,30 +292,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     # chunks back for a link or disks that are not there
     topo = paper_topology(rack_sizes=((partitions + 1) // 2, max(1, partitions // 2)),
                           link_chunks=2 * partitions, link_bytes_per_s=1 << 40,
-                          disk_bytes_per_s=125 * MB)
+                          disk_bytes_per_s=125 * MB, snd_up_chunks=args.writer_chunks,
+                          dn_rcv_chunks=args.receiver_chunks)
     runs: list[dict[str, Any]] = []
     with SeaweedCluster(racks=("rack1", "rack1", "rack2", "rack2"), replication="010",
                         volume_size_limit_mb=256) as cluster:
         bucket = cluster.create_bucket("peace-live")
         env = dict(os.environ, **cluster.env(), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        with start_coordinator(topo) as coord:
+        with start_coordinator(topo, work_conserving=not args.barrier) as coord:
             print(f"SeaweedFS at {cluster.s3_endpoint}, coordinator {coord.uri} ({topo.name}); "
                   f"{partitions} partitions x {size_mb} MB, {rounds} round(s)", flush=True)
+            _warm_up(cluster, bucket, partitions)
+            server_pids = [p.popen.pid for p in cluster.processes if p.popen is not None]
+            server_pids.append(coord.pid)
             for rnd in range(rounds):
                 order = [("without", None), ("with", coord.uri)]
                 if rnd % 2:
                     order.reverse()
-                for mode, sched in order:
-                    res = _round(cluster, bucket, mode, sched, partitions, size_mb,
-                                 f"r{rnd}-{mode}", env)
+                # both modes' partitions build their state first, so the two rounds run
+                # seconds apart (the machine's other load drifts less between them)
+                ready = {mode: _spawn(bucket, sched, partitions, size_mb, f"r{rnd}-{mode}", env,
+                                      args.chunk_mb)
+                         for mode, sched in order}
+                for mode, _ in order:
+                    res = _round(cluster, ready[mode], mode, partitions, size_mb, server_pids)
                     res["round"] = rnd
+                    res["loadavg"] = os.getloadavg()
                     runs.append(res)
                     print(f"  round {rnd} {mode:7s} coordinator: response {res['mean_response_s']:6.2f}s"
                           f" makespan {res['makespan_s']:6.2f}s (service {res['mean_service_s']:6.2f}s,"
                           f" max {res['max_service_s']:.2f}) operator p99 during "
                           f"{res['operator_ms_during']['p99']:.1f} ms (before "
                           f"{res['operator_ms_before']['p99']:.1f}) fallbacks {res['fallbacks']}"
-                          f" volume MB {[round(b / 1e6) for b in res['volume_bytes']]}", flush=True)
+                          f" volume MB {[round(b / 1e6) for b in res['volume_bytes']]}"
+                          f" CPU s: machine {res['machine_cpu_s']:.1f}, SeaweedFS+coordinator "
+                          f"{res['servers_cpu_s']:.1f}, partitions {res['partitions_cpu_s']:.1f}"
+                          f" (checkpointing {sum(res['worker_cpu_s']):.1f});"
+                          f" load {res['loadavg'][0]:.1f}",
+                          flush=True)
 
     def mean(mode: str, key: str) -> float:
         return float(np.mean([r[key] for r in runs if r["mode"] == mode]))
@@ -280,7 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "coordinator_model": "paper capacities (2 per writer, 2 per receiver), r = 2, "
                                    "inter-rack link not binding (loopback), receivers as fast "
                                    "as their NIC (no per-receiver disk on one machine)",
-              "chunk_mb": 8, "replication": "010 (2 copies, one per rack)", "page_bytes": PAGE,
+              "chunk_mb": args.chunk_mb, "writer_chunks": args.writer_chunks,
+              "receiver_chunks": args.receiver_chunks, "work_conserving": not args.barrier, "replication": "010 (2 copies, one per rack)", "page_bytes": PAGE,
               "batch": BATCH, "coordinator_topology": topo.name, "io_workers": 4}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{NAME}.json"

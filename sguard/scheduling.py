@@ -278,6 +278,7 @@ class CoordinatorProcess:
 
 def start_coordinator(topology: str | Topology = "paper", *, variant: str = "improved",
                       port: int = 0, advance_fraction: float = 0.8, seed: int = 0,
+                      work_conserving: bool = False,
                       startup_timeout_s: float = 60.0) -> CoordinatorProcess:
     """Start ``sguard peace serve`` in a new process and wait for its address.
 
@@ -288,6 +289,9 @@ def start_coordinator(topology: str | Topology = "paper", *, variant: str = "imp
         :class:`~peace.model.Topology` (written to a temporary JSON file).
     variant
         Scheduler variant: ``improved``, ``paper`` or ``mcf``.
+    work_conserving
+        No timestep barrier: every completion schedules waiting chunks into the
+        capacity the chunks in flight leave (`peace.coordinator.Coordinator`).
 
     Raises
     ------
@@ -305,6 +309,8 @@ def start_coordinator(topology: str | Topology = "paper", *, variant: str = "imp
     cmd = [sys.executable, "-m", "sguard", "peace", "serve", "--topology", spec, "--host",
            "127.0.0.1", "--port", str(port), "--variant", variant, "--advance-fraction",
            str(advance_fraction), "--seed", str(seed)]
+    if work_conserving:
+        cmd.append("--work-conserving")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
