@@ -130,8 +130,12 @@ def _spawn(bucket: str, scheduler: str | None, partitions: int, size_mb: int, ta
         if scheduler:
             cmd += ["--scheduler", f"{scheduler}?writer={_writer(i, partitions)}&replication=2"
                                    f"&chunk_mb={chunk_mb}&timeout_s=10"]
+        # each partition in a session of its own, as on a host of its own: with the
+        # kernel's autogroup scheduling the CPU is shared per partition (and per SeaweedFS
+        # server, coordinator, other work on the machine), not per thread, in both modes
         procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=env, cwd=ROOT))
+                                      stderr=subprocess.PIPE, env=env, cwd=ROOT,
+                                      start_new_session=True))
     for p in procs:  # barrier: every partition has built its state
         assert p.stdout is not None
         line = p.stdout.readline()
@@ -299,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         volume_size_limit_mb=256) as cluster:
         bucket = cluster.create_bucket("peace-live")
         env = dict(os.environ, **cluster.env(), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        with start_coordinator(topo, work_conserving=not args.barrier) as coord:
+        with start_coordinator(topo, work_conserving=not args.barrier,
+                               own_session=True) as coord:
             print(f"SeaweedFS at {cluster.s3_endpoint}, coordinator {coord.uri} ({topo.name}); "
                   f"{partitions} partitions x {size_mb} MB, {rounds} round(s)", flush=True)
             _warm_up(cluster, bucket, partitions)

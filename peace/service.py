@@ -12,6 +12,7 @@ bound to ``127.0.0.1`` by default. One JSON object per line each way::
                                           "servers": [...], "cost": 5}, ...],
             "state": "ACTIVE", "completed": 0, "chunks": 8}
     {"op": "complete", "request_id": 0, "chunk_index": 0}   -> {"ok": true}
+    {"op": "complete", ..., "take": true}   -> {"ok": true, "assignments": [...]}
     {"op": "status", "request_id": 0} / {"op": "stats"}     -> {"ok": true, ...}
     {"op": "servers"}  -> {"ok": true, "servers": [...], "racks": {"rack1": [...], ...}}
 
@@ -23,7 +24,10 @@ Keep the submitting connection open until every chunk is reported.
 
 ``submit`` returns the assignments made at once (the same objects ``wait``
 returns; they are not delivered again), so a request admitted right away
-costs one round trip. ``wait`` is a long poll: it returns the assignments not yet delivered to that
+costs one round trip; likewise ``complete`` with ``"take": true`` returns the
+request's assignments that completion (or anything before it) made, so a
+writer starts its next chunk from the reply without waiting for its long poll
+to wake. ``wait`` is a long poll: it returns the assignments not yet delivered to that
 request as soon as there is at least one (or the request is finished), or an
 empty list after ``timeout_s``. Errors carry the exception class name;
 :class:`CoordinatorClient` raises the same :mod:`peace.errors` class again.
@@ -217,8 +221,16 @@ class CoordinatorServer:
                     "state": status.state.name, "completed": status.completed,
                     "chunks": status.chunks, "failed": failed}
         if op == "complete":
-            c.complete(_int(msg, "request_id"), _int(msg, "chunk_index"))
-            return {"ok": True}
+            rid = _int(msg, "request_id")
+            c.complete(rid, _int(msg, "chunk_index"))  # assignments reach the mailboxes now
+            if not msg.get("take"):
+                return {"ok": True}
+            with self._cond:
+                box = self._boxes.get(rid)
+                items = [] if box is None else box.items
+                if box is not None:
+                    box.items = []
+            return {"ok": True, "assignments": [placement_to_json(p) for p in items]}
         if op == "status":
             st = c.status(_int(msg, "request_id"))
             return {"ok": True, "request_id": st.request_id, "writer": st.writer,
@@ -332,9 +344,13 @@ class CoordinatorClient:
             return {"ok": True, "assignments": early, "failed": None}
         return self.call(op="wait", request_id=request_id, timeout_s=timeout_s)
 
-    def complete(self, request_id: int, chunk_index: int) -> None:
-        """Report a finished chunk."""
-        self.call(op="complete", request_id=request_id, chunk_index=chunk_index)
+    def complete(self, request_id: int, chunk_index: int, *, take: bool = False
+                 ) -> list[dict[str, Any]]:
+        """Report a finished chunk; with ``take``, returns the request's assignments not yet
+        delivered (they are then not returned by :meth:`wait`), else ``[]``."""
+        reply = self.call(op="complete", request_id=request_id, chunk_index=chunk_index,
+                          **({"take": True} if take else {}))
+        return list(reply.get("assignments", ()))
 
     def stats(self) -> dict[str, Any]:
         """Coordinator counters."""

@@ -265,6 +265,32 @@ def test_service_serves_concurrent_clients_until_every_chunk_is_written() -> Non
     c._check()
 
 
+def test_service_hands_grants_over_in_submit_and_complete_replies_once() -> None:
+    """Work-conserving over the wire: submit's reply carries the first grants, each
+    complete(take=True) the grant its freed slot made; wait never repeats one."""
+    t = paper_topology()  # 2 chunks in flight per writer
+    c = Coordinator(t, seed=0, work_conserving=True)
+    with CoordinatorServer(c) as server, CoordinatorClient(server.address) as cl, \
+            CoordinatorClient(server.address) as reporter:
+        rid, first = cl.submit_and_grants("svr1.1", 2, 5)
+        assert [a["chunk_index"] for a in first] == [0, 1]
+        assert cl.wait(rid, timeout_s=0.0)["assignments"] == []  # nothing new, nothing twice
+        seen = [a["chunk_index"] for a in first]
+        todo = list(seen)
+        while todo:
+            k = todo.pop(0)
+            got = reporter.complete(rid, k, take=True)
+            seen += [a["chunk_index"] for a in got]
+            todo += [a["chunk_index"] for a in got]
+        assert sorted(seen) == list(range(5)) and len(seen) == 5
+        assert cl.wait(rid, timeout_s=0.0)["assignments"] == []
+        assert c.status(rid).state is RequestState.DONE
+        # the plain forms keep working: submit() keeps its grants for the next wait()
+        rid2 = cl.submit("svr1.2", 2, 1)
+        assert [a["chunk_index"] for a in cl.wait(rid2, timeout_s=0.0)["assignments"]] == [0]
+        assert reporter.complete(rid2, 0) == []
+
+
 def test_service_maps_errors_back_to_peace_exceptions() -> None:
     """Bad requests over the wire raise the same exception classes as in process."""
     c = Coordinator(paper_topology(), seed=0, max_pending_requests=1)
