@@ -673,13 +673,13 @@ class _SnapshotWrite:
                              max(1, int(scheduler.chunk_bytes) // self.pb) * self.pb,
                              self.total * self.pb)
         threading.Thread(target=_dispatch, name=f"sguard-sched-{self.label}", daemon=True,
-                         args=(scheduler, intent, self.sched, self.launch, self.all_launched,
+                         args=(scheduler, intent, self.sched, self.launch, self.n_launched,
                                self.stop, self.n_files)).start()
 
-    def all_launched(self) -> bool:
-        """Whether every share has started (granted, or fallen back to unscheduled)."""
+    def n_launched(self) -> int:
+        """Shares started so far (granted, or fallen back to unscheduled)."""
         with self.lock:
-            return all(self.launched)
+            return sum(self.launched)
 
 
 class _SchedState:
@@ -739,7 +739,7 @@ class _SchedState:
 
 
 def _dispatch(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState,
-              launch: Callable[[int], bool], all_launched: Callable[[], bool],
+              launch: Callable[[int], bool], n_launched: Callable[[], int],
               stop: threading.Event, n_chunks: int) -> None:
     """Dispatcher thread of one scheduled write: start each chunk when granted.
 
@@ -749,7 +749,6 @@ def _dispatch(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState
     never returns), or no grant for `WriteScheduler.max_wait_s`, every chunk
     not yet started starts now (unscheduled) and a warning is logged.
     """
-    started = [0]
     busy: list[float | None] = [None]  # monotonic start of the scheduler call in progress
     over = threading.Event()
     poll = max(0.01, min(1.0, float(scheduler.timeout_s)))
@@ -757,14 +756,15 @@ def _dispatch(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState
     def fall_back(why: str) -> None:
         if sched.fall_back(why):
             logger.warning("checkpoint %s: write scheduler unavailable (%s); writing %d of %d "
-                           "chunks unscheduled", intent.name, why, n_chunks - started[0], n_chunks)
+                           "chunks unscheduled", intent.name, why, n_chunks - n_launched(),
+                           n_chunks)
         for k in range(n_chunks):
             launch(k)
         over.set()
 
     def watchdog() -> None:
         limit = poll + float(scheduler.timeout_s)
-        while not over.wait(min(0.05, limit / 4)):
+        while not over.wait(limit / 4):  # notices a hung call within 1.25 x limit
             since = busy[0]
             if since is not None and time.monotonic() - since > limit:
                 fall_back(f"a scheduler call did not return within {limit:.2f} s")
@@ -773,16 +773,16 @@ def _dispatch(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState
     threading.Thread(target=watchdog, name=f"sguard-sched-watchdog-{intent.name}",
                      daemon=True).start()
     try:
-        _dispatch_loop(scheduler, intent, sched, launch, all_launched, stop, n_chunks, poll,
-                       started, busy, fall_back, over)
+        _dispatch_loop(scheduler, intent, sched, launch, n_launched, stop, n_chunks, poll,
+                       busy, fall_back, over)
     finally:
         over.set()
 
 
 def _dispatch_loop(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState,
-                   launch: Callable[[int], bool], all_launched: Callable[[], bool],
+                   launch: Callable[[int], bool], n_launched: Callable[[], int],
                    stop: threading.Event, n_chunks: int,
-                   poll: float, started: list[int], busy: list[float | None],
+                   poll: float, busy: list[float | None],
                    fall_back: Callable[[str], None], over: threading.Event) -> None:
     t0 = time.monotonic()
     busy[0] = t0
@@ -799,7 +799,7 @@ def _dispatch_loop(scheduler: WriteScheduler, intent: WriteIntent, sched: _Sched
     if closed:  # the watchdog fell back and every chunk finished meanwhile
         sched.finish()
         return
-    while not all_launched() and not stop.is_set() and not over.is_set():
+    while n_launched() < n_chunks and not stop.is_set() and not over.is_set():
         busy[0] = time.monotonic()
         try:
             grants = ticket.next_grants(poll)
@@ -811,12 +811,11 @@ def _dispatch_loop(scheduler: WriteScheduler, intent: WriteIntent, sched: _Sched
         if over.is_set():
             return
         for g in sched.accept(grants, n_chunks, intent.name):
-            if launch(g.chunk_index):
-                started[0] += 1
+            launch(g.chunk_index)
         if sched.fallback is not None:  # reporting a chunk failed meanwhile
             fall_back(sched.fallback)
             return
-        if not all_launched() and time.monotonic() - t0 > scheduler.max_wait_s:
+        if n_launched() < n_chunks and time.monotonic() - t0 > scheduler.max_wait_s:
             fall_back(f"no grant for the remaining chunks within {scheduler.max_wait_s} s")
             return
 

@@ -226,10 +226,10 @@ class CoordinatorServer:
             if not msg.get("take"):
                 return {"ok": True}
             with self._cond:
-                box = self._boxes.get(rid)
-                items = [] if box is None else box.items
-                if box is not None:
-                    box.items = []
+                kept = self._boxes.get(rid)
+                items = [] if kept is None else kept.items
+                if kept is not None:
+                    kept.items = []
             return {"ok": True, "assignments": [placement_to_json(p) for p in items]}
         if op == "status":
             st = c.status(_int(msg, "request_id"))

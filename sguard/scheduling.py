@@ -39,6 +39,7 @@ import urllib.parse
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ioservice.scheduling import (ChunkGrant, SchedulerError, UnknownSchedulerError, WriteIntent,
                                   register_scheme)
@@ -189,8 +190,9 @@ class _PeaceWrite:
                 pass
 
 
-def _grants(assignments: Sequence[dict[str, object]]) -> list[ChunkGrant]:
-    return [ChunkGrant(int(a["chunk_index"]), tuple(str(s) for s in a["servers"]))  # type: ignore[call-overload, union-attr]
+def _grants(assignments: Sequence[dict[str, Any]]) -> list[ChunkGrant]:
+    """Wire assignments as `ChunkGrant` objects."""
+    return [ChunkGrant(int(a["chunk_index"]), tuple(str(s) for s in a["servers"]))
             for a in assignments]
 
 
