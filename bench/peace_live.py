@@ -213,20 +213,21 @@ def _round(cluster: Any, procs: list[subprocess.Popen[bytes]], mode: str, partit
 
 
 def _warm_up(cluster: Any, bucket: str, partitions: int) -> None:
-    """Write and delete ``partitions`` files of 8 MiB at once, so SeaweedFS has grown its
-    volumes before the first measured round (else that round alone pays for it)."""
+    """Write (and delete) what an unscheduled round writes -- 4 files of 4 MiB per partition,
+    all at once -- so SeaweedFS has grown its volumes for that many concurrent writes before
+    the first measured round (else that round alone pays for the growth)."""
     import concurrent.futures as cf
 
     fs = cluster.filesystem()
-    blob = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
+    blob = np.random.default_rng(0).integers(0, 255, 4 << 20, dtype=np.uint8).tobytes()
     path = bucket.removeprefix("s3://") + "/warmup"
 
     def put(i: int) -> None:
         with fs.open_output_stream(f"{path}/f{i}") as out:
             out.write(blob)
 
-    with cf.ThreadPoolExecutor(partitions) as pool:
-        list(pool.map(put, range(partitions)))
+    with cf.ThreadPoolExecutor(4 * partitions) as pool:
+        list(pool.map(put, range(4 * partitions)))
     fs.delete_dir(path)
 
 
