@@ -9,11 +9,30 @@ partition processes (8 with ``--quick``, 16 otherwise) each holding ``S`` MB of
 HashMap state, all checkpointing at the same instant while their operator
 keeps processing batches -- once *without* the coordinator (every checkpoint
 writes at once, 4 I/O threads each) and once *with* it (``scheduler=peace://``:
-each checkpoint is one request of 8 MiB chunks, started when the coordinator
-assigns them), the order alternating between rounds. Same run, same cluster,
-same data.
+each checkpoint is one request of ``--chunk-mb`` chunks, started when the
+coordinator assigns them), the order alternating between rounds. Same run, same
+cluster, same data, same 4 I/O threads per partition.
 
-Reported per mode: per-checkpoint *response time* (checkpoint asked ->
+Fairness: both modes' partitions build their state before either round runs,
+so the two rounds are seconds apart; each round starts after ``sync`` (the
+previous round's bytes are on disk), and SeaweedFS has grown its volumes in a
+warm-up write before the first. Every partition runs in a session of its own,
+as on a host of its own (Linux autogroup scheduling then shares the CPU per
+partition, SeaweedFS server and coordinator, not per thread), in both modes.
+
+The coordinator: work-conserving (every completion hands the freed capacity to
+the waiting chunks at once; ``--barrier`` for the paper's 80 % timestep rule),
+its first grants in the reply to the submission and each later grant in the
+reply to the completion report that freed it (one round trip per chunk), in a
+session of its own. Its model: a writer holds ``--writer-chunks`` chunks in
+flight (default 4, its I/O threads), a receiver ``--receiver-chunks`` (default
+2, the paper's; with r = 2 and 8 partitions: 8 chunks in flight, a quarter of
+the baseline's 32 streams), and ``--chunk-mb`` 5 makes a 16 MB state the same 4
+files of about 4.25 MB as the baseline's (under S3's 5 MiB multipart part size:
+one PUT each).
+
+Reported per mode (and CPU seconds: the machine's, SeaweedFS's + the
+coordinator's, and the partitions' while checkpointing): per-checkpoint *response time* (checkpoint asked ->
 committed, the headline: the admission wait counts), *service time* (first
 chunk started -> manifest committed), the
 *makespan* (first ask -> last commit over all partitions), the operator's
@@ -40,6 +59,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -54,6 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "out"
 PAGE = 1 << 16
 BATCH = 20_000
+CHUNK_MB = 5
 
 
 # ----------------------------------------------------------------------------- worker
@@ -90,12 +111,14 @@ def _worker(args: argparse.Namespace) -> int:
     while time.time() < start_at:
         batch()
     t_ask = time.time()
+    cpu_ask = time.process_time()
     pending = mgr.checkpoint(full=True)
     assert pending is not None
     while not pending.done():
         batch()
     man = pending.result()
     t_done = time.time()
+    cpu_s = time.process_time() - cpu_ask
     end = t_done + args.warmup_s
     while time.time() < end:
         batch()
@@ -106,7 +129,7 @@ def _worker(args: argparse.Namespace) -> int:
         "haunit": args.haunit, "ask": t_ask, "first_start": t_ask + pending.admission_s,
         "done": t_done, "bytes": man.written_bytes, "files": len(man.files),
         "fallback": pending.fallback, "grants": len(pending.grants),
-        "prepare_s": pending.prepare_s, "batch_s_before": before, "batch_s_during": during}))
+        "prepare_s": pending.prepare_s, "cpu_s": cpu_s, "batch_s_before": before, "batch_s_during": during}))
     return 0
 
 
@@ -115,10 +138,9 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitions: int,
-           size_mb: int, tag: str, env: dict[str, str]) -> dict[str, Any]:
-    vol_dirs = [cluster.workdir / f"volume{i}" for i in range(len(cluster.volumes))]
-    before = [_dir_bytes(d) for d in vol_dirs]
+def _spawn(bucket: str, scheduler: str | None, partitions: int, size_mb: int, tag: str,
+           env: dict[str, str], chunk_mb: int) -> list[subprocess.Popen[bytes]]:
+    """Start one mode's partition processes and wait until each has built its state."""
     procs = []
     for i in range(partitions):
         cmd = [sys.executable, "-m", "bench.peace_live", "--worker", "--root",
@@ -126,15 +148,30 @@ def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitio
                "--seed", str(i), "--warmup-s", "0.5"]
         if scheduler:
             cmd += ["--scheduler", f"{scheduler}?writer={_writer(i, partitions)}&replication=2"
-                                   "&chunk_mb=8&timeout_s=10"]
+                                   f"&chunk_mb={chunk_mb}&timeout_s=10"]
+        # each partition in a session of its own, as on a host of its own: with the
+        # kernel's autogroup scheduling the CPU is shared per partition (and per SeaweedFS
+        # server, coordinator, other work on the machine), not per thread, in both modes
         procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=env, cwd=ROOT))
+                                      stderr=subprocess.PIPE, env=env, cwd=ROOT,
+                                      start_new_session=True))
     for p in procs:  # barrier: every partition has built its state
         assert p.stdout is not None
         line = p.stdout.readline()
         if line.strip() != b"READY":
             tail = p.stderr.read().decode()[-3000:] if p.stderr is not None else ""
             raise RuntimeError(f"partition worker did not get ready: {line!r} {tail}")
+    return procs
+
+
+def _round(cluster: Any, procs: list[subprocess.Popen[bytes]], mode: str, partitions: int,
+           size_mb: int, server_pids: list[int]) -> dict[str, Any]:
+    """Start every (ready) partition's checkpoint at one instant and collect the outcome."""
+    vol_dirs = [cluster.workdir / f"volume{i}" for i in range(len(cluster.volumes))]
+    before = [_dir_bytes(d) for d in vol_dirs]
+    os.sync()  # the previous round's bytes reach the disk now, not during this round
+    cpu0, srv0 = _cpu_s(), _pids_cpu_s(server_pids)
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start_at = time.time() + 1.0
     results = []
     for p in procs:
@@ -146,6 +183,8 @@ def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitio
         if p.returncode != 0:
             raise RuntimeError(f"partition worker failed ({p.returncode}): {err.decode()[-3000:]}")
         results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    cpu1, srv1 = _cpu_s(), _pids_cpu_s(server_pids)
+    kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     time.sleep(1.0)  # let the volume servers flush
     after = [_dir_bytes(d) for d in vol_dirs]
     first_ask = min(r["ask"] for r in results)
@@ -166,7 +205,53 @@ def _round(cluster: Any, bucket: str, mode: str, scheduler: str | None, partitio
         "volume_bytes": [a - b for a, b in zip(after, before)],
         "volume_racks": list(cluster.racks),
         "written_bytes": sum(r["bytes"] for r in results),
+        "machine_cpu_s": cpu1 - cpu0,
+        "servers_cpu_s": srv1 - srv0,
+        "partitions_lifetime_cpu_s": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime),
+        "worker_cpu_s": [r["cpu_s"] for r in results],
     }
+
+
+def _warm_up(cluster: Any, bucket: str, partitions: int) -> None:
+    """Write (and delete) what an unscheduled round writes -- 4 files of 4 MiB per partition,
+    all at once -- so SeaweedFS has grown its volumes for that many concurrent writes before
+    the first measured round (else that round alone pays for the growth)."""
+    import concurrent.futures as cf
+
+    fs = cluster.filesystem()
+    blob = np.random.default_rng(0).integers(0, 255, 4 << 20, dtype=np.uint8).tobytes()
+    path = bucket.removeprefix("s3://") + "/warmup"
+
+    def put(i: int) -> None:
+        with fs.open_output_stream(f"{path}/f{i}") as out:
+            out.write(blob)
+
+    with cf.ThreadPoolExecutor(4 * partitions) as pool:
+        list(pool.map(put, range(4 * partitions)))
+    fs.delete_dir(path)
+
+
+def _pids_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` spent so far (SeaweedFS, coordinator)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+            total += int(f[11]) + int(f[12])
+        except (OSError, ValueError, IndexError):
+            return float("nan")
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system) the whole machine spent so far, from /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            f = fh.readline().split()
+        return (int(f[1]) + int(f[2]) + int(f[3])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def _pct(a: np.ndarray) -> dict[str, float]:
@@ -191,6 +276,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="rounds of both modes (1 or 2)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help="output directory (default: %(default)s, untracked)")
+    ap.add_argument("--writer-chunks", type=int, default=4,
+                    help="coordinator model: chunks in flight per writer (default %(default)s)")
+    ap.add_argument("--receiver-chunks", type=int, default=2,
+                    help="coordinator model: chunks in flight per receiver (default %(default)s)")
+    ap.add_argument("--chunk-mb", type=int, default=CHUNK_MB,
+                    help="scheduled chunk size in MiB (default %(default)s)")
+    ap.add_argument("--barrier", action="store_true",
+                    help="coordinator with the paper's timestep barrier (80%% of a timestep's "
+                         "chunks done before the next) instead of work-conserving grants")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--haunit", help=argparse.SUPPRESS)
@@ -215,37 +309,52 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up cluster and coordinator
     t0 = time.perf_counter()
-    # the paper's capacities (2 chunks per writer and per receiver); the "inter-rack link"
+    # a writer's capacity is its I/O threads, a receiver's a few chunks; the "inter-rack link"
     # is loopback here, so its capacity and bandwidth are made non-binding, and a receiver
     # of this model is a partition, not a disk (every volume server shares the machine's
     # one disk), so it is as fast as its NIC: the scheduler's rate-aware cut must not hold
     # chunks back for a link or disks that are not there
     topo = paper_topology(rack_sizes=((partitions + 1) // 2, max(1, partitions // 2)),
                           link_chunks=2 * partitions, link_bytes_per_s=1 << 40,
-                          disk_bytes_per_s=125 * MB)
+                          disk_bytes_per_s=125 * MB, snd_up_chunks=args.writer_chunks,
+                          dn_rcv_chunks=args.receiver_chunks)
     runs: list[dict[str, Any]] = []
     with SeaweedCluster(racks=("rack1", "rack1", "rack2", "rack2"), replication="010",
                         volume_size_limit_mb=256) as cluster:
         bucket = cluster.create_bucket("peace-live")
         env = dict(os.environ, **cluster.env(), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        with start_coordinator(topo) as coord:
+        with start_coordinator(topo, work_conserving=not args.barrier,
+                               own_session=True) as coord:
             print(f"SeaweedFS at {cluster.s3_endpoint}, coordinator {coord.uri} ({topo.name}); "
                   f"{partitions} partitions x {size_mb} MB, {rounds} round(s)", flush=True)
+            _warm_up(cluster, bucket, partitions)
+            server_pids = [p.popen.pid for p in cluster.processes if p.popen is not None]
+            server_pids.append(coord.pid)
             for rnd in range(rounds):
                 order = [("without", None), ("with", coord.uri)]
                 if rnd % 2:
                     order.reverse()
-                for mode, sched in order:
-                    res = _round(cluster, bucket, mode, sched, partitions, size_mb,
-                                 f"r{rnd}-{mode}", env)
+                # both modes' partitions build their state first, so the two rounds run
+                # seconds apart (the machine's other load drifts less between them)
+                ready = {mode: _spawn(bucket, sched, partitions, size_mb, f"r{rnd}-{mode}", env,
+                                      args.chunk_mb)
+                         for mode, sched in order}
+                for mode, _ in order:
+                    res = _round(cluster, ready[mode], mode, partitions, size_mb, server_pids)
                     res["round"] = rnd
+                    res["loadavg"] = os.getloadavg()
                     runs.append(res)
                     print(f"  round {rnd} {mode:7s} coordinator: response {res['mean_response_s']:6.2f}s"
                           f" makespan {res['makespan_s']:6.2f}s (service {res['mean_service_s']:6.2f}s,"
                           f" max {res['max_service_s']:.2f}) operator p99 during "
                           f"{res['operator_ms_during']['p99']:.1f} ms (before "
                           f"{res['operator_ms_before']['p99']:.1f}) fallbacks {res['fallbacks']}"
-                          f" volume MB {[round(b / 1e6) for b in res['volume_bytes']]}", flush=True)
+                          f" volume MB {[round(b / 1e6) for b in res['volume_bytes']]}"
+                          f" CPU s: machine {res['machine_cpu_s']:.1f}, SeaweedFS+coordinator "
+                          f"{res['servers_cpu_s']:.1f}, partitions while checkpointing "
+                          f"{sum(res['worker_cpu_s']):.1f};"
+                          f" load {res['loadavg'][0]:.1f}",
+                          flush=True)
 
     def mean(mode: str, key: str) -> float:
         return float(np.mean([r[key] for r in runs if r["mode"] == mode]))
@@ -277,10 +386,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "admission only (SeaweedFS's S3 gateway places replicas)",
     }
     params = {"quick": args.quick, "partitions": partitions, "size_mb": size_mb, "rounds": rounds,
-              "coordinator_model": "paper capacities (2 per writer, 2 per receiver), r = 2, "
+              "coordinator_model": f"{args.writer_chunks} chunks per writer (its I/O threads), "
+                                   f"{args.receiver_chunks} per receiver, r = 2, "
                                    "inter-rack link not binding (loopback), receivers as fast "
                                    "as their NIC (no per-receiver disk on one machine)",
-              "chunk_mb": 8, "replication": "010 (2 copies, one per rack)", "page_bytes": PAGE,
+              "chunk_mb": args.chunk_mb, "writer_chunks": args.writer_chunks,
+              "receiver_chunks": args.receiver_chunks, "work_conserving": not args.barrier, "replication": "010 (2 copies, one per rack)", "page_bytes": PAGE,
               "batch": BATCH, "coordinator_topology": topo.name, "io_workers": 4}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{NAME}.json"

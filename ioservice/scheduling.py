@@ -12,7 +12,8 @@ its own page file. The writer asks the scheduler once per checkpoint
 (`ScheduledWrite.next_grants`): each `ChunkGrant` lets one chunk start now
 (*admission*) and may name the servers that should hold it (*placement*).
 Every finished chunk is reported (`ScheduledWrite.chunk_done`), so the
-scheduler can advance.
+scheduler can advance; the report may answer with the grants it made
+possible, which start at once (one round trip per chunk, not two hops).
 
 Placement support by filesystem
 -------------------------------
@@ -106,8 +107,13 @@ class ScheduledWrite(Protocol):
         """
         ...
 
-    def chunk_done(self, chunk_index: int) -> None:
-        """Report that a granted chunk is written (durably closed)."""
+    def chunk_done(self, chunk_index: int) -> Sequence[ChunkGrant] | None:
+        """Report that a granted chunk is written (durably closed).
+
+        May return grants that the report made possible (the chunk's freed
+        capacity): they start at once, from the reporting thread, and are then
+        not delivered again by `next_grants`. ``None`` or empty: none.
+        """
         ...
 
     def close(self) -> None:

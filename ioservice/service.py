@@ -49,7 +49,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -723,7 +723,8 @@ class _SnapshotWrite:
     def finished(self, k: int, fut: cf.Future[npt.NDArray[np.uint64]]) -> None:
         exc = fut.exception()
         if exc is None:  # report before counting, so every report precedes the last
-            self.sched.chunk_done(k)
+            for g in self.sched.chunk_done(k, self.n_files, self.label):
+                self.launch(g.chunk_index)
         with self.lock:
             if exc is not None and not isinstance(exc, _Stop):
                 self.errors.append(exc)
@@ -768,8 +769,13 @@ class _SnapshotWrite:
                              max(1, int(scheduler.chunk_bytes) // self.pb) * self.pb,
                              self.total * self.pb)
         threading.Thread(target=_dispatch, name=f"sguard-sched-{self.label}", daemon=True,
-                         args=(scheduler, intent, self.sched, self.launch, self.stop,
-                               self.n_files)).start()
+                         args=(scheduler, intent, self.sched, self.launch, self.n_launched,
+                               self.stop, self.n_files)).start()
+
+    def n_launched(self) -> int:
+        """Shares started so far (granted, or fallen back to unscheduled)."""
+        with self.lock:
+            return sum(self.launched)
 
 
 class _SchedState:
@@ -782,17 +788,33 @@ class _SchedState:
         self.fallback: str | None = None
         self.closed = False
 
-    def chunk_done(self, k: int) -> None:
+    def chunk_done(self, k: int, n_chunks: int, label: str) -> list[ChunkGrant]:
+        """Report chunk ``k`` written; returns the valid grants the report brought (recorded)."""
         with self.lock:
             ticket = None if self.fallback is not None or self.closed else self.ticket
         if ticket is None:
-            return
+            return []
         try:
-            ticket.chunk_done(k)
+            got = ticket.chunk_done(k) or ()
         except Exception as exc:  # noqa: BLE001 - the scheduler is advisory
             if self.fall_back(f"reporting chunk {k} failed: {exc!r}"):
                 logger.warning("write scheduler unavailable (reporting chunk %d failed: %r); "
                                "writing the remaining chunks unscheduled", k, exc)
+            return []
+        return self.accept(got, n_chunks, label)
+
+    def accept(self, grants: Sequence[ChunkGrant], n_chunks: int, label: str) -> list[ChunkGrant]:
+        """Record the grants of known chunks (warning about others); returns them."""
+        ok = []
+        for g in grants:
+            if 0 <= g.chunk_index < n_chunks:
+                ok.append(g)
+            else:
+                logger.warning("checkpoint %s: scheduler granted unknown chunk %d", label,
+                               g.chunk_index)
+        with self.lock:
+            self.grants.extend(ok)
+        return ok
 
     def fall_back(self, why: str) -> bool:
         """Record the first fallback reason; True if this call recorded it."""
@@ -813,7 +835,8 @@ class _SchedState:
 
 
 def _dispatch(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState,
-              launch: Callable[[int], bool], stop: threading.Event, n_chunks: int) -> None:
+              launch: Callable[[int], bool], n_launched: Callable[[], int],
+              stop: threading.Event, n_chunks: int) -> None:
     """Dispatcher thread of one scheduled write: start each chunk when granted.
 
     Never blocks the caller of `IOService.write_snapshot`. On any scheduler
@@ -822,7 +845,6 @@ def _dispatch(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState
     never returns), or no grant for `WriteScheduler.max_wait_s`, every chunk
     not yet started starts now (unscheduled) and a warning is logged.
     """
-    started = [0]
     busy: list[float | None] = [None]  # monotonic start of the scheduler call in progress
     over = threading.Event()
     poll = max(0.01, min(1.0, float(scheduler.timeout_s)))
@@ -830,14 +852,15 @@ def _dispatch(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState
     def fall_back(why: str) -> None:
         if sched.fall_back(why):
             logger.warning("checkpoint %s: write scheduler unavailable (%s); writing %d of %d "
-                           "chunks unscheduled", intent.name, why, n_chunks - started[0], n_chunks)
+                           "chunks unscheduled", intent.name, why, n_chunks - n_launched(),
+                           n_chunks)
         for k in range(n_chunks):
             launch(k)
         over.set()
 
     def watchdog() -> None:
         limit = poll + float(scheduler.timeout_s)
-        while not over.wait(min(0.05, limit / 4)):
+        while not over.wait(limit / 4):  # notices a hung call within 1.25 x limit
             since = busy[0]
             if since is not None and time.monotonic() - since > limit:
                 fall_back(f"a scheduler call did not return within {limit:.2f} s")
@@ -846,15 +869,16 @@ def _dispatch(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState
     threading.Thread(target=watchdog, name=f"sguard-sched-watchdog-{intent.name}",
                      daemon=True).start()
     try:
-        _dispatch_loop(scheduler, intent, sched, launch, stop, n_chunks, poll, started, busy,
-                       fall_back, over)
+        _dispatch_loop(scheduler, intent, sched, launch, n_launched, stop, n_chunks, poll,
+                       busy, fall_back, over)
     finally:
         over.set()
 
 
 def _dispatch_loop(scheduler: WriteScheduler, intent: WriteIntent, sched: _SchedState,
-                   launch: Callable[[int], bool], stop: threading.Event, n_chunks: int,
-                   poll: float, started: list[int], busy: list[float | None],
+                   launch: Callable[[int], bool], n_launched: Callable[[], int],
+                   stop: threading.Event, n_chunks: int,
+                   poll: float, busy: list[float | None],
                    fall_back: Callable[[str], None], over: threading.Event) -> None:
     t0 = time.monotonic()
     busy[0] = t0
@@ -871,7 +895,7 @@ def _dispatch_loop(scheduler: WriteScheduler, intent: WriteIntent, sched: _Sched
     if closed:  # the watchdog fell back and every chunk finished meanwhile
         sched.finish()
         return
-    while started[0] < n_chunks and not stop.is_set() and not over.is_set():
+    while n_launched() < n_chunks and not stop.is_set() and not over.is_set():
         busy[0] = time.monotonic()
         try:
             grants = ticket.next_grants(poll)
@@ -882,19 +906,12 @@ def _dispatch_loop(scheduler: WriteScheduler, intent: WriteIntent, sched: _Sched
             busy[0] = None
         if over.is_set():
             return
-        for g in grants:
-            if not 0 <= g.chunk_index < n_chunks:
-                logger.warning("checkpoint %s: scheduler granted unknown chunk %d", intent.name,
-                               g.chunk_index)
-                continue
-            with sched.lock:
-                sched.grants.append(g)
-            if launch(g.chunk_index):
-                started[0] += 1
+        for g in sched.accept(grants, n_chunks, intent.name):
+            launch(g.chunk_index)
         if sched.fallback is not None:  # reporting a chunk failed meanwhile
             fall_back(sched.fallback)
             return
-        if started[0] < n_chunks and time.monotonic() - t0 > scheduler.max_wait_s:
+        if n_launched() < n_chunks and time.monotonic() - t0 > scheduler.max_wait_s:
             fall_back(f"no grant for the remaining chunks within {scheduler.max_wait_s} s")
             return
 

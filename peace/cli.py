@@ -142,7 +142,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         topo = load_topology(args.topology)
         server = CoordinatorServer(Coordinator(topo, seed=args.seed, variant=args.variant,
                                                advance_fraction=args.advance_fraction,
-                                               max_pending_requests=args.max_pending),
+                                               max_pending_requests=args.max_pending,
+                                               work_conserving=args.work_conserving),
                                    host=args.host, port=args.port)
     except (PeaceError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -257,6 +258,9 @@ def register(subparsers: Any) -> None:
     srv.add_argument("--advance-fraction", type=fraction, default=0.8,
                      help="fraction of a timestep's chunks done before the next one is "
                           "scheduled, in (0, 1] (default %(default)s)")
+    srv.add_argument("--work-conserving", action="store_true",
+                     help="no timestep barrier: every completion schedules pending chunks into "
+                          "the capacity chunks in flight do not hold")
     srv.add_argument("--max-pending", type=positive_int, default=None,
                      help="refuse new requests beyond this many pending (default: no limit)")
     srv.add_argument("--serve-s", type=positive_float, default=None,

@@ -19,7 +19,14 @@ on): they are scheduled at once into what is left of the current timestep's
 residual (stamped with its index and counted by its advance rule), so a
 timestep begun by the first of several near-simultaneous checkpoints does not
 leave the network idle until its chunks are 80 % done. Older waiting requests
-are not retried there (the residual only shrank since they were refused). A request that cannot be taken now
+are not retried there (the residual only shrank since they were refused).
+
+``work_conserving=True`` drops the timestep barrier: chunks in flight hold
+their capacity (as with ``hold_inflight``) and every completion schedules the
+pending requests at once into what it freed, so no capacity stays idle while a
+request waits (each decision is then a timestep of its own). This suits a live
+system whose chunk times vary; the 80 % rule of the paper waits for
+stragglers. A request that cannot be taken now
 (the queue is at ``max_pending_requests``) gets :class:`CannotScheduleNowError`
 so the writer cancels its checkpoint and retries.
 
@@ -124,6 +131,9 @@ class Coordinator:
         requests wait for their first chunk (``None``: never reject).
     seed
         Seed of the randomized shortest paths.
+    work_conserving
+        Schedule on every completion into the capacity not held by chunks in
+        flight (implies ``hold_inflight``; ``advance_fraction`` is then unused).
     method, variant, lookahead
         Passed to :class:`~peace.scheduler.PeaceScheduler`: ``variant="improved"``
         (default), ``"paper"`` (Algorithm 1 as published) or ``"mcf"`` (:mod:`peace.mcf`).
@@ -152,7 +162,7 @@ class Coordinator:
                  seed: int | np.random.Generator | None = None,
                  method: Literal["fast", "networkx"] = "fast",
                  variant: str | Heuristics = "improved", lookahead: bool | None = None,
-                 fill_on_submit: bool = True) -> None:
+                 fill_on_submit: bool = True, work_conserving: bool = False) -> None:
         if not 0.0 < advance_fraction <= 1.0:
             raise ValueError(f"advance_fraction must be in (0, 1], got {advance_fraction}")
         if max_pending_requests is not None and max_pending_requests < 1:
@@ -161,7 +171,8 @@ class Coordinator:
         self.scheduler = make_scheduler(self.network, templates, seed=seed,
                                         method=method, variant=variant, lookahead=lookahead)
         self.advance_fraction = advance_fraction
-        self.hold_inflight = hold_inflight
+        self.work_conserving = bool(work_conserving)
+        self.hold_inflight = hold_inflight or self.work_conserving
         self.max_pending_requests = max_pending_requests
         self.fill_on_submit = fill_on_submit
         self._lock = threading.RLock()
@@ -368,7 +379,7 @@ class Coordinator:
 
     # ------------------------------------------------------------- internals
     def _can_advance(self) -> bool:
-        if self._timestep < 0 or self._ts_scheduled == 0:
+        if self.work_conserving or self._timestep < 0 or self._ts_scheduled == 0:
             return True
         return self._ts_done >= math.ceil(self.advance_fraction * self._ts_scheduled - 1e-9)
 

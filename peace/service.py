@@ -5,13 +5,14 @@ Writers in other processes (e.g. Spark executors) talk to one
 bound to ``127.0.0.1`` by default. One JSON object per line each way::
 
     {"op": "submit", "writer": "svr1.1", "replication": 3, "chunks": 8}
-        -> {"ok": true, "request_id": 0}
+        -> {"ok": true, "request_id": 0, "assignments": [...]}
         -> {"ok": false, "error": "CannotScheduleNowError", "message": "...", "retry_after_s": 0.0}
     {"op": "wait", "request_id": 0, "timeout_s": 5}
         -> {"ok": true, "assignments": [{"chunk_index": 0, "timestep": 0,
                                           "servers": [...], "cost": 5}, ...],
             "state": "ACTIVE", "completed": 0, "chunks": 8}
     {"op": "complete", "request_id": 0, "chunk_index": 0}   -> {"ok": true}
+    {"op": "complete", ..., "take": true}   -> {"ok": true, "assignments": [...]}
     {"op": "status", "request_id": 0} / {"op": "stats"}     -> {"ok": true, ...}
     {"op": "servers"}  -> {"ok": true, "servers": [...], "racks": {"rack1": [...], ...}}
 
@@ -21,7 +22,12 @@ chunks are dropped and its in-flight chunks release their capacity, so a
 writer that dies (or gives up and writes unscheduled) never stalls the others.
 Keep the submitting connection open until every chunk is reported.
 
-``wait`` is a long poll: it returns the assignments not yet delivered to that
+``submit`` returns the assignments made at once (the same objects ``wait``
+returns; they are not delivered again), so a request admitted right away
+costs one round trip; likewise ``complete`` with ``"take": true`` returns the
+request's assignments that completion (or anything before it) made, so a
+writer starts its next chunk from the reply without waiting for its long poll
+to wake. ``wait`` is a long poll: it returns the assignments not yet delivered to that
 request as soon as there is at least one (or the request is finished), or an
 empty list after ``timeout_s``. Errors carry the exception class name;
 :class:`CoordinatorClient` raises the same :mod:`peace.errors` class again.
@@ -84,6 +90,8 @@ class CoordinatorServer:
         outer = self
 
         class Handler(socketserver.StreamRequestHandler):
+            disable_nagle_algorithm = True
+
             def handle(self) -> None:
                 mine: list[int] = []  # requests submitted on this connection
                 try:
@@ -187,8 +195,10 @@ class CoordinatorServer:
             rid = c.submit(_str(msg, "writer"), _int(msg, "replication"), _int(msg, "chunks"),
                            on_assign=on_assign, on_fail=on_fail)
             with self._cond:
-                self._boxes.setdefault(rid, holder)
-            return {"ok": True, "request_id": rid}
+                box = self._boxes.setdefault(rid, holder)
+                items, box.items = box.items, []
+            return {"ok": True, "request_id": rid,
+                    "assignments": [placement_to_json(p) for p in items]}
         if op == "wait":
             rid = _int(msg, "request_id")
             timeout = float(msg.get("timeout_s", 10.0))
@@ -211,8 +221,16 @@ class CoordinatorServer:
                     "state": status.state.name, "completed": status.completed,
                     "chunks": status.chunks, "failed": failed}
         if op == "complete":
-            c.complete(_int(msg, "request_id"), _int(msg, "chunk_index"))
-            return {"ok": True}
+            rid = _int(msg, "request_id")
+            c.complete(rid, _int(msg, "chunk_index"))  # assignments reach the mailboxes now
+            if not msg.get("take"):
+                return {"ok": True}
+            with self._cond:
+                kept = self._boxes.get(rid)
+                items = [] if kept is None else kept.items
+                if kept is not None:
+                    kept.items = []
+            return {"ok": True, "assignments": [placement_to_json(p) for p in items]}
         if op == "status":
             st = c.status(_int(msg, "request_id"))
             return {"ok": True, "request_id": st.request_id, "writer": st.writer,
@@ -253,7 +271,9 @@ class CoordinatorClient:
 
     def __init__(self, address: tuple[str, int], *, timeout_s: float = 30.0) -> None:
         self._sock = socket.create_connection(address, timeout=timeout_s)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._file = self._sock.makefile("rwb")
+        self._early: dict[int, list[dict[str, Any]]] = {}
 
     def close(self) -> None:
         """Close the connection."""
@@ -302,17 +322,35 @@ class CoordinatorClient:
         return [str(s) for s in self.call(op="servers")["servers"]]
 
     def submit(self, writer: str, replication: int, chunks: int) -> int:
-        """Submit a request; returns its id (see :meth:`Coordinator.submit` for errors)."""
-        return int(self.call(op="submit", writer=writer, replication=replication,
-                             chunks=chunks)["request_id"])
+        """Submit a request; returns its id (see :meth:`Coordinator.submit` for errors).
+
+        Assignments made at once are kept and returned by the next :meth:`wait`.
+        """
+        rid, first = self.submit_and_grants(writer, replication, chunks)
+        if first:
+            self._early.setdefault(rid, []).extend(first)
+        return rid
+
+    def submit_and_grants(self, writer: str, replication: int,
+                          chunks: int) -> tuple[int, list[dict[str, Any]]]:
+        """Submit a request; returns its id and the assignments made at once."""
+        reply = self.call(op="submit", writer=writer, replication=replication, chunks=chunks)
+        return int(reply["request_id"]), list(reply.get("assignments", ()))
 
     def wait(self, request_id: int, timeout_s: float = 10.0) -> dict[str, Any]:
-        """Long-poll for new assignments of ``request_id``."""
+        """Long-poll for new assignments of ``request_id`` (first those `submit` received)."""
+        early = self._early.pop(request_id, None)
+        if early:
+            return {"ok": True, "assignments": early, "failed": None}
         return self.call(op="wait", request_id=request_id, timeout_s=timeout_s)
 
-    def complete(self, request_id: int, chunk_index: int) -> None:
-        """Report a finished chunk."""
-        self.call(op="complete", request_id=request_id, chunk_index=chunk_index)
+    def complete(self, request_id: int, chunk_index: int, *, take: bool = False
+                 ) -> list[dict[str, Any]]:
+        """Report a finished chunk; with ``take``, returns the request's assignments not yet
+        delivered (they are then not returned by :meth:`wait`), else ``[]``."""
+        reply = self.call(op="complete", request_id=request_id, chunk_index=chunk_index,
+                          **({"take": True} if take else {}))
+        return list(reply.get("assignments", ()))
 
     def stats(self) -> dict[str, Any]:
         """Coordinator counters."""

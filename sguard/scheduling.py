@@ -39,6 +39,7 @@ import urllib.parse
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ioservice.scheduling import (ChunkGrant, SchedulerError, UnknownSchedulerError, WriteIntent,
                                   register_scheme)
@@ -168,14 +169,15 @@ class _PeaceWrite:
         reply = self._wait.wait(self.rid, timeout_s=timeout_s)
         if reply.get("failed"):
             raise SchedulerError(f"peace request {self.rid} failed: {reply['failed']}")
-        return [ChunkGrant(int(a["chunk_index"]), tuple(str(s) for s in a["servers"]))
-                for a in reply["assignments"]]
+        return _grants(reply["assignments"])
 
-    def chunk_done(self, chunk_index: int) -> None:
+    def chunk_done(self, chunk_index: int) -> Sequence[ChunkGrant]:
+        """Report the chunk; returns the grants its freed capacity brought (start them now)."""
         with self._lock:
             if self._report is None:
                 self._report = self.owner._connect()
-            self._report.complete(self.rid, chunk_index)
+            got = self._report.complete(self.rid, chunk_index, take=True)
+        return _grants(got)
 
     def close(self) -> None:
         with self._lock:
@@ -186,6 +188,12 @@ class _PeaceWrite:
                 c.close()
             except OSError:
                 pass
+
+
+def _grants(assignments: Sequence[dict[str, Any]]) -> list[ChunkGrant]:
+    """Wire assignments as `ChunkGrant` objects."""
+    return [ChunkGrant(int(a["chunk_index"]), tuple(str(s) for s in a["servers"]))
+            for a in assignments]
 
 
 def scheduler_from_uri(parsed: urllib.parse.SplitResult | str) -> PeaceWriteScheduler:
@@ -276,8 +284,17 @@ class CoordinatorProcess:
         self.stop()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the starting thread exits (Linux only)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def start_coordinator(topology: str | Topology = "paper", *, variant: str = "improved",
                       port: int = 0, advance_fraction: float = 0.8, seed: int = 0,
+                      work_conserving: bool = False, own_session: bool = False,
                       startup_timeout_s: float = 60.0) -> CoordinatorProcess:
     """Start ``sguard peace serve`` in a new process and wait for its address.
 
@@ -288,6 +305,15 @@ def start_coordinator(topology: str | Topology = "paper", *, variant: str = "imp
         :class:`~peace.model.Topology` (written to a temporary JSON file).
     variant
         Scheduler variant: ``improved``, ``paper`` or ``mcf``.
+    work_conserving
+        No timestep barrier: every completion schedules waiting chunks into the
+        capacity the chunks in flight leave (`peace.coordinator.Coordinator`).
+    own_session
+        Run the coordinator in a session of its own (Linux: killed when the
+        starting thread exits). With the kernel's autogroup scheduling a session
+        gets its own CPU share, so a coordinator started by a process full of
+        busy threads still answers promptly, as a coordinator on its own host
+        would.
 
     Raises
     ------
@@ -305,11 +331,14 @@ def start_coordinator(topology: str | Topology = "paper", *, variant: str = "imp
     cmd = [sys.executable, "-m", "sguard", "peace", "serve", "--topology", spec, "--host",
            "127.0.0.1", "--port", str(port), "--variant", variant, "--advance-fraction",
            str(advance_fraction), "--seed", str(seed)]
+    if work_conserving:
+        cmd.append("--work-conserving")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, env=env)
+                             stdin=subprocess.DEVNULL, env=env, start_new_session=own_session,
+                             preexec_fn=_die_with_parent if own_session else None)
     found: list[tuple[str, int]] = []
     lines: list[str] = []
 

@@ -97,6 +97,67 @@ def test_hold_inflight_keeps_the_residual_of_stragglers() -> None:
     assert not c.in_flight()
 
 
+def _usage(c: Coordinator) -> dict[int, int]:
+    usage: dict[int, int] = {}
+    for p in c.in_flight():
+        for e in p.edge_ids:
+            usage[e] = usage.get(e, 0) + 1
+    return usage
+
+
+def test_work_conserving_grants_on_every_completion() -> None:
+    """Work-conserving: each completion that frees a writer slot starts its next chunk at
+    once, where the timestep barrier waits for 80 % of the timestep."""
+    t = paper_topology()  # 2 chunks per writer
+    w = t.servers[0]
+    barrier = Coordinator(t, seed=0)
+    conserving = Coordinator(t, seed=0, work_conserving=True)
+    for c in (barrier, conserving):
+        c.submit(w, 1, 6)
+    first_b, first_c = barrier.in_flight(), conserving.in_flight()
+    cap = len(first_c)
+    assert cap == len(first_b) >= 2 and cap < 6  # the writer's capacity binds
+    pl = first_b[0]
+    assert barrier.complete(pl.request_id, pl.chunk_index) == []  # 1 of cap < 80 %
+    for _ in range(6 - cap):  # every completion hands the freed slot to the next chunk
+        pl = conserving.in_flight()[0]
+        new = conserving.complete(pl.request_id, pl.chunk_index)
+        assert len(new) == 1 and len(conserving.in_flight()) == cap
+        conserving._check()
+    while conserving.in_flight():
+        pl = conserving.in_flight()[0]
+        assert conserving.complete(pl.request_id, pl.chunk_index) == []
+    assert conserving.status(0).state is RequestState.DONE
+
+
+@given(seed=st.integers(0, 2**16), order=st.randoms(use_true_random=False))
+@settings(max_examples=25, deadline=None)
+def test_work_conserving_never_exceeds_capacity_and_finishes_everything(seed: int,
+                                                                         order: object) -> None:
+    """Completions in any order: in-flight usage stays within capacity, no capacity stays
+    idle that a waiting chunk could use, and every chunk is placed once."""
+    import random
+    assert isinstance(order, random.Random)
+    t = paper_topology()
+    c = Coordinator(t, seed=seed, work_conserving=True)
+    for w in t.servers[:12]:
+        c.submit(w, 3, 4, poll=False)
+    placed = list(c.poll())
+    while c.in_flight():
+        usage = _usage(c)
+        assert all(n <= c.network.capacity[e] for e, n in usage.items())
+        fl = c.in_flight()
+        pl = fl[order.randrange(len(fl))]
+        placed.extend(c.complete(pl.request_id, pl.chunk_index))
+        c._check()
+        waiting = [r for r in range(12) if c.status(r).assigned < c.status(r).chunks]
+        if waiting and not c.in_flight():  # idle network with work waiting: never
+            raise AssertionError(f"requests {waiting} wait on an idle network")
+    assert sorted((p.request_id, p.chunk_index) for p in placed) == \
+        [(r, k) for r in range(12) for k in range(4)]
+    assert all(c.status(r).state is RequestState.DONE for r in range(12))
+
+
 def test_cannot_schedule_now_then_retry_succeeds() -> None:
     """A full queue rejects with CannotScheduleNowError; the retry after progress is accepted."""
     t = paper_topology()
@@ -202,6 +263,32 @@ def test_service_serves_concurrent_clients_until_every_chunk_is_written() -> Non
         (a["request_id"], a["chunk_index"], tuple(a["servers"])) for a in written)
     validate_schedule(c.network, c.requests(), hist)
     c._check()
+
+
+def test_service_hands_grants_over_in_submit_and_complete_replies_once() -> None:
+    """Work-conserving over the wire: submit's reply carries the first grants, each
+    complete(take=True) the grant its freed slot made; wait never repeats one."""
+    t = paper_topology()  # 2 chunks in flight per writer
+    c = Coordinator(t, seed=0, work_conserving=True)
+    with CoordinatorServer(c) as server, CoordinatorClient(server.address) as cl, \
+            CoordinatorClient(server.address) as reporter:
+        rid, first = cl.submit_and_grants("svr1.1", 2, 5)
+        assert [a["chunk_index"] for a in first] == [0, 1]
+        assert cl.wait(rid, timeout_s=0.0)["assignments"] == []  # nothing new, nothing twice
+        seen = [a["chunk_index"] for a in first]
+        todo = list(seen)
+        while todo:
+            k = todo.pop(0)
+            got = reporter.complete(rid, k, take=True)
+            seen += [a["chunk_index"] for a in got]
+            todo += [a["chunk_index"] for a in got]
+        assert sorted(seen) == list(range(5)) and len(seen) == 5
+        assert cl.wait(rid, timeout_s=0.0)["assignments"] == []
+        assert c.status(rid).state is RequestState.DONE
+        # the plain forms keep working: submit() keeps its grants for the next wait()
+        rid2 = cl.submit("svr1.2", 2, 1)
+        assert [a["chunk_index"] for a in cl.wait(rid2, timeout_s=0.0)["assignments"]] == [0]
+        assert reporter.complete(rid2, 0) == []
 
 
 def test_service_maps_errors_back_to_peace_exceptions() -> None:

@@ -56,10 +56,15 @@ def _one_writer_topology() -> Topology:
                     up_sw_chunks=1, sw_dn_chunks=1, dn_rcv_chunks=1, name="tiny")
 
 
-def test_many_partitions_checkpoint_through_the_coordinator_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("conserving", [False, True], ids=["barrier", "work-conserving"])
+def test_many_partitions_checkpoint_through_the_coordinator_process(tmp_path: Path,
+                                                                    conserving: bool) -> None:
     """Eight partitions (threads) checkpoint at once through one coordinator process: every
-    chunk is granted with a rack-aware pipeline, reported, and every checkpoint restores."""
-    with start_coordinator("paper") as coord:
+    chunk is granted with a rack-aware pipeline, reported, and every checkpoint restores.
+    Work-conserving: the coordinator runs in its own session and hands grants over in the
+    replies to completion reports."""
+    with start_coordinator("paper", work_conserving=conserving, own_session=conserving) as coord:
+        assert (os.getsid(coord.pid) != os.getsid(0)) == conserving
         root = str(tmp_path)
         digests: dict[str, list[Any]] = {}
         grants: dict[str, Any] = {}
