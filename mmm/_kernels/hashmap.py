@@ -18,6 +18,15 @@ page or per slot takes only scalars and byte addresses (``arr.ctypes.data`` +
 offset, read and written through the ``_ld_*`` / ``_st_*`` intrinsics) and is
 inlined into its caller.
 
+An address is valid only while its array is: a kernel takes addresses only of its
+*arguments* (the caller holds them for the whole call), never of an array it
+allocates itself. numba frees a local array right after its last use *as an array*,
+so the address of ``sc = np.empty(...)`` taken once before a loop dangles inside the
+loop: another thread's allocation (the kernels release the GIL) takes that memory,
+and its bytes and the kernel's per-row scratch overwrite each other (a segfault, or a
+wrong result). Scratch memory therefore comes from the caller (``rows``' ``scratch``);
+``tests/mmm/test_kernel_addresses.py`` checks the rule on this module's source.
+
 Copy-on-write: a kernel never writes a frame whose pin count is non-zero.
 When a row needs such a page, the kernel stops *before writing anything for
 that row* and returns ``NEED_CLONE`` with the page's sequence number; the
@@ -40,8 +49,8 @@ from numba.extending import intrinsic
 
 from mmm._kernels import cacheable, jit
 
-__all__ = ["hash_keys", "rows", "rechain", "crowded", "DONE", "NEED_CLONE", "NEED_PAGE",
-           "NEED_SPLIT", "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
+__all__ = ["hash_keys", "rows", "rechain", "crowded", "SCRATCH", "DONE", "NEED_CLONE",
+           "NEED_PAGE", "NEED_SPLIT", "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -426,6 +435,9 @@ def hash_keys(kw: Any) -> Any:
 # row strides ``kst``/``kbst``/``ost``; ``O`` is 0 when no values are wanted). ---------------
 
 SC_HASH, SC_BUCKET, SC_PAGE, SC_HOME, SC_CAND, SC_VALUE, SC_NEW = range(7)  # scratch rows
+SCRATCH = 7 * CHUNK
+"""int64 entries of the scratch `rows` takes from its caller (see the module docstring on
+why no kernel takes the address of an array it allocated)."""
 
 
 @_scalar
@@ -751,12 +763,15 @@ def _lane_input(lane: Any, c: Any, IC: Any, UC: Any, FC: Any, BC: Any) -> Any:
 @_scalar
 def _check_tables(fseq: Any, next_of: Any, bucket_seq: Any, last_seq: Any, pins: Any,
                   mod: Any, geo: Any, state: Any, found: Any, kw: Any, kb: Any,
-                  out: Any) -> None:
+                  out: Any, scratch: Any) -> None:
     """`rows` reads these through their addresses: the tables must be contiguous int64
     (pins int32, found bool), and rows contiguous."""
-    for t in (fseq, next_of, bucket_seq, last_seq, mod, geo, state):
+    for t in (fseq, next_of, bucket_seq, last_seq, mod, geo, state, scratch):
         if t.itemsize != 8 or (t.shape[0] > 1 and t.strides[0] != 8):
-            raise TypeError("hashmap.rows: page tables, geo and state must be contiguous int64")
+            raise TypeError("hashmap.rows: page tables, geo, state and scratch must be "
+                            "contiguous int64")
+    if geo.shape[0] < 13 or state.shape[0] < 3 or scratch.shape[0] < SCRATCH:
+        raise ValueError("hashmap.rows: geo needs 13 entries, state 3, scratch SCRATCH")
     if (pins.itemsize != 4 or (pins.shape[0] > 1 and pins.strides[0] != 4)
             or found.itemsize != 1 or (found.shape[0] > 1 and found.strides[0] != 1)):
         raise TypeError("hashmap.rows: pins must be contiguous int32, found bool")
@@ -770,7 +785,7 @@ def _check_tables(fseq: Any, next_of: Any, bucket_seq: Any, last_seq: Any, pins:
 def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: Any,
          bucket_seq: Any, last_seq: Any, pins: Any, mod: Any, geo: Any, ops: Any, codes: Any,
          offs: Any, sizes: Any, lanes: Any, lidx: Any, aligned: Any, IC: Any, UC: Any, FC: Any,
-         BC: Any, out: Any, found: Any, state: Any) -> Any:
+         BC: Any, out: Any, found: Any, scratch: Any, state: Any) -> Any:
     """Look up (``MODE_GET``), upsert (``MODE_UPSERT``) or delete (``MODE_DELETE``)
     rows ``i0..n-1`` in input order; writes stop early with a request.
 
@@ -784,21 +799,22 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
     combine spec (upsert) is ``ops``... ``aligned``, one entry per value field
     it writes (``aligned`` is not needed: loads and stores are unaligned-safe);
     ``IC``/``UC``/``FC`` (``(k, n)``: int64, uint64, float64) and ``BC``
-    (``(n, bytes)``) are the input lanes. Returns a status code.
+    (``(n, bytes)``) are the input lanes. ``scratch`` is the caller's contiguous
+    int64 array of at least `SCRATCH` entries, the kernel's per-chunk rows (`_sc`).
+    Returns a status code.
 
     Rows go in chunks of `CHUNK`, in four passes (each a function): hash and
     prefetch, match tags and prefetch, find / insert / act, combine the values.
     """
     _check_tables(fseq, next_of, bucket_seq, last_seq, pins, mod, geo, state, found, kw, kb,
-                  out)
+                  out, scratch)
     n = kw.shape[0]
     nops = ops.shape[0]
     xs = np.empty(nops, np.int64)  # each value field's input address and row stride
     xst = np.empty(nops, np.int64)
     for j in range(nops):
         xs[j], xst[j] = _lane_input(lanes[j], lidx[j], IC, UC, FC, BC)
-    sc = np.empty(7 * CHUNK, np.int64)
-    SC, GEO, P, FS, ST = _addr(sc), _addr(geo), _addr(pool), _addr(fseq), _addr(state)
+    SC, GEO, P, FS, ST = _addr(scratch), _addr(geo), _addr(pool), _addr(fseq), _addr(state)
     O = _addr(out) if out.shape[0] > 0 else 0
     c0 = i0
     while c0 < n:

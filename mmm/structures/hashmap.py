@@ -747,6 +747,7 @@ class HashMap(Structure):
         pm = self._pm
         n = len(kw)
         i = 0
+        rows = np.empty(K.SCRATCH, np.int64)  # the kernel's scratch (held here for the call)
         if pm._precopy:  # a checkpoint's pages are being un-shared in the background
             self._unshare_touched(kw)
         while True:
@@ -755,7 +756,7 @@ class HashMap(Structure):
                           self._bucket_seq, self._last_seq, pm.pool.pins, self._ps.mod,
                           self._geo(), lanes.ops, lanes.codes, lanes.offs, lanes.sizes,
                           lanes.lanes, lanes.lidx, lanes.aligned, ic, uc, fc, bc, ob,
-                          self._no_found, state)
+                          self._no_found, rows, state)
             self._len = int(state[0])
             i = int(state[1])
             if code == K.DONE:
@@ -859,7 +860,7 @@ class HashMap(Structure):
                            self._geo(), ls.ops, ls.codes, ls.offs, ls.sizes, ls.lanes, ls.lidx,
                            ls.aligned, np.empty((0, n), np.int64), np.empty((0, n), np.uint64),
                            np.empty((0, n), np.float64), np.empty((n, 0), np.uint8), out, found,
-                           state)
+                           np.empty(K.SCRATCH, np.int64), state)
         return code
 
     def _lookup(self, kc: npt.NDArray[Any], out: npt.NDArray[np.uint8],
