@@ -771,7 +771,7 @@ def _check_tables(fseq: Any, next_of: Any, bucket_seq: Any, last_seq: Any, pins:
             raise TypeError("hashmap.rows: page tables, geo, state and scratch must be "
                             "contiguous int64")
     if geo.shape[0] < 13 or state.shape[0] < 3 or scratch.shape[0] < SCRATCH:
-        raise ValueError("hashmap.rows: geo needs 13 entries, state 3, scratch SCRATCH")
+        raise ValueError("hashmap.rows: geo needs 13 entries, state 3, scratch SCRATCH = 7 * CHUNK")
     if (pins.itemsize != 4 or (pins.shape[0] > 1 and pins.strides[0] != 4)
             or found.itemsize != 1 or (found.shape[0] > 1 and found.strides[0] != 1)):
         raise TypeError("hashmap.rows: pins must be contiguous int32, found bool")

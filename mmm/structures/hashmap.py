@@ -747,7 +747,7 @@ class HashMap(Structure):
         pm = self._pm
         n = len(kw)
         i = 0
-        rows = np.empty(K.SCRATCH, np.int64)  # the kernel's scratch (held here for the call)
+        scratch = np.empty(K.SCRATCH, np.int64)  # the kernel's; held here for its calls
         if pm._precopy:  # a checkpoint's pages are being un-shared in the background
             self._unshare_touched(kw)
         while True:
@@ -756,7 +756,7 @@ class HashMap(Structure):
                           self._bucket_seq, self._last_seq, pm.pool.pins, self._ps.mod,
                           self._geo(), lanes.ops, lanes.codes, lanes.offs, lanes.sizes,
                           lanes.lanes, lanes.lidx, lanes.aligned, ic, uc, fc, bc, ob,
-                          self._no_found, rows, state)
+                          self._no_found, scratch, state)
             self._len = int(state[0])
             i = int(state[1])
             if code == K.DONE:

@@ -80,11 +80,17 @@ def _bound(target: ast.expr) -> set[str]:
     return set()
 
 
+def _name(arg: ast.expr) -> str:
+    """A variable's name; any other expression (``np.empty(...)``) as its source text, which
+    is no parameter's name."""
+    return arg.id if isinstance(arg, ast.Name) else ast.unparse(arg)
+
+
 def _params(fn: ast.FunctionDef) -> set[str]:
     return {a.arg for a in fn.args.args + fn.args.kwonlyargs}
 
 
-def _addr_params(tree: ast.Module) -> dict[str, list[int]]:
+def _addr_params(tree: ast.Module) -> dict[str, list[str]]:
     """For each function of the module, the positions of the parameters whose address it
     takes (``_addr(p)``), directly or through a helper it passes ``p`` to."""
     fns = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
@@ -96,18 +102,17 @@ def _addr_params(tree: ast.Module) -> dict[str, list[int]]:
             for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
                 callee = call.func.id if isinstance(call.func, ast.Name) else None
                 if callee == "_addr":
-                    hit = {call.args[0].id} if isinstance(call.args[0], ast.Name) else set()
+                    hit = {_name(call.args[0])}
                 elif callee in fns:
                     pos = [i for i, a in enumerate(fns[callee].args.args)
                            if a.arg in takes[callee]]
-                    hit = {call.args[i].id for i in pos
-                           if i < len(call.args) and isinstance(call.args[i], ast.Name)}
+                    hit = {_name(call.args[i]) for i in pos if i < len(call.args)}
                 else:
                     continue
                 if not hit <= takes[name]:
                     takes[name] |= hit
                     changed = True
-    return {name: sorted(takes[name]) for name in fns}  # type: ignore[misc]
+    return {name: sorted(takes[name]) for name in fns}
 
 
 def test_every_raw_address_is_of_a_caller_held_array() -> None:
