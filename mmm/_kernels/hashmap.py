@@ -11,9 +11,21 @@ Keys arrive as ``kw``, a ``(n, W)`` uint64 array: each key's canonical bytes
 zero-padded to whole words (the hash input), and ``kb``, the same bytes as a
 ``(n, 8 W)`` uint8 view (for comparing and copying).
 
-Hot loops are written out in one function per kernel: a numba call (even an
-inlined one) that takes arrays costs reference counting per call, more than a
-probe. Only scalar helpers are separate functions.
+A kernel is a few named steps. A numba call (even an inlined one) that takes
+arrays costs reference counting per call, more than a probe: so a step that
+runs once per chunk of rows may take arrays, and a step that runs per row, per
+page or per slot takes only scalars and byte addresses (``arr.ctypes.data`` +
+offset, read and written through the ``_ld_*`` / ``_st_*`` intrinsics) and is
+inlined into its caller.
+
+An address is valid only while its array is: a kernel takes addresses only of its
+*arguments* (the caller holds them for the whole call), never of an array it
+allocates itself. numba frees a local array right after its last use *as an array*,
+so the address of ``sc = np.empty(...)`` taken once before a loop dangles inside the
+loop: another thread's allocation (the kernels release the GIL) takes that memory,
+and its bytes and the kernel's per-row scratch overwrite each other (a segfault, or a
+wrong result). Scratch memory therefore comes from the caller (``rows``' ``scratch``);
+``tests/mmm/test_kernel_addresses.py`` checks the rule on this module's source.
 
 Copy-on-write: a kernel never writes a frame whose pin count is non-zero.
 When a row needs such a page, the kernel stops *before writing anything for
@@ -37,8 +49,8 @@ from numba.extending import intrinsic
 
 from mmm._kernels import cacheable, jit
 
-__all__ = ["hash_keys", "rows", "rechain", "crowded", "DONE", "NEED_CLONE", "NEED_PAGE",
-           "NEED_SPLIT", "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
+__all__ = ["hash_keys", "rows", "rechain", "crowded", "SCRATCH", "DONE", "NEED_CLONE",
+           "NEED_PAGE", "NEED_SPLIT", "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -97,13 +109,6 @@ def _tag(h: Any) -> Any:
     return np.uint8(((h >> np.uint64(24)) & np.uint64(0x7F)) | np.uint64(0x80))
 
 
-@_scalar
-def _sext(v: Any, size: Any) -> Any:
-    """Sign-extend the low ``size`` bytes of uint64 ``v``."""
-    sh = np.uint64(64 - 8 * size)
-    return np.int64(v << sh) >> np.int64(64 - 8 * size)
-
-
 def _prefetch_impl(typingctx: Any, arr: Any, idx: Any) -> Any:
     """``llvm.prefetch`` of ``arr[idx]`` (read, keep in all cache levels): a hint, no effect
     on results."""
@@ -128,6 +133,77 @@ trailing_zeros: Any = _tz  # count of trailing zero bits (an LLVM intrinsic)
 CHUNK = 32  # rows per pass: enough misses in flight to hide the memory latency
 ONES = np.uint64(0x0101010101010101)
 LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+HIGH = np.uint64(0x8080808080808080)
+
+
+# Raw memory access. The step helpers below take byte *addresses* (``arr.ctypes.data`` +
+# offset) and scalars, never arrays: a numba call that takes arrays costs reference counting
+# per call even when inlined, more than a probe. Loads and stores are unaligned-safe.
+
+
+def _load_of(ty: Any, name: str) -> Any:
+    """An intrinsic ``name(addr)``: the ``ty`` value at byte address ``addr``."""
+    def impl(typingctx: Any, addr: Any) -> Any:
+        sig = ty(types.int64)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            ptr = builder.inttoptr(args[0], context.get_value_type(ty).as_pointer())
+            return builder.load(ptr, align=1)
+        return sig, codegen
+    impl.__name__ = impl.__qualname__ = name
+    return intrinsic(impl)
+
+
+def _store_of(ty: Any, name: str) -> Any:
+    """An intrinsic ``name(addr, v)``: store ``v`` as a ``ty`` at byte address ``addr``."""
+    def impl(typingctx: Any, addr: Any, v: Any) -> Any:
+        sig = types.void(types.int64, ty)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            ptr = builder.inttoptr(args[0], context.get_value_type(ty).as_pointer())
+            builder.store(args[1], ptr, align=1)
+            return context.get_dummy_value()
+        return sig, codegen
+    impl.__name__ = impl.__qualname__ = name
+    return intrinsic(impl)
+
+
+_ld_u8, _ld_u16, _ld_u32, _ld_u64 = (_load_of(t, f"_ld_{n}") for t, n in (
+    (types.uint8, "u8"), (types.uint16, "u16"), (types.uint32, "u32"), (types.uint64, "u64")))
+_ld_i8, _ld_i16, _ld_i32, _ld_i64 = (_load_of(t, f"_ld_{n}") for t, n in (
+    (types.int8, "i8"), (types.int16, "i16"), (types.int32, "i32"), (types.int64, "i64")))
+_ld_f32, _ld_f64 = (_load_of(t, f"_ld_{n}") for t, n in (
+    (types.float32, "f32"), (types.float64, "f64")))
+_st_u8, _st_u16, _st_u32, _st_u64 = (_store_of(t, f"_st_{n}") for t, n in (
+    (types.uint8, "u8"), (types.uint16, "u16"), (types.uint32, "u32"), (types.uint64, "u64")))
+_st_i8, _st_i16, _st_i32, _st_i64 = (_store_of(t, f"_st_{n}") for t, n in (
+    (types.int8, "i8"), (types.int16, "i16"), (types.int32, "i32"), (types.int64, "i64")))
+_st_f32, _st_f64 = (_store_of(t, f"_st_{n}") for t, n in (
+    (types.float32, "f32"), (types.float64, "f64")))
+
+
+def _prefetch_at_impl(typingctx: Any, addr: Any) -> Any:
+    """``llvm.prefetch`` of byte address ``addr`` (a hint, no effect on results)."""
+    sig = types.void(types.int64)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        ptr = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
+            builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+_prefetch_at: Any = intrinsic(_prefetch_at_impl)
+
+
+@_scalar
+def _addr(a: Any) -> Any:
+    """The address of array ``a``'s data."""
+    return np.int64(a.ctypes.data)
 
 
 @_scalar
@@ -136,24 +212,580 @@ def _zero_bytes(x: Any) -> Any:
     return ~(((x & LOW7) + LOW7) | x | LOW7)
 
 
+@_scalar
+def _hash_at(p: Any, W: Any) -> Any:
+    """splitmix64 hash of the ``W`` uint64 words at address ``p``."""
+    h = _mix(_ld_u64(p))
+    for j in range(1, W):
+        h = _mix(h ^ _ld_u64(p + 8 * j))
+    return h
+
+
+@_scalar
+def _copy(dst: Any, src: Any, n: Any) -> None:
+    """Copy ``n`` bytes from address ``src`` to address ``dst`` (no overlap)."""
+    j = 0
+    while j + 8 <= n:
+        _st_u64(dst + j, _ld_u64(src + j))
+        j += 8
+    if j + 4 <= n:
+        _st_u32(dst + j, _ld_u32(src + j))
+        j += 4
+    while j < n:
+        _st_u8(dst + j, _ld_u8(src + j))
+        j += 1
+
+
+@_scalar
+def _zero(dst: Any, n: Any) -> None:
+    """Zero ``n`` bytes at address ``dst``."""
+    j = 0
+    while j + 8 <= n:
+        _st_u64(dst + j, np.uint64(0))
+        j += 8
+    while j < n:
+        _st_u8(dst + j, np.uint8(0))
+        j += 1
+
+
+@_scalar
+def _add_u32(a: Any, d: Any) -> None:
+    """Add ``d`` to the uint32 at address ``a`` (a page header counter)."""
+    _st_u32(a, np.uint32(np.int64(_ld_u32(a)) + d))
+
+
+@_scalar
+def _bytes_eq(a: Any, b: Any, n: Any) -> Any:
+    """The ``n`` bytes at addresses ``a`` and ``b`` are equal."""
+    j = 0
+    while j + 8 <= n:
+        if _ld_u64(a + j) != _ld_u64(b + j):
+            return False
+        j += 8
+    while j < n:
+        if _ld_u8(a + j) != _ld_u8(b + j):
+            return False
+        j += 1
+    return True
+
+
+@_scalar
+def _key_eq(ka: Any, ks: Any, k0: Any, kp: Any) -> Any:
+    """The stored key at address ``ka`` equals the input key: its first word ``k0`` (zero
+    padded), its bytes at address ``kp``."""
+    if ks == 8:
+        return _ld_u64(ka) == k0
+    if ks == 4:
+        return np.uint64(_ld_u32(ka)) == k0
+    if ks == 2:
+        return np.uint64(_ld_u16(ka)) == k0
+    if ks == 1:
+        return np.uint64(_ld_u8(ka)) == k0
+    return _bytes_eq(ka, kp, ks)
+
+
+@_scalar
+def _next_group(g: Any, step: Any, h: Any, nb: Any) -> Any:
+    """The group after ``g`` on the probe sequence of hash ``h``; ``step`` is -1 until the
+    probe first leaves its home group. Returns ``(g, step)``."""
+    if step < 0:
+        step = _step(h, nb)
+    g += step
+    if g >= nb:
+        g -= nb
+    return g, step
+
+
+@_scalar
+def _group_match(cg: Any, tag: Any) -> Any:
+    """The offset of the first ctrl byte equal to ``tag`` in the 16-byte group at address
+    ``cg``, or -1."""
+    rep = np.uint64(tag) * ONES
+    m = _zero_bytes(_ld_u64(cg) ^ rep)
+    if m != 0:
+        return np.int64(trailing_zeros(m)) >> 3
+    m = _zero_bytes(_ld_u64(cg + 8) ^ rep)
+    if m != 0:
+        return 8 + (np.int64(trailing_zeros(m)) >> 3)
+    return np.int64(-1)
+
+
+@_scalar
+def _group_free(cg: Any, G: Any) -> Any:
+    """The offset of the first free (EMPTY or TOMB: below 0x80) ctrl byte of the group at
+    address ``cg``, or -1."""
+    if G == 16:
+        m = ~_ld_u64(cg) & HIGH
+        if m != 0:
+            return np.int64(trailing_zeros(m)) >> 3
+        m = ~_ld_u64(cg + 8) & HIGH
+        if m != 0:
+            return 8 + (np.int64(trailing_zeros(m)) >> 3)
+        return np.int64(-1)
+    for j in range(G):
+        if _ld_u8(cg + j) < 0x80:
+            return np.int64(j)
+    return np.int64(-1)
+
+
+@_scalar
+def _probe_group(cg: Any, s0: Any, G: Any, tag: Any, ka0: Any, ks: Any, k0: Any,
+                 kp: Any) -> Any:
+    """The slot of the key in the group of ctrl bytes at address ``cg`` (slots ``s0`` on,
+    keys from address ``ka0``), or -1 if the group has an EMPTY slot (the key is not in the
+    page), or -2 (the probe goes on)."""
+    empty = False
+    if G == 16:  # 16 ctrl bytes as two words: tag matches and EMPTY bytes at once
+        rep = np.uint64(tag) * ONES
+        for half in range(2):
+            w = _ld_u64(cg + 8 * half)
+            if _zero_bytes(w) != 0:
+                empty = True
+            m = _zero_bytes(w ^ rep)
+            while m != 0:
+                sl = s0 + 8 * half + (np.int64(trailing_zeros(m)) >> 3)
+                if _key_eq(ka0 + sl * ks, ks, k0, kp):
+                    return sl
+                m &= m - np.uint64(1)
+    else:
+        for j in range(G):
+            c = _ld_u8(cg + j)
+            if c == tag:
+                if _key_eq(ka0 + (s0 + j) * ks, ks, k0, kp):
+                    return s0 + j
+            elif c == 0:
+                empty = True
+    return np.int64(-1) if empty else np.int64(-2)
+
+
+@_scalar
+def _find_in_page(base: Any, home: Any, h: Any, G: Any, nb: Any, ko: Any, ks: Any,
+                  k0: Any, kp: Any) -> Any:
+    """The slot of the key (hash ``h``) in the page at address ``base``, or -1."""
+    tag = _tag(h)
+    g = home
+    step = np.int64(-1)
+    for _ in range(nb):
+        s = _probe_group(base + HDR + g * G, g * G, G, tag, base + ko, ks, k0, kp)
+        if s != -2:
+            return s
+        g, step = _next_group(g, step, h, nb)
+    return np.int64(-1)
+
+
+@_scalar
+def _first_free(base: Any, home: Any, h: Any, G: Any, nb: Any) -> Any:
+    """The first free slot on the probe sequence of hash ``h`` in the page at address
+    ``base``, or -1."""
+    g = home
+    step = np.int64(-1)
+    for _ in range(nb):
+        j = _group_free(base + HDR + g * G, G)
+        if j >= 0:
+            return g * G + j
+        g, step = _next_group(g, step, h, nb)
+    return np.int64(-1)
+
+
+@_scalar
+def _slot_holds(base: Any, sl: Any, tag: Any, ko: Any, ks: Any, k0: Any, kp: Any) -> Any:
+    """Slot ``sl`` of the page at address ``base`` holds the key."""
+    return _ld_u8(base + HDR + sl) == tag and _key_eq(base + ko + sl * ks, ks, k0, kp)
+
+
+@_scalar
+def _insert(base: Any, home: Any, h: Any, G: Any, nb: Any, ko: Any, ks: Any, vo: Any,
+            vs: Any, kp: Any) -> Any:
+    """Put the key (bytes at address ``kp``, hash ``h``) with a zero value into the first
+    free slot of the page at address ``base``; returns the slot."""
+    s = _first_free(base, home, h, G, nb)
+    cp = base + HDR + s
+    was_empty = _ld_u8(cp) == 0
+    _st_u8(cp, _tag(h))
+    _copy(base + ko + s * ks, kp, ks)
+    _zero(base + vo + s * vs, vs)
+    _add_u32(base + OFF_COUNT, 1)
+    if was_empty:
+        _add_u32(base + OFF_START, 1)
+    return s
+
+
+@_scalar
+def _tombstone(base: Any, s: Any) -> None:
+    """Delete the record in slot ``s`` of the page at address ``base``."""
+    _st_u8(base + HDR + s, np.uint8(1))
+    _add_u32(base + OFF_COUNT, -1)
+
+
 @jit
 def hash_keys(kw: Any) -> Any:
     """splitmix64 hash of each key row of ``kw`` (uint64 words)."""
     n = kw.shape[0]
     out = np.empty(n, np.uint64)
+    K = _addr(kw)
     for i in range(n):
-        h = _mix(kw[i, 0])
-        for j in range(1, kw.shape[1]):
-            h = _mix(h ^ kw[i, j])
-        out[i] = h
+        out[i] = _hash_at(K + i * kw.strides[0], kw.shape[1])
     return out
+
+
+# -- rows: its passes over a chunk of rows. They take addresses too (arrays would cost
+# reference counting per call): ``GEO`` (int64 geo), ``SC`` (the chunk's scratch rows, see
+# `_sc`), ``P`` the pool, ``FS``/``NX``/``BS``/``LS``/``MD`` page tables (int64), ``PN`` pins
+# (int32), ``ST`` state (int64), ``K``/``KB``/``O`` key words, key bytes, out rows (with their
+# row strides ``kst``/``kbst``/``ost``; ``O`` is 0 when no values are wanted). ---------------
+
+SC_HASH, SC_BUCKET, SC_PAGE, SC_HOME, SC_CAND, SC_VALUE, SC_NEW = range(7)  # scratch rows
+SCRATCH = 7 * CHUNK
+"""int64 entries of the scratch `rows` takes from its caller (see the module docstring on
+why no kernel takes the address of an array it allocated)."""
+
+
+@_scalar
+def _sc(SC: Any, field: Any, r: Any) -> Any:
+    """Address of row ``r``'s ``field`` (an ``SC_*`` constant) in the scratch at ``SC``: per
+    row of the chunk its hash, bucket, primary page, home group, the home group's first tag
+    match in the primary page (-1), the value's address once applied, and whether the row
+    inserted its key."""
+    return SC + 8 * (field * CHUNK + r)
+
+
+@_scalar
+def _i64(T: Any, i: Any) -> Any:
+    """Entry ``i`` of the int64 table at address ``T``."""
+    return _ld_i64(T + 8 * i)
+
+
+@_scalar
+def _page(P: Any, FS: Any, q: Any, pb: Any) -> Any:
+    """Address of page seq ``q``."""
+    return P + _i64(FS, q) * pb
+
+
+@_scalar
+def _hash_chunk(c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any, BS: Any, K: Any,
+                kst: Any, W: Any) -> None:
+    """Pass 1: hash each row, note its bucket, primary page and home group, and prefetch the
+    home group's ctrl bytes."""
+    nbk, lvl, G, nb, pb = _i64(GEO, 0), _i64(GEO, 1), _i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 9)
+    for i in range(c0, c1):
+        r = i - c0
+        h = _hash_at(K + i * kst, W)
+        b = _bucket(h, nbk, lvl)
+        q = _i64(BS, b)
+        gp = _home(h, nb)
+        _st_u64(_sc(SC, SC_HASH, r), h)
+        _st_i64(_sc(SC, SC_BUCKET, r), b)
+        _st_i64(_sc(SC, SC_PAGE, r), q)
+        _st_i64(_sc(SC, SC_HOME, r), gp)
+        _prefetch_at(_page(P, FS, q, pb) + HDR + gp * G)
+
+
+@_scalar
+def _prefetch_slot(mode: Any, base: Any, sp: Any, GEO: Any) -> None:
+    """Prefetch the key and value (not for a delete) of slot ``sp`` of the page at ``base``."""
+    ko, vo, ks, vs = _i64(GEO, 5), _i64(GEO, 6), _i64(GEO, 7), _i64(GEO, 8)
+    _prefetch_at(base + ko + sp * ks)
+    if ks & (ks - 1) != 0:  # a key may straddle two cache lines
+        _prefetch_at(base + ko + sp * ks + ks - 1)
+    if mode != MODE_DELETE:
+        _prefetch_at(base + vo + sp * vs)
+        _prefetch_at(base + vo + sp * vs + vs - 1)
+
+
+@_scalar
+def _match_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any) -> None:
+    """Pass 2: match the tag in the home group (its ctrl line is in flight or in cache),
+    and prefetch the key and value of the first match, or of the first free slot (an
+    insert)."""
+    G, pb = _i64(GEO, 3), _i64(GEO, 9)
+    for r in range(c1 - c0):
+        _st_i64(_sc(SC, SC_CAND, r), -1)
+        if G != 16:
+            continue
+        base = _page(P, FS, _i64(_sc(SC, SC_PAGE, r), 0), pb)
+        home = _i64(_sc(SC, SC_HOME, r), 0)
+        cg = base + HDR + home * G
+        j = _group_match(cg, _tag(_ld_u64(_sc(SC, SC_HASH, r))))
+        if j >= 0:
+            _st_i64(_sc(SC, SC_CAND, r), home * G + j)
+        elif mode == MODE_UPSERT:
+            j = _group_free(cg, G)
+        if j >= 0:
+            _prefetch_slot(mode, base, home * G + j, GEO)
+
+
+@_scalar
+def _find(r: Any, k0: Any, kp: Any, GEO: Any, SC: Any, P: Any, FS: Any, NX: Any,
+          BS: Any) -> Any:
+    """Find row ``r``'s key (first word ``k0``, bytes at ``kp``): its candidate slot first
+    (most keys sit there), then along its bucket's chain. Returns ``(page seq, slot)``,
+    page -1 if absent."""
+    G, nb, ko, ks, pb = _i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 5), _i64(GEO, 7), _i64(GEO, 9)
+    h = _ld_u64(_sc(SC, SC_HASH, r))
+    s = _i64(_sc(SC, SC_CAND, r), 0)
+    q = _i64(_sc(SC, SC_PAGE, r), 0)
+    if s >= 0 and _slot_holds(_page(P, FS, q, pb), s, _tag(h), ko, ks, k0, kp):
+        return q, s
+    q = _i64(BS, _i64(_sc(SC, SC_BUCKET, r), 0))
+    home = _i64(_sc(SC, SC_HOME, r), 0)
+    while q >= 0:
+        s = _find_in_page(_page(P, FS, q, pb), home, h, G, nb, ko, ks, k0, kp)
+        if s >= 0:
+            return q, s
+        q = _i64(NX, q)
+    return np.int64(-1), np.int64(-1)
+
+
+@_scalar
+def _insert_row(r: Any, kp: Any, GEO: Any, SC: Any, P: Any, FS: Any, LS: Any, PN: Any,
+                ST: Any) -> Any:
+    """Insert row ``r``'s key (bytes at ``kp``) into the last page of its chain. Returns
+    ``(status, page seq, slot)``; a status other than ``DONE`` wrote nothing."""
+    G, nb, ko, vo, ks, vs, pb = (_i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 5), _i64(GEO, 6),
+                                 _i64(GEO, 7), _i64(GEO, 8), _i64(GEO, 9))
+    if _i64(ST, 0) + 1 > _i64(GEO, 11):
+        return NEED_SPLIT, np.int64(-1), np.int64(-1)
+    b = _i64(_sc(SC, SC_BUCKET, r), 0)
+    q = _i64(LS, b)
+    base = _page(P, FS, q, pb)
+    if np.int64(_ld_u32(base + OFF_START)) >= _i64(GEO, 10):
+        _st_i64(ST + 16, b)
+        return NEED_PAGE, np.int64(-1), np.int64(-1)
+    if _ld_i32(PN + 4 * _i64(FS, q)) > 0:
+        _st_i64(ST + 16, q)
+        return NEED_CLONE, np.int64(-1), np.int64(-1)
+    home = _i64(_sc(SC, SC_HOME, r), 0)
+    s = _insert(base, home, _ld_u64(_sc(SC, SC_HASH, r)), G, nb, ko, ks, vo, vs, kp)
+    _st_i64(ST, _i64(ST, 0) + 1)
+    return DONE, q, s
+
+
+@_scalar
+def _apply_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any, NX: Any,
+                 BS: Any, LS: Any, PN: Any, MD: Any, ST: Any, FOUND: Any, K: Any, kst: Any,
+                 KB: Any, kbst: Any, O: Any, ost: Any) -> Any:
+    """Pass 3: find each row's key, in input order; insert new keys (noting each row's value
+    address); get / delete act here. Returns ``(status, row stopped at)``."""
+    vo, vs, pb, epoch = _i64(GEO, 6), _i64(GEO, 8), _i64(GEO, 9), _i64(GEO, 12)
+    for i in range(c0, c1):
+        r = i - c0
+        kp = KB + i * kbst
+        fq, s = _find(r, _ld_u64(K + i * kst), kp, GEO, SC, P, FS, NX, BS)
+        if mode == MODE_GET:
+            _st_u8(FOUND + i, np.uint8(fq >= 0))
+            if fq >= 0 and O != 0:
+                _copy(O + i * ost, _page(P, FS, fq, pb) + vo + s * vs, vs)
+            continue
+        if fq >= 0 and _ld_i32(PN + 4 * _i64(FS, fq)) > 0:
+            _st_i64(ST + 16, fq)
+            return NEED_CLONE, i
+        if mode == MODE_DELETE:
+            _st_u8(FOUND + i, np.uint8(fq >= 0))
+            if fq >= 0:
+                _st_i64(MD + 8 * fq, epoch)
+                _tombstone(_page(P, FS, fq, pb), s)
+                _st_i64(ST, _i64(ST, 0) - 1)
+            continue
+        new = fq < 0  # upsert
+        if new:
+            code, fq, s = _insert_row(r, kp, GEO, SC, P, FS, LS, PN, ST)
+            if code != DONE:
+                return code, i
+        _st_i64(MD + 8 * fq, epoch)
+        va = _page(P, FS, fq, pb) + vo + s * vs
+        _st_i64(_sc(SC, SC_VALUE, r), va)
+        _st_i64(_sc(SC, SC_NEW, r), np.int64(new))
+        if O != 0:  # fields the spec does not write; the combine fills in the others
+            _copy(O + i * ost, va, vs)
+    return DONE, c1
+
+
+@_scalar
+def _int_row(a: Any, code: Any, op: Any, new: Any, x: Any) -> None:
+    """Combine int64 ``x`` into the integer field (type ``code``) at address ``a``."""
+    write = new or op == LAST
+    if not write and op != FIRST:
+        if code == I8:
+            old = _ld_i64(a)
+        elif code == I4:
+            old = np.int64(_ld_i32(a))
+        elif code == U4:
+            old = np.int64(_ld_u32(a))
+        elif code == I2:
+            old = np.int64(_ld_i16(a))
+        elif code == U2:
+            old = np.int64(_ld_u16(a))
+        elif code == I1:
+            old = np.int64(_ld_i8(a))
+        else:
+            old = np.int64(_ld_u8(a))
+        if op == COUNT or op == SUM:
+            x = old + x
+            write = True
+        elif op == MIN:
+            write = x < old
+        else:  # MAX
+            write = x > old
+    if write:
+        if code == I8:
+            _st_i64(a, x)
+        elif code == I4:
+            _st_i32(a, np.int32(x))
+        elif code == U4:
+            _st_u32(a, np.uint32(x))
+        elif code == I2:
+            _st_i16(a, np.int16(x))
+        elif code == U2:
+            _st_u16(a, np.uint16(x))
+        elif code == I1:
+            _st_i8(a, np.int8(x))
+        else:
+            _st_u8(a, np.uint8(x))
+
+
+@_scalar
+def _float_row(a: Any, code: Any, op: Any, new: Any, y: Any) -> None:
+    """Combine float64 ``y`` into the float field (``F8`` or ``F4``) at address ``a``."""
+    write = new or op == LAST
+    if not write and op != FIRST:
+        old = _ld_f64(a) if code == F8 else np.float64(_ld_f32(a))
+        if op == COUNT or op == SUM:
+            y = old + y
+            write = True
+        else:  # NaN stays (np.minimum / np.maximum semantics)
+            write = old == old and not (
+                y == y and ((op == MIN and y >= old) or (op == MAX and y <= old)))
+    if write:
+        if code == F8:
+            _st_f64(a, y)
+        else:
+            _st_f32(a, np.float32(y))
+
+
+@_scalar
+def _uint_row(a: Any, op: Any, new: Any, x: Any) -> None:
+    """Combine uint64 ``x`` into the uint64 field at address ``a``."""
+    write = new or op == LAST
+    if not write and op != FIRST:
+        old = _ld_u64(a)
+        if op == COUNT or op == SUM:
+            x = old + x
+            write = True
+        elif op == MIN:
+            write = x < old
+        else:
+            write = x > old
+    if write:
+        _st_u64(a, x)
+
+
+@_scalar
+def _bytes_row(a: Any, xp: Any, size: Any, op: Any, new: Any) -> None:
+    """Combine the ``size`` bytes at address ``xp`` into the bytes field at address ``a``:
+    first / last copy; min / max compare lexicographically."""
+    write = new or op == LAST
+    if not write and (op == MIN or op == MAX):
+        cmp = 0
+        for t in range(size):
+            xb = _ld_u8(xp + t)
+            yb = _ld_u8(a + t)
+            if xb != yb:
+                cmp = -1 if xb < yb else 1
+                break
+        write = (op == MIN and cmp < 0) or (op == MAX and cmp > 0)
+    if write:
+        _copy(a, xp, size)
+
+
+@_scalar
+def _combine_i8(op: Any, off: Any, xs: Any, xst: Any, c0: Any, kn: Any, SC: Any, O: Any,
+                ost: Any) -> None:
+    """`_combine_field` for an int64 field, the common case: one loop per op."""
+    if op == COUNT or op == SUM:
+        for k in range(kn):
+            a = _i64(_sc(SC, SC_VALUE, k), 0) + off
+            x = np.int64(1) if op == COUNT else _ld_i64(xs + (c0 + k) * xst)
+            _st_i64(a, x if _i64(_sc(SC, SC_NEW, k), 0) != 0 else _ld_i64(a) + x)
+            if O != 0:
+                _st_i64(O + (c0 + k) * ost + off, _ld_i64(a))
+    elif op == MIN or op == MAX:
+        for k in range(kn):
+            a = _i64(_sc(SC, SC_VALUE, k), 0) + off
+            x = _ld_i64(xs + (c0 + k) * xst)
+            if (_i64(_sc(SC, SC_NEW, k), 0) != 0 or (op == MIN and x < _ld_i64(a))
+                    or (op == MAX and x > _ld_i64(a))):
+                _st_i64(a, x)
+            if O != 0:
+                _st_i64(O + (c0 + k) * ost + off, _ld_i64(a))
+    else:  # LAST, FIRST
+        for k in range(kn):
+            a = _i64(_sc(SC, SC_VALUE, k), 0) + off
+            if _i64(_sc(SC, SC_NEW, k), 0) != 0 or op == LAST:
+                _st_i64(a, _ld_i64(xs + (c0 + k) * xst))
+            if O != 0:
+                _st_i64(O + (c0 + k) * ost + off, _ld_i64(a))
+
+
+@_scalar
+def _combine_field(op: Any, code: Any, off: Any, size: Any, lane: Any, xs: Any, xst: Any,
+                   c0: Any, kn: Any, SC: Any, O: Any, ost: Any) -> None:
+    """Pass 4: combine rows ``c0..c0+kn-1`` into one value field (at ``off``, ``size``
+    bytes, type ``code``, input ``lane``; the op and the type are fixed for the whole loop).
+    Row ``i``'s input is at ``xs + i * xst``."""
+    for k in range(kn):
+        i = c0 + k
+        a = _i64(_sc(SC, SC_VALUE, k), 0) + off
+        new = _i64(_sc(SC, SC_NEW, k), 0) != 0
+        if lane == L_INT:
+            _int_row(a, code, op, new, np.int64(1) if op == COUNT else _ld_i64(xs + i * xst))
+        elif lane == L_FLOAT:
+            _float_row(a, code, op, new, 1.0 if op == COUNT else _ld_f64(xs + i * xst))
+        elif lane == L_UINT:
+            _uint_row(a, op, new, np.uint64(1) if op == COUNT else _ld_u64(xs + i * xst))
+        else:
+            _bytes_row(a, xs + i * xst, size, op, new)
+        if O != 0:
+            _copy(O + i * ost + off, a, size)
+
+
+@_scalar
+def _lane_input(lane: Any, c: Any, IC: Any, UC: Any, FC: Any, BC: Any) -> Any:
+    """``(address, stride)`` of the inputs of lane ``lane``, index ``c``."""
+    if lane == L_INT:
+        return _addr(IC) + c * IC.strides[0], IC.strides[1]
+    if lane == L_FLOAT:
+        return _addr(FC) + c * FC.strides[0], FC.strides[1]
+    if lane == L_UINT:
+        return _addr(UC) + c * UC.strides[0], UC.strides[1]
+    return _addr(BC) + c, BC.strides[0]
+
+
+@_scalar
+def _check_tables(fseq: Any, next_of: Any, bucket_seq: Any, last_seq: Any, pins: Any,
+                  mod: Any, geo: Any, state: Any, found: Any, kw: Any, kb: Any,
+                  out: Any, scratch: Any) -> None:
+    """`rows` reads these through their addresses: the tables must be contiguous int64
+    (pins int32, found bool), and rows contiguous."""
+    for t in (fseq, next_of, bucket_seq, last_seq, mod, geo, state, scratch):
+        if t.itemsize != 8 or (t.shape[0] > 1 and t.strides[0] != 8):
+            raise TypeError("hashmap.rows: page tables, geo, state and scratch must be "
+                            "contiguous int64")
+    if geo.shape[0] < 13 or state.shape[0] < 3 or scratch.shape[0] < SCRATCH:
+        raise ValueError("hashmap.rows: geo needs 13 entries, state 3, scratch SCRATCH = 7 * CHUNK")
+    if (pins.itemsize != 4 or (pins.shape[0] > 1 and pins.strides[0] != 4)
+            or found.itemsize != 1 or (found.shape[0] > 1 and found.strides[0] != 1)):
+        raise TypeError("hashmap.rows: pins must be contiguous int32, found bool")
+    if ((kw.shape[0] > 1 and kw.strides[0] != 8 * kw.shape[1])
+            or (kb.shape[0] > 1 and kb.strides[0] != kb.shape[1])
+            or (out.shape[0] > 1 and out.strides[0] != out.shape[1])):
+        raise TypeError("hashmap.rows: key words, key bytes and out must be C-contiguous")
 
 
 @jit
 def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: Any,
          bucket_seq: Any, last_seq: Any, pins: Any, mod: Any, geo: Any, ops: Any, codes: Any,
          offs: Any, sizes: Any, lanes: Any, lidx: Any, aligned: Any, IC: Any, UC: Any, FC: Any,
-         BC: Any, out: Any, found: Any, state: Any) -> Any:
+         BC: Any, out: Any, found: Any, scratch: Any, state: Any) -> Any:
     """Look up (``MODE_GET``), upsert (``MODE_UPSERT``) or delete (``MODE_DELETE``)
     rows ``i0..n-1`` in input order; writes stop early with a request.
 
@@ -165,512 +797,154 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
     uint8, or 0 rows) receives each row's value: after the row was applied
     (upsert) or as found (get). ``found`` (get, delete) is set per row. The
     combine spec (upsert) is ``ops``... ``aligned``, one entry per value field
-    it writes; ``IC``/``UC``/``FC`` (``(k, n)``: int64, uint64, float64) and
-    ``BC`` (``(n, bytes)``) are the input lanes. Returns a status code.
+    it writes (``aligned`` is not needed: loads and stores are unaligned-safe);
+    ``IC``/``UC``/``FC`` (``(k, n)``: int64, uint64, float64) and ``BC``
+    (``(n, bytes)``) are the input lanes. ``scratch`` is the caller's contiguous
+    int64 array of at least `SCRATCH` entries, the kernel's per-chunk rows (`_sc`).
+    Returns a status code.
+
+    Rows go in chunks of `CHUNK`, in four passes (each a function): hash and
+    prefetch, match tags and prefetch, find / insert / act, combine the values.
     """
-    nbk, lvl, S, G, nb, ko, vo, ks, vs, pb, max_fill, limit, epoch = (
-        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9],
-        geo[10], geo[11], geo[12])
-    u8 = pool
-    i8a = pool.view(np.int8)
-    u16 = pool.view(np.uint16)
-    i16 = pool.view(np.int16)
-    u32 = pool.view(np.uint32)
-    i32 = pool.view(np.int32)
-    u64 = pool.view(np.uint64)
-    i64 = pool.view(np.int64)
-    f32 = pool.view(np.float32)
-    f64 = pool.view(np.float64)
-    sc_u64 = np.zeros(1, np.uint64)
-    sc_f64 = sc_u64.view(np.float64)
-    sc_u32 = np.zeros(1, np.uint32)
-    sc_f32 = sc_u32.view(np.float32)
+    _check_tables(fseq, next_of, bucket_seq, last_seq, pins, mod, geo, state, found, kw, kb,
+                  out, scratch)
     n = kw.shape[0]
-    W = kw.shape[1]
     nops = ops.shape[0]
-    want = out.shape[0] > 0
-    swar = G == 16
-    CH = CHUNK
-    hs = np.empty(CH, np.uint64)   # per row of the chunk: hash,
-    bk = np.empty(CH, np.int64)    # bucket,
-    q0s = np.empty(CH, np.int64)   # primary page,
-    homes = np.empty(CH, np.int64)  # home group,
-    cand = np.empty(CH, np.int64)  # the home group's first tag match in the primary page (-1),
-    vas = np.empty(CH, np.int64)   # the value's address once applied,
-    isnew = np.empty(CH, np.bool_)  # and whether the row inserted its key
-    HIGH = np.uint64(0x8080808080808080)
-    code_out = DONE
+    xs = np.empty(nops, np.int64)  # each value field's input address and row stride
+    xst = np.empty(nops, np.int64)
+    for j in range(nops):
+        xs[j], xst[j] = _lane_input(lanes[j], lidx[j], IC, UC, FC, BC)
+    SC, GEO, P, FS, ST = _addr(scratch), _addr(geo), _addr(pool), _addr(fseq), _addr(state)
+    O = _addr(out) if out.shape[0] > 0 else 0
     c0 = i0
     while c0 < n:
-        c1 = min(c0 + CH, n)
-        # -- pass 1: hash each row, prefetch its home group's ctrl bytes -------------------------
-        for i in range(c0, c1):
-            h = _mix(kw[i, 0])
-            for j in range(1, W):
-                h = _mix(h ^ kw[i, j])
-            b = _bucket(h, nbk, lvl)
-            q = bucket_seq[b]
-            gp = _home(h, nb)
-            hs[i - c0] = h
-            bk[i - c0] = b
-            q0s[i - c0] = q
-            homes[i - c0] = gp
-            _prefetch(u8, fseq[q] * pb + HDR + gp * G)
-        # -- pass 2: match the tag in the home group (its ctrl line is in flight or in cache),
-        # prefetch the key and value of the first match, or of the first free slot (an insert)
-        for i in range(c0, c1):
-            cand[i - c0] = -1
-            if not swar:
-                continue
-            h = hs[i - c0]
-            bp = fseq[q0s[i - c0]] * pb
-            gp = homes[i - c0]
-            cp = (bp + HDR + gp * G) >> 3
-            rep = np.uint64(_tag(h)) * ONES
-            w = u64[cp]
-            m = _zero_bytes(w ^ rep)
-            off = 0
-            if m == 0:
-                w = u64[cp + 1]
-                m = _zero_bytes(w ^ rep)
-                off = 8
-            if m != 0:
-                sp = gp * G + off + (np.int64(trailing_zeros(m)) >> 3)
-                cand[i - c0] = sp
-            elif mode == MODE_UPSERT:
-                m = ~u64[cp] & HIGH
-                off = 0
-                if m == 0:
-                    m = ~u64[cp + 1] & HIGH
-                    off = 8
-                if m == 0:
+        c1 = min(c0 + CHUNK, n)
+        _hash_chunk(c0, c1, GEO, SC, P, FS, _addr(bucket_seq), _addr(kw), kw.strides[0],
+                    kw.shape[1])
+        _match_chunk(mode, c0, c1, GEO, SC, P, FS)
+        code, stop = _apply_chunk(mode, c0, c1, GEO, SC, P, FS, _addr(next_of),
+                                  _addr(bucket_seq), _addr(last_seq), _addr(pins), _addr(mod),
+                                  ST, _addr(found), _addr(kw), kw.strides[0], _addr(kb),
+                                  kb.strides[0], O, out.strides[0])
+        if mode == MODE_UPSERT:
+            for j in range(nops):
+                if lanes[j] == L_INT and codes[j] == I8:
+                    _combine_i8(ops[j], offs[j], xs[j], xst[j], c0, stop - c0, SC, O,
+                                out.strides[0])
                     continue
-                sp = gp * G + off + (np.int64(trailing_zeros(m)) >> 3)
-            else:
-                continue
-            _prefetch(u8, bp + ko + sp * ks)
-            if ks & (ks - 1) != 0:  # a key may straddle two cache lines
-                _prefetch(u8, bp + ko + sp * ks + ks - 1)
-            if mode != MODE_DELETE:
-                _prefetch(u8, bp + vo + sp * vs)
-                _prefetch(u8, bp + vo + sp * vs + vs - 1)  # and a value
-        # -- pass 3: probe, in input order; insert new keys; get / delete act here -------------
-        stop = c1
-        for i in range(c0, c1):
-            h = hs[i - c0]
-            b = bk[i - c0]
-            tag = _tag(h)
-            rep = np.uint64(tag) * ONES
-            home = homes[i - c0]
-            step = np.int64(-1)  # computed when a probe leaves the home group
-            k0 = kw[i, 0]
-            fq = np.int64(-1)
-            s = np.int64(-1)
-            sl = cand[i - c0]
-            if sl >= 0:  # the candidate first: most keys sit there
-                q = q0s[i - c0]
-                base = fseq[q] * pb
-                if u8[base + HDR + sl] == tag:
-                    ka = base + ko + sl * ks
-                    if ks == 4:
-                        eq = np.uint64(u32[ka >> 2]) == k0
-                    elif ks == 8:
-                        eq = u64[ka >> 3] == k0
-                    elif ks == 2:
-                        eq = np.uint64(u16[ka >> 1]) == k0
-                    elif ks == 1:
-                        eq = np.uint64(u8[ka]) == k0
-                    else:
-                        eq = True
-                        for t in range(ks):
-                            if u8[ka + t] != kb[i, t]:
-                                eq = False
-                                break
-                    if eq:
-                        s = sl
-                        fq = q
-            q = bucket_seq[b] if s < 0 else np.int64(-1)
-            while q >= 0:
-                base = fseq[q] * pb
-                g = home
-                for _ in range(nb):
-                    cg = base + HDR + g * G
-                    empty = False
-                    if swar:  # 16 ctrl bytes as two words: tag matches and EMPTY bytes at once
-                        for half in range(2):
-                            w = u64[(cg >> 3) + half]
-                            if _zero_bytes(w) != 0:
-                                empty = True
-                            m = _zero_bytes(w ^ rep)
-                            while m != 0:
-                                sl = g * G + 8 * half + (np.int64(trailing_zeros(m)) >> 3)
-                                ka = base + ko + sl * ks
-                                if ks == 4:
-                                    eq = np.uint64(u32[ka >> 2]) == k0
-                                elif ks == 8:
-                                    eq = u64[ka >> 3] == k0
-                                elif ks == 2:
-                                    eq = np.uint64(u16[ka >> 1]) == k0
-                                elif ks == 1:
-                                    eq = np.uint64(u8[ka]) == k0
-                                else:
-                                    eq = True
-                                    for t in range(ks):
-                                        if u8[ka + t] != kb[i, t]:
-                                            eq = False
-                                            break
-                                if eq:
-                                    s = sl
-                                    break
-                                m &= m - np.uint64(1)
-                            if s >= 0:
-                                break
-                    else:
-                        for j in range(G):
-                            c = u8[cg + j]
-                            if c == tag:
-                                sl = g * G + j
-                                ka = base + ko + sl * ks
-                                eq = True
-                                for t in range(ks):
-                                    if u8[ka + t] != kb[i, t]:
-                                        eq = False
-                                        break
-                                if eq:
-                                    s = sl
-                                    break
-                            elif c == 0:
-                                empty = True
-                    if s >= 0 or empty:
-                        break
-                    if step < 0:
-                        step = _step(h, nb)
-                    g += step
-                    if g >= nb:
-                        g -= nb
-                if s >= 0:
-                    fq = q
-                    break
-                q = next_of[q]
-            # -- act --------------------------------------------------------------------------
-            if mode == MODE_GET:
-                if fq >= 0:
-                    found[i] = True
-                    if want:
-                        va = fseq[fq] * pb + vo + s * vs
-                        for t in range(vs):
-                            out[i, t] = u8[va + t]
-                else:
-                    found[i] = False
-                continue
-            if mode == MODE_DELETE:
-                if fq < 0:
-                    found[i] = False
-                    continue
-                f = fseq[fq]
-                if pins[f] > 0:
-                    state[1] = i
-                    state[2] = fq
-                    return NEED_CLONE
-                mod[fq] = epoch
-                base = f * pb
-                u8[base + HDR + s] = 1
-                a = (base + OFF_COUNT) >> 2
-                u32[a] = np.uint32(np.int64(u32[a]) - 1)
-                state[0] -= 1
-                found[i] = True
-                continue
-            # upsert: find or insert; a request stops the chunk before this row
-            if fq >= 0:
-                f = fseq[fq]
-                if pins[f] > 0:
-                    state[2] = fq
-                    code_out = NEED_CLONE
-                    stop = i
-                    break
-                mod[fq] = epoch
-                base = f * pb
-                new = False
-            else:
-                if state[0] + 1 > limit:
-                    code_out = NEED_SPLIT
-                    stop = i
-                    break
-                q = last_seq[b]
-                f = fseq[q]
-                base = f * pb
-                if np.int64(u32[(base + OFF_START) >> 2]) >= max_fill:
-                    state[2] = b
-                    code_out = NEED_PAGE
-                    stop = i
-                    break
-                if pins[f] > 0:
-                    state[2] = q
-                    code_out = NEED_CLONE
-                    stop = i
-                    break
-                mod[q] = epoch
-                g = home
-                s = np.int64(-1)
-                for _ in range(nb):  # the first free (EMPTY or TOMB) slot on the probe sequence
-                    cg = base + HDR + g * G
-                    for j in range(G):
-                        if u8[cg + j] < 0x80:
-                            s = g * G + j
-                            break
-                    if s >= 0:
-                        break
-                    if step < 0:
-                        step = _step(h, nb)
-                    g += step
-                    if g >= nb:
-                        g -= nb
-                was_empty = u8[base + HDR + s] == 0
-                u8[base + HDR + s] = tag
-                ka = base + ko + s * ks
-                if ks == 4:
-                    u32[ka >> 2] = np.uint32(k0)
-                elif ks == 8:
-                    u64[ka >> 3] = k0
-                else:
-                    for t in range(ks):
-                        u8[ka + t] = kb[i, t]
-                va = base + vo + s * vs
-                if vs & 7 == 0:  # values are 8-aligned then (vo and pages are)
-                    for t in range(vs >> 3):
-                        u64[(va >> 3) + t] = 0
-                else:
-                    for t in range(vs):
-                        u8[va + t] = 0
-                a = (base + OFF_COUNT) >> 2
-                u32[a] = np.uint32(np.int64(u32[a]) + 1)
-                if was_empty:
-                    a = (base + OFF_START) >> 2
-                    u32[a] = np.uint32(np.int64(u32[a]) + 1)
-                state[0] += 1
-                new = True
-            va = base + vo + s * vs
-            vas[i - c0] = va
-            isnew[i - c0] = new
-            if want:  # fields the spec does not write; the combine fills in the others
-                for t in range(vs):
-                    out[i, t] = u8[va + t]
-        if mode != MODE_UPSERT:
-            c0 = c1
-            continue
-        # -- pass 4: combine rows c0..stop-1, one value field at a time (the op and the field's
-        # type are fixed for a whole loop: common cases have their own loops) --------------------
-        kn = stop - c0
-        for j in range(nops):
-            op = ops[j]
-            off = offs[j]
-            code = codes[j]
-            al = aligned[j]
-            lane = lanes[j]
-            c = lidx[j]
-            size = sizes[j]
-            if lane == L_INT and al and code == I8:
-                if op == COUNT:
-                    for k in range(kn):
-                        a = (vas[k] + off) >> 3
-                        i64[a] = 1 if isnew[k] else i64[a] + 1
-                        if want:
-                            for t in range(8):
-                                out[c0 + k, off + t] = u8[8 * a + t]
-                elif op == SUM:
-                    for k in range(kn):
-                        a = (vas[k] + off) >> 3
-                        x = IC[c, c0 + k]
-                        i64[a] = x if isnew[k] else i64[a] + x
-                        if want:
-                            for t in range(8):
-                                out[c0 + k, off + t] = u8[8 * a + t]
-                elif op == MIN:
-                    for k in range(kn):
-                        a = (vas[k] + off) >> 3
-                        x = IC[c, c0 + k]
-                        if isnew[k] or x < i64[a]:
-                            i64[a] = x
-                        if want:
-                            for t in range(8):
-                                out[c0 + k, off + t] = u8[8 * a + t]
-                elif op == MAX:
-                    for k in range(kn):
-                        a = (vas[k] + off) >> 3
-                        x = IC[c, c0 + k]
-                        if isnew[k] or x > i64[a]:
-                            i64[a] = x
-                        if want:
-                            for t in range(8):
-                                out[c0 + k, off + t] = u8[8 * a + t]
-                else:  # LAST, FIRST
-                    for k in range(kn):
-                        a = (vas[k] + off) >> 3
-                        if isnew[k] or op == LAST:
-                            i64[a] = IC[c, c0 + k]
-                        if want:
-                            for t in range(8):
-                                out[c0 + k, off + t] = u8[8 * a + t]
-                continue
-            if lane == L_FLOAT and al and code == F8:
-                for k in range(kn):
-                    a = (vas[k] + off) >> 3
-                    y = 1.0 if op == COUNT else FC[c, c0 + k]
-                    if isnew[k] or op == LAST:
-                        f64[a] = y
-                    elif op == COUNT or op == SUM:
-                        f64[a] = f64[a] + y
-                    elif op == MIN or op == MAX:
-                        old_f = f64[a]  # NaN stays (np.minimum / np.maximum semantics)
-                        if old_f == old_f and not (y == y and ((op == MIN and y >= old_f)
-                                                               or (op == MAX and y <= old_f))):
-                            f64[a] = y
-                    if want:
-                        for t in range(8):
-                            out[c0 + k, off + t] = u8[8 * a + t]
-                continue
-            for k in range(kn):  # any field: the general case
-                i = c0 + k
-                new = isnew[k]
-                a = vas[k] + off
-                if lane == L_INT:
-                    x = np.int64(1) if op == COUNT else IC[c, i]
-                    write = new or op == LAST
-                    if not write and op != FIRST:
-                        if al:
-                            if code == I8:
-                                old = i64[a >> 3]
-                            elif code == I4:
-                                old = np.int64(i32[a >> 2])
-                            elif code == U4:
-                                old = np.int64(u32[a >> 2])
-                            elif code == I2:
-                                old = np.int64(i16[a >> 1])
-                            elif code == U2:
-                                old = np.int64(u16[a >> 1])
-                            elif code == I1:
-                                old = np.int64(i8a[a])
-                            else:
-                                old = np.int64(u8[a])
-                        else:
-                            raw = np.uint64(0)
-                            for t in range(size):
-                                raw |= np.uint64(u8[a + t]) << np.uint64(8 * t)
-                            if code == I8 or code == I4 or code == I2 or code == I1:
-                                old = _sext(raw, size)
-                            else:
-                                old = np.int64(raw)
-                        if op == COUNT or op == SUM:
-                            x = old + x
-                            write = True
-                        elif op == MIN:
-                            write = x < old
-                        else:  # MAX
-                            write = x > old
-                    if write:
-                        if al:
-                            if code == I8:
-                                i64[a >> 3] = x
-                            elif code == I4:
-                                i32[a >> 2] = np.int32(x)
-                            elif code == U4:
-                                u32[a >> 2] = np.uint32(x)
-                            elif code == I2:
-                                i16[a >> 1] = np.int16(x)
-                            elif code == U2:
-                                u16[a >> 1] = np.uint16(x)
-                            elif code == I1:
-                                i8a[a] = np.int8(x)
-                            else:
-                                u8[a] = np.uint8(x)
-                        else:
-                            raw = np.uint64(x)
-                            for t in range(size):
-                                u8[a + t] = np.uint8((raw >> np.uint64(8 * t)) & np.uint64(0xFF))
-                elif lane == L_FLOAT:
-                    y = 1.0 if op == COUNT else FC[c, i]
-                    write = new or op == LAST
-                    if not write and op != FIRST:
-                        if al:
-                            old_f = f64[a >> 3] if code == F8 else np.float64(f32[a >> 2])
-                        else:
-                            raw = np.uint64(0)
-                            for t in range(size):
-                                raw |= np.uint64(u8[a + t]) << np.uint64(8 * t)
-                            if code == F8:
-                                sc_u64[0] = raw
-                                old_f = sc_f64[0]
-                            else:
-                                sc_u32[0] = np.uint32(raw)
-                                old_f = np.float64(sc_f32[0])
-                        if op == COUNT or op == SUM:
-                            y = old_f + y
-                            write = True
-                        else:  # NaN stays (np.minimum / np.maximum semantics)
-                            write = old_f == old_f and not (
-                                y == y and ((op == MIN and y >= old_f)
-                                            or (op == MAX and y <= old_f)))
-                    if write:
-                        if al:
-                            if code == F8:
-                                f64[a >> 3] = y
-                            else:
-                                f32[a >> 2] = np.float32(y)
-                        else:
-                            if code == F8:
-                                sc_f64[0] = y
-                                raw = sc_u64[0]
-                            else:
-                                sc_f32[0] = np.float32(y)
-                                raw = np.uint64(sc_u32[0])
-                            for t in range(size):
-                                u8[a + t] = np.uint8((raw >> np.uint64(8 * t)) & np.uint64(0xFF))
-                elif lane == L_UINT:
-                    xu = np.uint64(1) if op == COUNT else UC[c, i]
-                    write = new or op == LAST
-                    if not write and op != FIRST:
-                        if al:
-                            old_u = u64[a >> 3]
-                        else:
-                            old_u = np.uint64(0)
-                            for t in range(8):
-                                old_u |= np.uint64(u8[a + t]) << np.uint64(8 * t)
-                        if op == COUNT or op == SUM:
-                            xu = old_u + xu
-                            write = True
-                        elif op == MIN:
-                            write = xu < old_u
-                        else:
-                            write = xu > old_u
-                    if write:
-                        if al:
-                            u64[a >> 3] = xu
-                        else:
-                            for t in range(8):
-                                u8[a + t] = np.uint8((xu >> np.uint64(8 * t)) & np.uint64(0xFF))
-                else:  # bytes: first / last copy; min / max compare lexicographically
-                    write = new or op == LAST
-                    if not write and (op == MIN or op == MAX):
-                        cmp = 0
-                        for t in range(size):
-                            xb = BC[i, c + t]
-                            yb = u8[a + t]
-                            if xb != yb:
-                                cmp = -1 if xb < yb else 1
-                                break
-                        write = (op == MIN and cmp < 0) or (op == MAX and cmp > 0)
-                    if write:
-                        for t in range(size):
-                            u8[a + t] = BC[i, c + t]
-                if want:
-                    for t in range(size):
-                        out[i, off + t] = u8[a + t]
-        if code_out != DONE:
+                _combine_field(ops[j], codes[j], offs[j], sizes[j], lanes[j], xs[j], xst[j],
+                               c0, stop - c0, SC, O, out.strides[0])
+        if code != DONE:
             state[1] = stop
-            return code_out
+            return code
         c0 = c1
     state[1] = n
     return DONE
+
+
+# -- rechain: its steps ----------------------------------------------------------------------
+
+@_scalar
+def _gather(pages: Any, pool: Any, fseq: Any, geo: Any, kbuf: Any, vbuf: Any) -> Any:
+    """Copy the key and value of every record of ``pages`` into rows of ``kbuf`` and
+    ``vbuf``; returns the count."""
+    S, ko, vo, ks, vs, pb = geo[2], geo[5], geo[6], geo[7], geo[8], geo[9]
+    P = _addr(pool)
+    m = 0
+    for p in range(pages.shape[0]):
+        base = P + fseq[pages[p]] * pb
+        for s in range(S):
+            if _ld_u8(base + HDR + s) >= 0x80:
+                _copy(_addr(kbuf) + m * kbuf.strides[0], base + ko + s * ks, ks)
+                _copy(_addr(vbuf) + m * vbuf.strides[0], base + vo + s * vs, vs)
+                m += 1
+    return m
+
+
+@_scalar
+def _reset_page(base: Any, S: Any) -> None:
+    """Empty the page at address ``base``: no records, no next page, not a primary."""
+    _zero(base + HDR, S)
+    _st_u32(base + OFF_COUNT, np.uint32(0))
+    _st_u32(base + OFF_START, np.uint32(0))
+    _st_u64(base + OFF_NEXT, NIL)
+    _st_u16(base + OFF_FLAGS, np.uint16(0))
+
+
+@_scalar
+def _reset(pages: Any, primaries: Any, pool: Any, fseq: Any, next_of: Any, geo: Any,
+           spare: Any) -> Any:
+    """Empty ``pages``; the ones not in ``primaries`` go to ``spare``. Returns their count."""
+    P = _addr(pool)
+    n_spare = 0
+    for p in range(pages.shape[0]):
+        q = pages[p]
+        _reset_page(P + fseq[q] * geo[9], geo[2])
+        next_of[q] = -1
+        is_primary = False
+        for t in range(primaries.shape[0]):
+            if primaries[t] == q:
+                is_primary = True
+        if not is_primary:
+            spare[n_spare] = q
+            n_spare += 1
+    return n_spare
+
+
+@_scalar
+def _start_chains(targets: Any, primaries: Any, pool: Any, fseq: Any, bucket_seq: Any,
+                  last_seq: Any, pb: Any) -> None:
+    """Make page ``primaries[t]`` the (only) page of bucket ``targets[t]``."""
+    P = _addr(pool)
+    for t in range(targets.shape[0]):
+        q = primaries[t]
+        base = P + fseq[q] * pb
+        _st_u16(base + OFF_FLAGS, np.uint16(1))
+        _st_u64(base + OFF_AUX0, np.uint64(targets[t]))
+        bucket_seq[targets[t]] = q
+        last_seq[targets[t]] = q
+
+
+@_scalar
+def _link(base: Any, nbase: Any, nq: Any, b: Any, psid: Any) -> None:
+    """Chain the page at address ``nbase`` (seq ``nq``) of bucket ``b`` after the page at
+    address ``base``."""
+    _st_u16(nbase + OFF_FLAGS, np.uint16(0))
+    _st_u64(nbase + OFF_AUX0, np.uint64(b))
+    _st_u64(base + OFF_NEXT, (np.uint64(psid) << np.uint64(32)) | np.uint64(nq))
+
+
+@_scalar
+def _place(m: Any, pool: Any, fseq: Any, next_of: Any, last_seq: Any, geo: Any, psid: Any,
+           kwbuf: Any, kbuf: Any, vbuf: Any, spare: Any, n_spare: Any) -> Any:
+    """Put gathered records ``0..m-1`` into the last page of their bucket's chain, taking a
+    page of ``spare`` when that is full. Returns how many it took, -1 if they ran out."""
+    nbk, lvl, G, nb, ko, vo, ks, vs, pb, max_fill = (geo[0], geo[1], geo[3], geo[4], geo[5],
+                                                    geo[6], geo[7], geo[8], geo[9], geo[10])
+    P = _addr(pool)
+    used = 0
+    for r in range(m):
+        h = _hash_at(_addr(kwbuf) + r * kwbuf.strides[0], kwbuf.shape[1])
+        b = _bucket(h, nbk, lvl)
+        q = last_seq[b]
+        base = P + fseq[q] * pb
+        if np.int64(_ld_u32(base + OFF_START)) >= max_fill:
+            if used >= n_spare:
+                return -1
+            nq = spare[used]
+            used += 1
+            nbase = P + fseq[nq] * pb
+            _link(base, nbase, nq, b, psid)
+            next_of[q] = nq
+            last_seq[b] = nq
+            base = nbase
+        s = _first_free(base, _home(h, nb), h, G, nb)  # no tombstones: the first EMPTY
+        _st_u8(base + HDR + s, _tag(h))
+        _copy(base + ko + s * ks, _addr(kbuf) + r * kbuf.strides[0], ks)
+        _copy(base + vo + s * vs, _addr(vbuf) + r * vbuf.strides[0], vs)
+        _add_u32(base + OFF_COUNT, 1)
+        _add_u32(base + OFF_START, 1)
+    return used
 
 
 @jit
@@ -693,129 +967,15 @@ def rechain(pages: Any, targets: Any, primaries: Any, pool: Any, fseq: Any, next
     supplies whole source chains: a split needs at most one page more than its
     chain had, its image's new primary page).
     """
-    nbk, lvl, S, G, nb, ko, vo, ks, vs, pb, max_fill = (geo[0], geo[1], geo[2], geo[3],
-                                                        geo[4], geo[5], geo[6], geo[7],
-                                                        geo[8], geo[9], geo[10])
-    u8 = pool
-    u16 = pool.view(np.uint16)
-    u32 = pool.view(np.uint32)
-    u64 = pool.view(np.uint64)
-    vw = vs & 7 == 0  # whole words: values are 8-aligned then (vo and pages are)
-    vwb = vbuf.reshape(-1).view(np.uint64) if vw else np.zeros(0, np.uint64)
-    nvw = vs >> 3
-    m = 0
-    for p in range(pages.shape[0]):
-        base = fseq[pages[p]] * pb
-        for s in range(S):
-            if u8[base + HDR + s] >= 0x80:
-                ka = base + ko + s * ks
-                if ks == 4:
-                    kwbuf[m, 0] = np.uint64(u32[ka >> 2])
-                elif ks == 8:
-                    kwbuf[m, 0] = u64[ka >> 3]
-                else:
-                    for j in range(ks):
-                        kbuf[m, j] = u8[ka + j]
-                va = base + vo + s * vs
-                if vw:
-                    for j in range(nvw):
-                        vwb[m * nvw + j] = u64[(va >> 3) + j]
-                else:
-                    for j in range(vs):
-                        vbuf[m, j] = u8[va + j]
-                m += 1
+    m = _gather(pages, pool, fseq, geo, kbuf, vbuf)
     spare = np.empty(pages.shape[0], np.int64)
-    n_spare = 0
-    for p in range(pages.shape[0]):
-        q = pages[p]
-        base = fseq[q] * pb
-        for s in range(S):
-            u8[base + HDR + s] = 0
-        u32[(base + OFF_COUNT) >> 2] = 0
-        u32[(base + OFF_START) >> 2] = 0
-        u64[(base + OFF_NEXT) >> 3] = NIL
-        u16[(base + OFF_FLAGS) >> 1] = 0
-        next_of[q] = -1
-        is_primary = False
-        for t in range(primaries.shape[0]):
-            if primaries[t] == q:
-                is_primary = True
-        if not is_primary:
-            spare[n_spare] = q
-            n_spare += 1
-    for t in range(targets.shape[0]):
-        q = primaries[t]
-        base = fseq[q] * pb
-        u16[(base + OFF_FLAGS) >> 1] = 1
-        u64[(base + OFF_AUX0) >> 3] = np.uint64(targets[t])
-        bucket_seq[targets[t]] = q
-        last_seq[targets[t]] = q
-    used = 0
-    W = kwbuf.shape[1]
-    for r in range(m):
-        h = _mix(kwbuf[r, 0])
-        for j in range(1, W):
-            h = _mix(h ^ kwbuf[r, j])
-        b = _bucket(h, nbk, lvl)
-        q = last_seq[b]
-        base = fseq[q] * pb
-        if np.int64(u32[(base + OFF_START) >> 2]) >= max_fill:
-            if used >= n_spare:
-                return -1, n_spare
-            nq = spare[used]
-            used += 1
-            nbase = fseq[nq] * pb
-            u16[(nbase + OFF_FLAGS) >> 1] = 0
-            u64[(nbase + OFF_AUX0) >> 3] = np.uint64(b)
-            u64[(base + OFF_NEXT) >> 3] = (np.uint64(psid) << np.uint64(32)) | np.uint64(nq)
-            next_of[q] = nq
-            last_seq[b] = nq
-            base = nbase
-        g = _home(h, nb)
-        step = np.int64(-1)
-        slot = np.int64(-1)
-        for _ in range(nb):
-            c0 = base + HDR + g * G
-            if G == 16:  # the first EMPTY byte of the group's two ctrl words
-                for half in range(2):
-                    e = _zero_bytes(u64[(c0 >> 3) + half])
-                    if e != 0:
-                        slot = g * G + 8 * half + (np.int64(trailing_zeros(e)) >> 3)
-                        break
-            else:
-                for j in range(G):
-                    if u8[c0 + j] == 0:
-                        slot = g * G + j
-                        break
-            if slot >= 0:
-                break
-            if step < 0:
-                step = _step(h, nb)
-            g += step
-            if g >= nb:
-                g -= nb
-        u8[base + HDR + slot] = _tag(h)
-        ka = base + ko + slot * ks
-        if ks == 4:
-            u32[ka >> 2] = np.uint32(kwbuf[r, 0])
-        elif ks == 8:
-            u64[ka >> 3] = kwbuf[r, 0]
-        else:
-            for j in range(ks):
-                u8[ka + j] = kbuf[r, j]
-        va = base + vo + slot * vs
-        if vw:
-            for j in range(nvw):
-                u64[(va >> 3) + j] = vwb[r * nvw + j]
-        else:
-            for j in range(vs):
-                u8[va + j] = vbuf[r, j]
-        a = (base + OFF_COUNT) >> 2
-        u32[a] = np.uint32(np.int64(u32[a]) + 1)
-        a = (base + OFF_START) >> 2
-        u32[a] = np.uint32(np.int64(u32[a]) + 1)
-    for t in range(n_spare):
-        spare_out[t] = spare[t]
+    n_spare = _reset(pages, primaries, pool, fseq, next_of, geo, spare)
+    _start_chains(targets, primaries, pool, fseq, bucket_seq, last_seq, geo[9])
+    used = _place(m, pool, fseq, next_of, last_seq, geo, psid, kwbuf, kbuf, vbuf, spare,
+                  n_spare)
+    if used < 0:
+        return -1, n_spare
+    spare_out[:n_spare] = spare[:n_spare]
     return used, n_spare
 
 

@@ -748,13 +748,14 @@ class HashMap(Structure):
         n = len(kw)
         i = 0
         bulk = False
+        scratch = np.empty(K.SCRATCH, np.int64)  # the kernel's; held here for its calls
         while True:
             state[0] = self._len
             code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
                           self._bucket_seq, self._last_seq, pm.pool.pins, self._ps.mod,
                           self._geo(), lanes.ops, lanes.codes, lanes.offs, lanes.sizes,
                           lanes.lanes, lanes.lidx, lanes.aligned, ic, uc, fc, bc, ob,
-                          self._no_found, state)
+                          self._no_found, scratch, state)
             self._len = int(state[0])
             i = int(state[1])
             if code == K.DONE:
@@ -860,7 +861,7 @@ class HashMap(Structure):
                            self._geo(), ls.ops, ls.codes, ls.offs, ls.sizes, ls.lanes, ls.lidx,
                            ls.aligned, np.empty((0, n), np.int64), np.empty((0, n), np.uint64),
                            np.empty((0, n), np.float64), np.empty((n, 0), np.uint8), out, found,
-                           state)
+                           np.empty(K.SCRATCH, np.int64), state)
         return code
 
     def _lookup(self, kc: npt.NDArray[Any], out: npt.NDArray[np.uint8],
