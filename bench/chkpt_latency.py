@@ -15,7 +15,7 @@ temporary directory; every variant fsyncs what it writes). Variants:
   ``[count, first, last]`` lists updated tuple by tuple (the idiomatic operator);
 * ``mmm``: `ioservice.CheckpointManager` (prepare = freeze pages, then the I/O
   threads write them while the operator runs; a background thread first copies
-  the pages to write out of the pool and releases them, ``--stage-mb``,
+  the pages to write out of the pool and releases them (off: ``--no-stage``),
   `CheckpointPolicy.stage_mb`, so the operator writes them in place; it clones
   only the pinned pages it touches before they were staged);
 * ``sync pickle``: ``pickle.dumps`` of the dict, write and fsync the file, all
@@ -229,10 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--stage-mb", type=float, default=CheckpointPolicy.stage_mb,
-                    help="mmm: MB of each checkpoint's pages a background thread copies out "
-                         "right after the freeze (`CheckpointPolicy.stage_mb`; 0: off, the "
-                         "operator clones every pinned page it writes)")
+    ap.add_argument("--no-stage", action="store_true",
+                    help="mmm without staging (`CheckpointPolicy(stage_mb=0)`): the operator "
+                         "clones every pinned page it writes")
     ap.add_argument("--priority", choices=("rt", "normal"), default="normal",
                     help="scheduling of the timed runs: rt = SCHED_FIFO for this process's "
                          "threads (children reset to normal) when permitted; opt-in")
@@ -286,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         _print_run(r, v, rounds[v][-1], out)
                         continue
                     runner = Runner(v, ops, dicts, workdir, args.workers,
-                                    stage_mb=args.stage_mb)
+                                    stage_mb=0 if args.no_stage else CheckpointPolicy.stage_mb)
                     st0 = [op.pm.stats() for op in ops]
                     try:
                         out = run(runner, cols if runner.uses_mmm else recs, period, interval,
@@ -388,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
               "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
               "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
-              "mmm_stage_mb": args.stage_mb,
+              "mmm_stage_mb": 0 if args.no_stage else CheckpointPolicy.stage_mb,
               "partitions": args.partitions, "rounds": n_rounds,
               "ratios": "median over rounds of the ratio within each round",
               "storage": "file:// (temporary dir, fsync)",
