@@ -85,6 +85,7 @@ def _compose_doc(text: str) -> str:
     d = _json.loads(text)
     d["storage_options"] = tuple((k, v) for k, v in d["storage_options"])
     d["sources"] = tuple(d["sources"])
+    d["older"] = tuple(tuple(x) for x in d.get("older", ()))
     return _json.dumps(compose_target(TargetTask(**d)))
 
 
