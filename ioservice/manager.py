@@ -93,7 +93,7 @@ from ioservice.format import (MANIFEST_NAME, Manifest, PageFile, PageTable, chec
                                checkpoint_dir, checkpoint_name, parse_checkpoint_name, psid_mask)
 from ioservice.fs import StorageRoot, open_root, validate_name
 from ioservice.recovery import (CheckpointInfo, _check_files, list_checkpoints, read_manifest,
-                                restore)
+                                read_manifest_header, restore)
 from ioservice.scheduling import ChunkGrant, WriteScheduler, resolve_scheduler
 from ioservice.service import IOService, WriteResult
 from mmm.manager import PageManager
@@ -1010,11 +1010,12 @@ def sweep_unreferenced(root: StorageRoot | str, dead_haunits: Iterable[str],
     referenced: set[str] = set()
     for c in everything:
         if c.haunit in live and c.has_manifest:
-            try:
-                man = read_manifest(root, c.name)
+            try:  # the file list only: O(files), never the page table
+                head = read_manifest_header(root, c.name, files=True)
             except StorageNotFoundError:  # its own retention removed it meanwhile
                 continue
-            referenced.update(f.path for f in man.files)
+            assert head.files is not None
+            referenced.update(head.files)
     deleted: list[str] = []
     for c in everything:
         if c.haunit not in dead:

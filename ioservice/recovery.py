@@ -138,12 +138,17 @@ def read_manifest(root: StorageRoot, name: str) -> Manifest:
     return man
 
 
-def read_manifest_header(root: StorageRoot, name: str, *,
-                         first_bytes: int = 16 << 10) -> ManifestHeader:
+HEADER_FIRST_BYTES = 16 << 10
+"""`read_manifest_header`'s first ranged read (it doubles until the header is in)."""
+
+
+def read_manifest_header(root: StorageRoot, name: str, *, files: bool = False,
+                         first_bytes: int | None = None) -> ManifestHeader:
     """The header of checkpoint `name`'s manifest (`ioservice.format.ManifestHeader`):
-    its small fields, read from a prefix of the file (ranged reads of `first_bytes`,
-    doubling), so that memory and bytes read are O(header) and not O(pages). Not
-    validated as a whole: parse the manifest (`read_manifest`) before using its pages.
+    its small fields (and with `files` the paths of the page files it references),
+    read from a prefix of the file (ranged reads of `first_bytes`, doubling), so that
+    memory and bytes read are O(header) and not O(pages). Not validated as a whole:
+    parse the manifest (`read_manifest`) before using its pages.
 
     Raises
     ------
@@ -155,10 +160,11 @@ def read_manifest_header(root: StorageRoot, name: str, *,
     """
     path = f"{checkpoint_dir(name)}/{MANIFEST_NAME}"
     where = f"manifest {path} on {root.backend} root {root.uri}"
-    n = max(1024, first_bytes)
-    while True:
-        data = root.read_bytes(path, offset=0, length=n)
-        head = parse_manifest_header(data, where=where, complete=len(data) < n)
+    n = max(256, HEADER_FIRST_BYTES if first_bytes is None else first_bytes)
+    data = b""
+    while True:  # each read continues where the last one ended
+        data += root.read_bytes(path, offset=len(data), length=n - len(data))
+        head = parse_manifest_header(data, where=where, complete=len(data) < n, files=files)
         if head is not None:
             break
         n *= 2
