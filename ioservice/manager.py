@@ -93,7 +93,7 @@ from ioservice.format import (MANIFEST_NAME, Manifest, PageFile, PageTable, chec
                                checkpoint_dir, checkpoint_name, parse_checkpoint_name, psid_mask)
 from ioservice.fs import StorageRoot, open_root, validate_name
 from ioservice.recovery import (CheckpointInfo, _check_files, list_checkpoints, read_manifest,
-                                read_manifest_header, restore)
+                                restore)
 from ioservice.scheduling import ChunkGrant, WriteScheduler, resolve_scheduler
 from ioservice.service import IOService, WriteResult
 from mmm.manager import PageManager
@@ -951,7 +951,8 @@ class CheckpointManager:
 
 
 def sweep_unreferenced(root: StorageRoot | str, dead_haunits: Iterable[str],
-                       live_haunits: Iterable[str]) -> list[str]:
+                       live_haunits: Iterable[str], *,
+                       live_files: Iterable[str] | None = None) -> list[str]:
     """Delete what dead HA units left that no live HA unit's checkpoint needs.
 
     For a state whose HA units were replaced (e.g. the old generation of a
@@ -978,6 +979,11 @@ def sweep_unreferenced(root: StorageRoot | str, dead_haunits: Iterable[str],
         HA units whose writers are gone for good (no writer may run again).
     live_haunits : iterable of str
         HA units whose checkpoints must stay restorable.
+    live_files : iterable of str, optional
+        Every file the live units' checkpoints reference, when the caller knows it
+        (e.g. it just wrote those checkpoints: `sguard.rescale` has its tasks return
+        their manifests' file lists); then no live manifest is read, so memory stays
+        O(files) and not O(pages). Default: read every live manifest.
 
     Returns
     -------
@@ -1007,15 +1013,14 @@ def sweep_unreferenced(root: StorageRoot | str, dead_haunits: Iterable[str],
     if both:
         raise ValueError(f"HA unit(s) {', '.join(both)} are both dead and live")
     everything = list_checkpoints(root)
-    referenced: set[str] = set()
-    for c in everything:
+    referenced: set[str] = set(live_files) if live_files is not None else set()
+    for c in everything if live_files is None else ():
         if c.haunit in live and c.has_manifest:
-            try:  # the file list only: O(files), never the page table
-                head = read_manifest_header(root, c.name, files=True)
+            try:
+                man = read_manifest(root, c.name)
             except StorageNotFoundError:  # its own retention removed it meanwhile
                 continue
-            assert head.files is not None
-            referenced.update(head.files)
+            referenced.update(f.path for f in man.files)
     deleted: list[str] = []
     for c in everything:
         if c.haunit not in dead:

@@ -336,11 +336,12 @@ def _source_manifest(root: StorageRoot, old: OperatorLayout, p: int, name: str,
                        f"{len(older)} older)")
 
 
-def compose_target(task: TargetTask) -> dict[str, int]:
+def compose_target(task: TargetTask) -> dict[str, Any]:
     """Write target partition ``task.target``'s first checkpoint (module docstring, step 3).
 
     Idempotent: a rerun (a retried Spark task) finds its composed checkpoint and
-    returns. Returns ``{"pages", "state_bytes", "bytes_read"}``.
+    returns. Returns ``{"pages", "state_bytes", "bytes_read", "files"}`` (counters, and
+    the paths of the page files the checkpoint references: O(files), for the sweep).
     """
     from ioservice import CheckpointManager
     from mmm import PageManager
@@ -395,10 +396,11 @@ def compose_target(task: TargetTask) -> dict[str, int]:
         _kill_point("composed")
     finally:
         io.shutdown()
-    return {"pages": man.n_pages, "state_bytes": man.state_bytes, "bytes_read": read}
+    return {"pages": man.n_pages, "state_bytes": man.state_bytes, "bytes_read": read,
+            "files": [f.path for f in man.files]}
 
 
-def _run_threads(tasks: Sequence[TargetTask]) -> list[dict[str, int]]:
+def _run_threads(tasks: Sequence[TargetTask]) -> list[dict[str, Any]]:
     with cf.ThreadPoolExecutor(max(1, min(len(tasks), os.cpu_count() or 1))) as ex:
         return list(ex.map(compose_target, tasks))
 
@@ -432,9 +434,12 @@ def _delete_generation(root: StorageRoot, name: str, generation: int) -> int:
     return n
 
 
-def sweep_old_generations(root: StorageRoot | str) -> int:
+def sweep_old_generations(root: StorageRoot | str, *,
+                          live_files: Sequence[str] | None = None) -> int:
     """Delete the checkpoint directories of generations older than the layout's that no
-    live checkpoint references any more; returns how many were deleted."""
+    live checkpoint references any more; returns how many were deleted. `live_files`:
+    every file the layout's generation's checkpoints reference, when known (then no
+    manifest is read; see `ioservice.sweep_unreferenced`)."""
     from ioservice import sweep_unreferenced
     sroot = _open(root)
     layout = _layout(sroot)
@@ -446,7 +451,7 @@ def sweep_old_generations(root: StorageRoot | str) -> int:
             continue
         (live if parsed[1] == layout.generation else dead if parsed[1] < layout.generation
          else []).append(hu)
-    return len(sweep_unreferenced(sroot, dead, live)) if dead else 0
+    return len(sweep_unreferenced(sroot, dead, live, live_files=live_files)) if dead else 0
 
 
 # -- refusals (nothing written) --------------------------------------------------------------------
@@ -496,7 +501,7 @@ def check(root: StorageRoot | str, num_partitions: int, *, force: bool = False
 # -- public API ----------------------------------------------------------------------------------
 def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = False,
                 verify: bool = True, io_workers: int = 4,
-                run: Callable[[Sequence[TargetTask]], list[dict[str, int]]] | None = None,
+                run: Callable[[Sequence[TargetTask]], list[dict[str, Any]]] | None = None,
                 storage_options: Mapping[str, Any] | None = None,
                 on_progress: Callable[[str], None] | None = None) -> RescaleResult:
     """Repartition the operator state under `root` into `num_partitions` partitions by
@@ -578,7 +583,11 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     sroot.delete_file(MARKER_FILE, missing_ok=True)
     phases["commit_s"] = time.perf_counter() - t2
     try:  # the old generation's checkpoints that no new one references
-        sweep_old_generations(sroot)
+        # the new generation's checkpoints are the ones the tasks just composed: their file
+        # lists came back with the results, so the driver reads no manifest here
+        files = [r.get("files") for r in results]
+        sweep_old_generations(sroot, live_files=None if None in files else
+                              [f for fs in files for f in fs])
     except (IOServiceError, OSError) as exc:
         logger.warning("repartitioned %s, but cleaning the old generation failed: %s",
                        sroot.uri, exc)
