@@ -126,6 +126,9 @@ def run(state_mb: float, scratch: str, cycles: int = 1,
         q, _ = start(2)
         q.processAllAvailable()
         data["build_s"] = time.perf_counter() - t
+        data["spark_trivial_job_s"] = _trivial_jobs(spark, 4)
+        log(f"a trivial 4-task Spark job (the floor of any repartition job here): "
+            f"{data['spark_trivial_job_s']:.2f} s (median of 3)")
         P = 2
         plan = [2, 4] + [4, 2] * (cycles > 1) + [2, 4, 4, 2] * max(0, cycles - 2)
         for P2 in plan:
@@ -177,6 +180,19 @@ def run(state_mb: float, scratch: str, cycles: int = 1,
     return data
 
 
+def _trivial_jobs(spark: Any, n: int, repeats: int = 3) -> float:
+    """Median seconds of a Spark job of `n` SQL Python tasks that do nothing (``mapInArrow``
+    over ``range(n)``, as the repartition job's), on the query's warm session."""
+    def same(batches: Any) -> Any:
+        yield from batches
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        spark.range(0, n, 1, n).mapInArrow(same, "id long").collect()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
 def summarize(data: dict[str, Any]) -> dict[str, Any]:
     """The summary fields `bench.rescale` reports (medians over the restarts of a kind)."""
     def med(f: int, t: int, key: str) -> float | None:
@@ -192,6 +208,10 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
         "restart_downtime_same_p_s": med(2, 2, "downtime_s"),
         "restart_downtime_4to2_s": med(4, 2, "downtime_s"),
         "restart_state_mb": data.get("state_bytes", 0) / MB,
+        "restart_first_batch_task_ms": med(2, 4, "task_ms_max"),
+        "restart_first_batch_task_ms_same_p": med(2, 2, "task_ms_max"),
+        "restart_recovery_ms": med(2, 4, "recovery_ms_max"),
+        "spark_trivial_job_s": data.get("spark_trivial_job_s"),
     }
     if out["restart_downtime_s"] and out["restart_downtime_same_p_s"]:
         out["restart_downtime_ratio_vs_unchanged"] = (out["restart_downtime_s"]
