@@ -68,8 +68,9 @@ def _state_bytes(uri: str) -> int:
 
 def run(state_mb: float, scratch: str, cycles: int = 1,
         log: Callable[[str], None] = print, key_groups: int | None = None) -> dict[str, Any]:
-    """Build the state, then restart the query ``2 -> 2, 2 -> 4, 4 -> 4`` (one cycle), or
-    ``4 -> 4, 4 -> 2`` (two cycles), repeated for more; returns the measurements.
+    """Build the state, then restart the query ``2 -> 2, 2 -> 4, 4 -> 4`` (one cycle) or
+    ``2 -> 2, 2 -> 4, 4 -> 4, 4 -> 2`` (two cycles), repeated for more; returns the
+    measurements.
     `key_groups`: the state's K (default: `stateful`'s)."""
     import sguard.spark as ss
     from ioservice import open_root
