@@ -688,28 +688,26 @@ class Manifest:
                                 f"directory (it writes none)")
 
 
-_HEADER_ENDS: Final = {"files": b'\n "files": ', "page_table": b'\n "page_table": '}
+_HEADER_END: Final = b'\n "files": '
 """Where a manifest's header ends: `Manifest.to_json` writes the top-level fields in a
 fixed order, one per line at indent 1, the O(K) ones (``structures``, ``user_meta``)
-then the O(files) one (``files``) before the O(pages) ``page_table``. A raw newline
-never occurs inside a JSON string, so these texts occur once each, at the top level."""
+before the O(files) ``files`` and the O(pages) ``page_table``. A raw newline never
+occurs inside a JSON string, so this text occurs once, at the top level."""
 
 
 @dataclass(frozen=True, slots=True)
 class ManifestHeader:
-    """A manifest's small fields, read without its page table (`parse_manifest_header`):
-    what a planner needs to choose checkpoints, and what a sweep needs to know which
-    files a checkpoint references, in O(fields + files) memory whatever the state's
-    size. *Not* validated as a whole (the document checksum needs the whole file):
-    whoever restores from the checkpoint parses it in full (`Manifest.from_json`)."""
+    """A manifest's small fields, read without its file list and page table
+    (`parse_manifest_header`): what a planner needs to choose checkpoints, in O(fields)
+    memory whatever the state's size. *Not* validated as a whole (the document checksum
+    needs the whole file): whoever uses the checkpoint parses it in full
+    (`Manifest.from_json`) and checks it against the header it planned with."""
 
     haunit: str
     seq: int
     page_bytes: int
     format_version: int
     user_meta: Mapping[str, Any]
-    files: tuple[str, ...] | None = None
-    """The paths of the page files it references (None: not read)."""
 
     @property
     def name(self) -> str:
@@ -717,10 +715,9 @@ class ManifestHeader:
         return f"{self.haunit}-{self.seq}"
 
 
-def parse_manifest_header(prefix: bytes, *, where: str = "manifest", complete: bool = False,
-                          files: bool = False) -> ManifestHeader | None:
-    """The header of a manifest from a prefix of its bytes (`ManifestHeader`), with
-    its file list when `files`.
+def parse_manifest_header(prefix: bytes, *, where: str = "manifest",
+                          complete: bool = False) -> ManifestHeader | None:
+    """The header of a manifest from a prefix of its bytes (`ManifestHeader`).
 
     Returns None when `prefix` does not reach the end of the header yet (read more);
     with `complete` (`prefix` is the whole file) a manifest without the usual layout
@@ -732,14 +729,13 @@ def parse_manifest_header(prefix: bytes, *, where: str = "manifest", complete: b
         The header is not a manifest's (not JSON, a field missing or mistyped,
         another format version or kind, name and haunit/seq disagree).
     """
-    end = prefix.find(_HEADER_ENDS["page_table" if files else "files"])
+    end = prefix.find(_HEADER_END)
     if end < 0:
         if not complete:
             return None
         man = Manifest.from_json(prefix, where=where)  # an unusual layout: parse it all
         return ManifestHeader(man.haunit, man.seq, man.page_bytes, man.format_version,
-                              man.user_meta, tuple(f.path for f in man.files) if files
-                              else None)
+                              man.user_meta)
     try:
         doc = json.loads(prefix[:end].rstrip().removesuffix(b",") + b"\n}",
                          parse_constant=_no_constant, parse_float=_finite_float)
@@ -758,14 +754,7 @@ def parse_manifest_header(prefix: bytes, *, where: str = "manifest", complete: b
             and MIN_PAGE_BYTES <= page_bytes <= MAX_PAGE_BYTES and isinstance(meta, dict)):
         raise ManifestError(f"{where}: header fields haunit/seq/name/page_bytes/user_meta "
                             f"are missing or mistyped")
-    paths: tuple[str, ...] | None = None
-    if files:
-        raw = doc.get("files")
-        if not (isinstance(raw, list) and all(isinstance(f, dict) and isinstance(
-                f.get("path"), str) for f in raw)):
-            raise ManifestError(f"{where}: header field 'files' is missing or mistyped")
-        paths = tuple(f["path"] for f in raw)
-    return ManifestHeader(haunit, seq, page_bytes, version, meta, paths)
+    return ManifestHeader(haunit, seq, page_bytes, version, meta)
 
 
 def document_checksum(doc: Mapping[str, Any]) -> str:

@@ -142,11 +142,11 @@ HEADER_FIRST_BYTES = 16 << 10
 """`read_manifest_header`'s first ranged read (it doubles until the header is in)."""
 
 
-def read_manifest_header(root: StorageRoot, name: str, *, files: bool = False,
+def read_manifest_header(root: StorageRoot, name: str, *,
                          first_bytes: int | None = None) -> ManifestHeader:
     """The header of checkpoint `name`'s manifest (`ioservice.format.ManifestHeader`):
-    its small fields (and with `files` the paths of the page files it references),
-    read from a prefix of the file (ranged reads of `first_bytes`, doubling), so that
+    its small fields (``user_meta`` included), read from a prefix of the file (ranged
+    reads, the first of `first_bytes`, default `HEADER_FIRST_BYTES`, doubling), so that
     memory and bytes read are O(header) and not O(pages). Not validated as a whole:
     parse the manifest (`read_manifest`) before using its pages.
 
@@ -164,7 +164,7 @@ def read_manifest_header(root: StorageRoot, name: str, *, files: bool = False,
     data = b""
     while True:  # each read continues where the last one ended
         data += root.read_bytes(path, offset=len(data), length=n - len(data))
-        head = parse_manifest_header(data, where=where, complete=len(data) < n, files=files)
+        head = parse_manifest_header(data, where=where, complete=len(data) < n)
         if head is not None:
             break
         n *= 2

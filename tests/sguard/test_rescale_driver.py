@@ -130,3 +130,39 @@ def test_a_task_falls_back_when_the_planned_page_table_is_damaged(tmp_path: Path
     q.stop()
     ref.stop()
     assert q.durable() == ref.durable()
+
+
+def test_manifest_header_reads_the_small_fields_and_refuses_a_damaged_one(
+        tmp_path: Path) -> None:
+    """`read_manifest_header` returns what `read_manifest` says of the small fields, also
+    when ``user_meta`` holds the text that ends a header (escaped inside a string) and
+    when the first read is tiny; a damaged header is a `ManifestError`, and `plan` then
+    takes the partition's previous checkpoint."""
+    from ioservice import CheckpointManager, ManifestError, read_manifest_header
+    from mmm import HashMap, PageManager
+    root = open_root(str(tmp_path / "r"))
+    pm = PageManager(1 << 16, 1 << 26)
+    HashMap.create(pm, "m", "<i8", [("a", "<i8")]).load_distinct(
+        np.arange(50_000, dtype=np.int64), np.zeros(50_000, [("a", "<i8")]))
+    meta = {"note": '\n "files": [', "batch_id": 4}
+    with CheckpointManager(pm, root, "hu") as mgr:
+        man = mgr.checkpoint(meta).result()
+    pm.close()
+    for first in (None, 256):
+        head = read_manifest_header(root, man.name, first_bytes=first)
+        assert (head.name, head.page_bytes, dict(head.user_meta)) == \
+            (man.name, man.page_bytes, meta)
+    path = Path(tmp_path / "r" / man.manifest_path)
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'"user_meta": {', b'"user_meta": {{', 1))
+    with pytest.raises(ManifestError, match="header is not valid JSON"):
+        read_manifest_header(root, man.name)
+    # in a state: the damaged newest checkpoint of partition 0 is skipped by the plan
+    q, _ = _made(tmp_path / "run", 2, n_batches=5)
+    sroot = open_root(q.uri)
+    cks = [c for c in list_checkpoints(sroot, q.layout.haunit(0)) if c.has_manifest]
+    mpath = Path(q.uri) / cks[-1].directory / "manifest.json"
+    mpath.write_bytes(mpath.read_bytes().replace(b'"user_meta": {', b'"user_meta": [', 1))
+    _, srcs = rescale.plan(q.uri)
+    assert srcs[0].name == cks[-2].name and srcs[0].older == tuple(
+        c.name for c in reversed(cks[:-2]))
