@@ -73,8 +73,9 @@ from sguard.statelayout import (LAYOUT_FILE, PSID_SHIFT, LayoutError, OperatorLa
 logger = logging.getLogger(__name__)
 
 __all__ = ["MARKER_FILE", "KILL_ENV", "RescaleError", "RescaleResult",
-           "KeyGroupPositions", "TargetTask", "SourcePlan", "check", "plan", "compose_target", "repartition",
-           "restore_piece", "psid_ranges", "sweep_old_generations", "piece_range"]
+           "KeyGroupPositions", "TargetTask", "SourcePlan", "check", "plan", "compose_target",
+           "repartition", "restore_piece", "psid_ranges", "sweep_old_generations",
+           "piece_range"]
 
 MARKER_FILE: Final = "rescale-pending.json"
 KILL_ENV: Final = "SGUARD_RESCALE_KILL_AT"
@@ -585,9 +586,9 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     try:  # the old generation's checkpoints that no new one references
         # the new generation's checkpoints are the ones the tasks just composed: their file
         # lists came back with the results, so the driver reads no manifest here
-        files = [r.get("files") for r in results]
-        sweep_old_generations(sroot, live_files=None if None in files else
-                              [f for fs in files for f in fs])
+        known = all(isinstance(r.get("files"), list) for r in results)
+        sweep_old_generations(sroot, live_files=[f for r in results for f in r["files"]]
+                              if known else None)
     except (IOServiceError, OSError) as exc:
         logger.warning("repartitioned %s, but cleaning the old generation failed: %s",
                        sroot.uri, exc)
