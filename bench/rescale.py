@@ -35,7 +35,13 @@ its HA unit with the ``user_meta`` the runtime writes (``key_groups``,
   are started and their imports and kernels warmed before timing; all start at
   a barrier; time = the slowest process. ``recovery_speedup_4_over_1`` is as-1
   seconds / as-4 seconds (median over repeats), ``..._restore_only`` the same
-  without replay. The keys recovered are checked (pieces sum to the whole);
+  without replay. The keys recovered are checked (pieces sum to the whole).
+  Each worker's CPU time (``time.process_time``) is reported too, since the
+  wall clock of a shared machine mostly measures its load:
+  ``recovery_cpu_overhead_4_over_1`` (the 4 pieces' CPU over the whole's: the
+  work the split adds) and ``recovery_speedup_4_over_1_cpu_bound_2_cores``
+  (as-1 CPU / max(as-4 CPU / 2, the slowest piece's CPU): the speedup 2 idle
+  cores would give);
 * **driver memory** of a repartition run as a Spark job
   (`sguard.spark.rescaling.repartition_job`, a ``local[2]`` session) in a fresh
   driver process: the growth of the driver Python process's resident set
@@ -51,7 +57,12 @@ its HA unit with the ``user_meta`` the runtime writes (``key_groups``,
   ``--quick``) stopped and restarted with 4 partitions instead of 2 (the
   start-up repartition a Spark job), from ``stop()`` to the first batch
   committed after the restart, against the same restart without a partition
-  change: ``restart_downtime_s``, ``restart_downtime_ratio_vs_unchanged``.
+  change: ``restart_downtime_s``, ``restart_downtime_ratio_vs_unchanged``;
+  with its parts (``restart_repartition_s``: the start-up job;
+  ``restart_first_batch_task_ms`` against ``..._same_p``: the first batch's
+  slowest task, restore and replay included) and ``spark_trivial_job_s``, a job
+  of 4 SQL Python tasks that do nothing on the same warm session: the floor
+  of any separate repartition job there.
 
 Run: ``python -m bench.rescale [--quick] [--state-mb N] [--out DIR]``; writes
 ``DIR/rescale.json`` (``summary``) and ``DIR/rescale.png``.
@@ -262,6 +273,7 @@ def _recover(args: tuple[str, int, int, int, int, Any]) -> dict[str, Any]:
     pm = PageManager(PAGE, 4 << 30)
     barrier.wait()
     t0 = time.time()
+    c0 = time.process_time()
     if pieces == 1:
         restore(pm, root, layout.haunit(0))
         lo, hi = layout.key_group_range(0)
@@ -270,6 +282,7 @@ def _recover(args: tuple[str, int, int, int, int, Any]) -> dict[str, Any]:
     st = open_state(_op(), pm, _schema(), "k", (lo, hi))
     keys0 = st.n_keys()
     t1 = time.time()
+    c1 = time.process_time()
     replayed = 0
     for b, t in enumerate(log):
         if pieces > 1:
@@ -278,8 +291,10 @@ def _recover(args: tuple[str, int, int, int, int, Any]) -> dict[str, Any]:
         replayed += t.num_rows
         st.apply(t, 10 + b)
     t2 = time.time()
+    c2 = time.process_time()
     out = {"t0": t0, "t1": t1, "t2": t2, "keys_restored": keys0, "keys_after": st.n_keys(),
-           "rows_replayed": replayed}
+           "rows_replayed": replayed, "cpu_restore_s": c1 - c0, "cpu_replay_s": c2 - c1,
+           "cpu_s": c2 - c0}
     pm.close()
     return out
 
@@ -293,6 +308,10 @@ def recovery(uri: str, pieces: int, rows: int, n_keys: int, pool: ProcessPoolExe
     return {"restore_s": max(r["t1"] for r in res) - start,
             "total_s": max(r["t2"] for r in res) - start,
             "restore_s_each": [r["t1"] - r["t0"] for r in res],
+            "cpu_s_each": [r["cpu_s"] for r in res],
+            "cpu_restore_s_each": [r["cpu_restore_s"] for r in res],
+            "cpu_s_sum": sum(r["cpu_s"] for r in res),
+            "cpu_s_max": max(r["cpu_s"] for r in res),
             "keys_restored": sum(r["keys_restored"] for r in res),
             "keys_after": sum(r["keys_after"] for r in res),
             "rows_replayed": sum(r["rows_replayed"] for r in res)}
@@ -440,7 +459,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         out = recovery(uri, k, replay, info["keys"], pool, manager)
                         print(f"round {rnd} recovery as {k} (replay {replay} rows): restore "
                               f"{out['restore_s']:.2f} s, total {out['total_s']:.2f} s, keys "
-                              f"{out['keys_restored']} -> {out['keys_after']}", flush=True)
+                              f"{out['keys_restored']} -> {out['keys_after']}; CPU s: sum "
+                              f"{out['cpu_s_sum']:.2f}, slowest piece {out['cpu_s_max']:.2f}"
+                              f" (restore " + " ".join(f"{x:.2f}" for x in
+                                                       out["cpu_restore_s_each"])
+                              + f"); load {os.getloadavg()[0]:.1f}", flush=True)
                         if out["keys_restored"] != info["keys"]:
                             raise AssertionError(f"recovered {out['keys_restored']} keys as "
                                                  f"{k}, built {info['keys']}")
@@ -512,6 +535,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             "recovery_speedup_4_over_1": speed,
             "recovery_speedup_4_over_1_min_max": _spread(rec, replay_rows),
             "recovery_speedup_4_over_1_restore_only": speed0,
+            # CPU time (process_time of each worker): what the machine's load cannot inflate
+            "recovery_cpu_as1_s": med(f"as1_replay{replay_rows}", "cpu_s_sum"),
+            "recovery_cpu_as4_sum_s": med(f"as4_replay{replay_rows}", "cpu_s_sum"),
+            "recovery_cpu_as4_slowest_piece_s": med(f"as4_replay{replay_rows}", "cpu_s_max"),
+            "recovery_cpu_overhead_4_over_1": med(f"as4_replay{replay_rows}", "cpu_s_sum")
+            / med(f"as1_replay{replay_rows}", "cpu_s_sum"),
+            "recovery_speedup_4_over_1_cpu_bound_2_cores": med(
+                f"as1_replay{replay_rows}", "cpu_s_sum") / max(
+                med(f"as4_replay{replay_rows}", "cpu_s_sum") / 2,
+                med(f"as4_replay{replay_rows}", "cpu_s_max")),
+            "recovery_cpu_restore_as1_s": float(np.median(
+                [x["cpu_restore_s_each"][0] for x in rec[f"as1_replay{replay_rows}"]])),
+            "recovery_cpu_restore_as4_sum_s": float(np.median(
+                [sum(x["cpu_restore_s_each"]) for x in rec[f"as4_replay{replay_rows}"]])),
             "recovery_as1_s": med(f"as1_replay{replay_rows}", "total_s"),
             "recovery_as4_s": med(f"as4_replay{replay_rows}", "total_s"),
             "replay_rows": replay_rows,

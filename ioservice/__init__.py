@@ -79,12 +79,12 @@ from ioservice.errors import (
     StorageUnreachableError,
     UnsupportedURIError,
 )
-from ioservice.format import FORMAT_VERSION, Manifest, PageFile, PageTable
+from ioservice.format import FORMAT_VERSION, Manifest, ManifestHeader, PageFile, PageTable
 from ioservice.fs import FileEntry, StorageRoot, open_root, validate_name
 from ioservice.manager import (CheckpointManager, CheckpointPolicy, CheckpointState,
                                PendingCheckpoint, sweep_unreferenced)
 from ioservice.recovery import (CheckpointInfo, list_checkpoints, list_haunits, read_manifest,
-                                restore, verify_checkpoint)
+                                read_manifest_header, restore, verify_checkpoint)
 from ioservice.service import IOService, ReadResult, WriteResult
 
 __all__ = [
@@ -107,6 +107,7 @@ __all__ = [
     "FORMAT_VERSION",
     "IOService",
     "Manifest",
+    "ManifestHeader",
     "ManifestError",
     "PageFile",
     "PageTable",
@@ -116,6 +117,7 @@ __all__ = [
     "list_checkpoints",
     "list_haunits",
     "read_manifest",
+    "read_manifest_header",
     "restore",
     "sweep_unreferenced",
     "verify_checkpoint",

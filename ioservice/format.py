@@ -99,6 +99,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "Manifest",
+    "ManifestHeader",
     "PageFile",
     "PageTable",
     "COMPOSED_FORMAT_VERSION",
@@ -110,6 +111,8 @@ __all__ = [
     "page_checksums",
     "page_file_name",
     "parse_checkpoint_name",
+    "parse_manifest_header",
+    "page_table_decodes",
 ]
 
 FORMAT_VERSION: Final = 2
@@ -685,6 +688,75 @@ class Manifest:
                                 f"directory (it writes none)")
 
 
+_HEADER_END: Final = b'\n "files": '
+"""Where a manifest's header ends: `Manifest.to_json` writes the top-level fields in a
+fixed order, one per line at indent 1, the O(K) ones (``structures``, ``user_meta``)
+before the O(files) ``files`` and the O(pages) ``page_table``. A raw newline never
+occurs inside a JSON string, so this text occurs once, at the top level."""
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestHeader:
+    """A manifest's small fields, read without its file list and page table
+    (`parse_manifest_header`): what a planner needs to choose checkpoints, in O(fields)
+    memory whatever the state's size. *Not* validated as a whole (the document checksum
+    needs the whole file): whoever uses the checkpoint parses it in full
+    (`Manifest.from_json`) and checks it against the header it planned with."""
+
+    haunit: str
+    seq: int
+    page_bytes: int
+    format_version: int
+    user_meta: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        """``<haunit>-<seq>``."""
+        return f"{self.haunit}-{self.seq}"
+
+
+def parse_manifest_header(prefix: bytes, *, where: str = "manifest",
+                          complete: bool = False) -> ManifestHeader | None:
+    """The header of a manifest from a prefix of its bytes (`ManifestHeader`).
+
+    Returns None when `prefix` does not reach the end of the header yet (read more);
+    with `complete` (`prefix` is the whole file) a manifest without the usual layout
+    is parsed in full instead.
+
+    Raises
+    ------
+    ManifestError
+        The header is not a manifest's (not JSON, a field missing or mistyped,
+        another format version or kind, name and haunit/seq disagree).
+    """
+    end = prefix.find(_HEADER_END)
+    if end < 0:
+        if not complete:
+            return None
+        man = Manifest.from_json(prefix, where=where)  # an unusual layout: parse it all
+        return ManifestHeader(man.haunit, man.seq, man.page_bytes, man.format_version,
+                              man.user_meta)
+    try:
+        doc = json.loads(prefix[:end].rstrip().removesuffix(b",") + b"\n}",
+                         parse_constant=_no_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as exc:
+        raise ManifestError(f"{where}: header is not valid JSON ({str(exc)[:200]})") from None
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where}: header is not a JSON object")
+    version, kind, haunit, seq = (doc.get(k) for k in ("format_version", "kind", "haunit",
+                                                        "seq"))
+    if type(version) is not int or version not in _READABLE_VERSIONS or kind != _KIND:
+        raise ManifestError(f"{where}: format_version {_short(version)} / kind "
+                            f"{_short(kind)} is not a readable sguard manifest")
+    page_bytes, meta = doc.get("page_bytes"), doc.get("user_meta")
+    if not (isinstance(haunit, str) and type(seq) is int and 0 <= seq <= _MAX_SEQ
+            and doc.get("name") == f"{haunit}-{seq}" and type(page_bytes) is int
+            and MIN_PAGE_BYTES <= page_bytes <= MAX_PAGE_BYTES and isinstance(meta, dict)):
+        raise ManifestError(f"{where}: header fields haunit/seq/name/page_bytes/user_meta "
+                            f"are missing or mistyped")
+    return ManifestHeader(haunit, seq, page_bytes, version, meta)
+
+
 def document_checksum(doc: Mapping[str, Any]) -> str:
     """xxh3_64 (hex) of a manifest document in canonical JSON form (sorted keys,
     no whitespace, ASCII), without the `DOCUMENT_CHECKSUM_KEY` field itself.
@@ -738,8 +810,18 @@ def _short(val: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+_decodes = [0]
+
+
+def page_table_decodes() -> int:
+    """How many page tables this process has decoded (`Manifest.from_json`): a counter
+    for tests that check a code path reads no page table (e.g. a driver's)."""
+    return _decodes[0]
+
+
 def _decode_table(sec: dict[str, Any], where: str) -> PageTable:
     """Decode and verify the page_table section."""
+    _decodes[0] += 1
     try:
         if set(sec) != {"n_pages", "encoding", "columns", "xxh3_64"}:
             raise TypeError(f"fields {sorted(sec)[:8]}")

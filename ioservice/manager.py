@@ -977,7 +977,8 @@ class CheckpointManager:
 
 
 def sweep_unreferenced(root: StorageRoot | str, dead_haunits: Iterable[str],
-                       live_haunits: Iterable[str]) -> list[str]:
+                       live_haunits: Iterable[str], *,
+                       live_files: Iterable[str] | None = None) -> list[str]:
     """Delete what dead HA units left that no live HA unit's checkpoint needs.
 
     For a state whose HA units were replaced (e.g. the old generation of a
@@ -1004,6 +1005,11 @@ def sweep_unreferenced(root: StorageRoot | str, dead_haunits: Iterable[str],
         HA units whose writers are gone for good (no writer may run again).
     live_haunits : iterable of str
         HA units whose checkpoints must stay restorable.
+    live_files : iterable of str, optional
+        Every file the live units' checkpoints reference, when the caller knows it
+        (e.g. it just wrote those checkpoints: `sguard.rescale` has its tasks return
+        their manifests' file lists); then no live manifest is read, so memory stays
+        O(files) and not O(pages). Default: read every live manifest.
 
     Returns
     -------
@@ -1033,8 +1039,8 @@ def sweep_unreferenced(root: StorageRoot | str, dead_haunits: Iterable[str],
     if both:
         raise ValueError(f"HA unit(s) {', '.join(both)} are both dead and live")
     everything = list_checkpoints(root)
-    referenced: set[str] = set()
-    for c in everything:
+    referenced: set[str] = set(live_files) if live_files is not None else set()
+    for c in everything if live_files is None else ():
         if c.haunit in live and c.has_manifest:
             try:
                 man = read_manifest(root, c.name)

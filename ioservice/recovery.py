@@ -37,8 +37,8 @@ from ioservice.errors import (
     StorageNotFoundError,
     DamagedCheckpointWarning,
 )
-from ioservice.format import CHECKPOINT_DIR, MANIFEST_NAME, Manifest, check_psid_ranges, \
-    checkpoint_dir, parse_checkpoint_name
+from ioservice.format import CHECKPOINT_DIR, MANIFEST_NAME, Manifest, ManifestHeader, \
+    check_psid_ranges, checkpoint_dir, parse_checkpoint_name, parse_manifest_header
 from ioservice.fs import StorageRoot, validate_name
 from ioservice.service import IOService, ProgressFn
 from mmm.errors import PageFormatError
@@ -46,8 +46,8 @@ from mmm.manager import PageManager
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointInfo", "list_checkpoints", "list_haunits", "read_manifest", "restore",
-           "verify_checkpoint"]
+__all__ = ["CheckpointInfo", "list_checkpoints", "list_haunits", "read_manifest",
+           "read_manifest_header", "restore", "verify_checkpoint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +139,41 @@ def read_manifest(root: StorageRoot, name: str) -> Manifest:
     if man.name != name:
         raise ManifestError(f"{where}: describes checkpoint {man.name!r}, not {name!r}")
     return man
+
+
+HEADER_FIRST_BYTES = 16 << 10
+"""`read_manifest_header`'s first ranged read (it doubles until the header is in)."""
+
+
+def read_manifest_header(root: StorageRoot, name: str, *,
+                         first_bytes: int | None = None) -> ManifestHeader:
+    """The header of checkpoint `name`'s manifest (`ioservice.format.ManifestHeader`):
+    its small fields (``user_meta`` included), read from a prefix of the file (ranged
+    reads, the first of `first_bytes`, default `HEADER_FIRST_BYTES`, doubling), so that
+    memory and bytes read are O(header) and not O(pages). Not validated as a whole:
+    parse the manifest (`read_manifest`) before using its pages.
+
+    Raises
+    ------
+    StorageNotFoundError
+        If the checkpoint has no manifest.
+    ManifestError
+        If the header does not parse or describes another checkpoint than `name`.
+    StorageUnreachableError, StorageIOError
+    """
+    path = f"{checkpoint_dir(name)}/{MANIFEST_NAME}"
+    where = f"manifest {path} on {root.backend} root {root.uri}"
+    n = max(256, HEADER_FIRST_BYTES if first_bytes is None else first_bytes)
+    data = b""
+    while True:  # each read continues where the last one ended
+        data += root.read_bytes(path, offset=len(data), length=n - len(data))
+        head = parse_manifest_header(data, where=where, complete=len(data) < n)
+        if head is not None:
+            break
+        n *= 2
+    if head.name != name:
+        raise ManifestError(f"{where}: describes checkpoint {head.name!r}, not {name!r}")
+    return head
 
 
 def _check_files(root: StorageRoot, man: Manifest) -> None:

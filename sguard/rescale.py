@@ -8,15 +8,20 @@ group ``kg`` in a page set whose PSID lies in its block ``[(kg + 1) << 16,
 partition. So `repartition` of generation ``g`` (``P`` partitions) into ``P'``
 partitions of generation ``g + 1`` never reads a row:
 
-1. *plan* (nothing written): the layout exists, ``1 <= P' <= K``, the newest
-   checkpoint of every source partition parses, belongs to this operator,
-   generation and partition and has this page size;
+1. *plan* (nothing written; the driver's only reads): the layout exists,
+   ``1 <= P' <= K``, the newest checkpoint of every source partition has a
+   manifest whose *header* (`ioservice.read_manifest_header`: the small fields,
+   ``user_meta`` included, read from a prefix of the file) says it belongs to
+   this operator, generation and partition and has this page size. The driver
+   never reads a page table, so its memory and reads are O(P + K), not O(state);
 2. *mark*: ``rescale-pending.json`` records the generation being built (a rerun
    deletes that generation's leftovers; HA units of ``g + 1`` without the
    marker were not made by a repartition and are refused, never deleted);
 3. *compose*, one task per target partition ``t`` (threads here, or Spark
-   tasks over the executors: `sguard.spark.rescaling`): the page-table rows of
-   the sources' newest manifests whose PSID lies in ``t``'s key groups become
+   tasks over the executors: `sguard.spark.rescaling`): the task parses and
+   validates in full the manifests of the sources holding ``t``'s key groups
+   (falling back to an older checkpoint when one does not parse, as a restore
+   does), and their page-table rows whose PSID lies in ``t``'s key groups become
    the first checkpoint of ``t``'s HA unit, a *composed* checkpoint that
    references the source page files where they lie
    (`ioservice.compose_checkpoint`); with ``verify`` the task first reads and
@@ -59,8 +64,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from ioservice import (IOService, Manifest, StorageRoot, list_checkpoints, list_haunits,
-                       open_root, read_manifest)
+from ioservice import (IOService, Manifest, ManifestHeader, StorageRoot, list_checkpoints,
+                       list_haunits, open_root, read_manifest, read_manifest_header)
 from ioservice.errors import IOServiceError, StorageNotFoundError
 from sguard.statelayout import (LAYOUT_FILE, PSID_SHIFT, LayoutError, OperatorLayout,
                                 key_group_psids, parse_haunit_name, read_layout, write_layout)
@@ -68,8 +73,9 @@ from sguard.statelayout import (LAYOUT_FILE, PSID_SHIFT, LayoutError, OperatorLa
 logger = logging.getLogger(__name__)
 
 __all__ = ["MARKER_FILE", "KILL_ENV", "RescaleError", "RescaleResult",
-           "KeyGroupPositions", "TargetTask", "check", "plan", "compose_target", "repartition",
-           "restore_piece", "psid_ranges", "sweep_old_generations", "piece_range"]
+           "KeyGroupPositions", "TargetTask", "SourcePlan", "check", "plan", "compose_target",
+           "repartition", "restore_piece", "psid_ranges", "sweep_old_generations",
+           "piece_range"]
 
 MARKER_FILE: Final = "rescale-pending.json"
 KILL_ENV: Final = "SGUARD_RESCALE_KILL_AT"
@@ -170,10 +176,13 @@ class TargetTask:
     layout: str
     """The *new* generation's layout document (JSON)."""
     sources: tuple[str, ...]
-    """The source checkpoints' names, by source partition."""
+    """The source checkpoints' names, by source partition ("": none)."""
     target: int
     verify: bool
     io_workers: int = 4
+    older: tuple[tuple[str, ...], ...] = ()
+    """By source partition, its older checkpoints (newest first): used when the planned
+    one's manifest does not parse in full."""
 
 
 # -- kill points (tests) --------------------------------------------------------------------------
@@ -232,7 +241,21 @@ def _newest_manifest(root: StorageRoot, haunit: str) -> Manifest | None:
     return None
 
 
-def _check_source(layout: OperatorLayout, p: int, man: Manifest) -> None:
+def _newest_headers(root: StorageRoot, haunit: str
+                    ) -> tuple[ManifestHeader | None, tuple[str, ...]]:
+    """The header of `haunit`'s newest checkpoint whose manifest header parses (None: no
+    checkpoint), and the older checkpoints' names (newest first: a task falls back to
+    them if that manifest's page table turns out damaged). Reads O(header) bytes."""
+    names = [c.name for c in reversed(list_checkpoints(root, haunit)) if c.has_manifest]
+    for i, name in enumerate(names):
+        try:
+            return read_manifest_header(root, name), tuple(names[i + 1:])
+        except (IOServiceError, ValueError) as exc:
+            logger.warning("skipping checkpoint %s: %s", name, exc)
+    return None, ()
+
+
+def _check_source(layout: OperatorLayout, p: int, man: Manifest | ManifestHeader) -> None:
     meta = man.user_meta
     want = {"operator": layout.operator, "name": layout.name, "generation": layout.generation,
             "partition": p, "num_partitions": layout.num_partitions}
@@ -245,8 +268,27 @@ def _check_source(layout: OperatorLayout, p: int, man: Manifest) -> None:
                            f"not partition {p}'s {list(layout.key_group_range(p))}")
 
 
-def plan(root: StorageRoot | str) -> tuple[OperatorLayout, list[Manifest | None]]:
-    """The layout and each source partition's newest manifest (None: no checkpoint yet).
+@dataclass(frozen=True)
+class SourcePlan:
+    """What the driver knows of one source partition: O(header), never its page table."""
+
+    header: ManifestHeader | None
+    """Its newest checkpoint's manifest header (None: no checkpoint yet)."""
+    older: tuple[str, ...] = ()
+    """Its older checkpoints, newest first (a task's fallbacks)."""
+
+    @property
+    def name(self) -> str:
+        return self.header.name if self.header is not None else ""
+
+
+def plan(root: StorageRoot | str) -> tuple[OperatorLayout, list[SourcePlan]]:
+    """The layout and each source partition's newest checkpoint (`SourcePlan`).
+
+    Reads the layout, the checkpoint listings and each source's newest manifest
+    *header* only (`ioservice.read_manifest_header`): O(P + K) bytes and memory
+    whatever the state's size. The page tables are parsed and validated by the
+    target tasks (`compose_target`), each reading only the sources it takes.
 
     Raises
     ------
@@ -256,15 +298,16 @@ def plan(root: StorageRoot | str) -> tuple[OperatorLayout, list[Manifest | None]
     """
     sroot = _open(root)
     layout = _layout(sroot)
-    mans = [_newest_manifest(sroot, layout.haunit(p)) for p in range(layout.num_partitions)]
-    sizes = {m.page_bytes for m in mans if m is not None}
+    srcs = [SourcePlan(*_newest_headers(sroot, layout.haunit(p)))
+            for p in range(layout.num_partitions)]
+    sizes = {s.header.page_bytes for s in srcs if s.header is not None}
     if len(sizes) > 1:
         raise RescaleError(f"state URI {sroot.uri}: the partitions' checkpoints have "
                            f"different page sizes {sorted(sizes)}")
-    for p, m in enumerate(mans):
-        if m is not None:
-            _check_source(layout, p, m)
-    return layout, mans
+    for p, s in enumerate(srcs):
+        if s.header is not None:
+            _check_source(layout, p, s.header)
+    return layout, srcs
 
 
 def _positions(layout: OperatorLayout, p: int, man: Manifest | None) -> KeyGroupPositions:
@@ -275,11 +318,31 @@ def _positions(layout: OperatorLayout, p: int, man: Manifest | None) -> KeyGroup
 
 
 # -- one target (a thread or a Spark task) ---------------------------------------------------------------
-def compose_target(task: TargetTask) -> dict[str, int]:
+def _source_manifest(root: StorageRoot, old: OperatorLayout, p: int, name: str,
+                     older: Sequence[str]) -> Manifest | None:
+    """Source partition `p`'s planned checkpoint `name`, parsed and validated in full
+    (page table included; the driver read only its header), or the newest of `older`
+    that parses if it does not; checked to be partition `p`'s of the old generation."""
+    if not name:
+        return None
+    for cand in (name, *older):
+        try:
+            man = read_manifest(root, cand)
+        except (IOServiceError, ValueError) as exc:
+            logger.warning("skipping checkpoint %s: %s", cand, exc)
+            continue
+        _check_source(old, p, man)
+        return man
+    raise RescaleError(f"no checkpoint of source partition {p} parses ({name} and "
+                       f"{len(older)} older)")
+
+
+def compose_target(task: TargetTask) -> dict[str, Any]:
     """Write target partition ``task.target``'s first checkpoint (module docstring, step 3).
 
     Idempotent: a rerun (a retried Spark task) finds its composed checkpoint and
-    returns. Returns ``{"pages", "state_bytes", "bytes_read"}``.
+    returns. Returns ``{"pages", "state_bytes", "bytes_read", "files"}`` (counters, and
+    the paths of the page files the checkpoint references: O(files), for the sweep).
     """
     from ioservice import CheckpointManager
     from mmm import PageManager
@@ -298,7 +361,8 @@ def compose_target(task: TargetTask) -> dict[str, int]:
             a, b = max(lo, old.key_group_range(p)[0]), min(hi, old.key_group_range(p)[1])
             if a >= b:
                 continue  # no key group of t was in p
-            man = read_manifest(root, name) if name else None
+            man = _source_manifest(root, old, p, name,
+                                   task.older[p] if p < len(task.older) else ())
             kg_batches.extend(_positions(old, p, man).restrict(a, b).ranges)
             if man is None:
                 continue
@@ -333,10 +397,11 @@ def compose_target(task: TargetTask) -> dict[str, int]:
         _kill_point("composed")
     finally:
         io.shutdown()
-    return {"pages": man.n_pages, "state_bytes": man.state_bytes, "bytes_read": read}
+    return {"pages": man.n_pages, "state_bytes": man.state_bytes, "bytes_read": read,
+            "files": [f.path for f in man.files]}
 
 
-def _run_threads(tasks: Sequence[TargetTask]) -> list[dict[str, int]]:
+def _run_threads(tasks: Sequence[TargetTask]) -> list[dict[str, Any]]:
     with cf.ThreadPoolExecutor(max(1, min(len(tasks), os.cpu_count() or 1))) as ex:
         return list(ex.map(compose_target, tasks))
 
@@ -370,9 +435,12 @@ def _delete_generation(root: StorageRoot, name: str, generation: int) -> int:
     return n
 
 
-def sweep_old_generations(root: StorageRoot | str) -> int:
+def sweep_old_generations(root: StorageRoot | str, *,
+                          live_files: Sequence[str] | None = None) -> int:
     """Delete the checkpoint directories of generations older than the layout's that no
-    live checkpoint references any more; returns how many were deleted."""
+    live checkpoint references any more; returns how many were deleted. `live_files`:
+    every file the layout's generation's checkpoints reference, when known (then no
+    manifest is read; see `ioservice.sweep_unreferenced`)."""
     from ioservice import sweep_unreferenced
     sroot = _open(root)
     layout = _layout(sroot)
@@ -384,7 +452,7 @@ def sweep_old_generations(root: StorageRoot | str) -> int:
             continue
         (live if parsed[1] == layout.generation else dead if parsed[1] < layout.generation
          else []).append(hu)
-    return len(sweep_unreferenced(sroot, dead, live)) if dead else 0
+    return len(sweep_unreferenced(sroot, dead, live, live_files=live_files)) if dead else 0
 
 
 # -- refusals (nothing written) --------------------------------------------------------------------
@@ -434,7 +502,7 @@ def check(root: StorageRoot | str, num_partitions: int, *, force: bool = False
 # -- public API ----------------------------------------------------------------------------------
 def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = False,
                 verify: bool = True, io_workers: int = 4,
-                run: Callable[[Sequence[TargetTask]], list[dict[str, int]]] | None = None,
+                run: Callable[[Sequence[TargetTask]], list[dict[str, Any]]] | None = None,
                 storage_options: Mapping[str, Any] | None = None,
                 on_progress: Callable[[str], None] | None = None) -> RescaleResult:
     """Repartition the operator state under `root` into `num_partitions` partitions by
@@ -504,8 +572,8 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     t1 = time.perf_counter()
     opts = tuple(sorted((storage_options or {}).items()))
     tasks = [TargetTask(sroot.uri, opts, new.to_json().decode(),
-                        tuple(m.name if m is not None else "" for m in sources), t, verify,
-                        io_workers) for t in range(num_partitions)]
+                        tuple(s.name for s in sources), t, verify, io_workers,
+                        tuple(s.older for s in sources)) for t in range(num_partitions)]
     results = (run or _run_threads)(tasks)
     phases["compose_s"] = time.perf_counter() - t1
     say(f"composed {num_partitions} partition(s) of generation {g + 1}")
@@ -516,7 +584,11 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     sroot.delete_file(MARKER_FILE, missing_ok=True)
     phases["commit_s"] = time.perf_counter() - t2
     try:  # the old generation's checkpoints that no new one references
-        sweep_old_generations(sroot)
+        # the new generation's checkpoints are the ones the tasks just composed: their file
+        # lists came back with the results, so the driver reads no manifest here
+        known = all(isinstance(r.get("files"), list) for r in results)
+        sweep_old_generations(sroot, live_files=[f for r in results for f in r["files"]]
+                              if known else None)
     except (IOServiceError, OSError) as exc:
         logger.warning("repartitioned %s, but cleaning the old generation failed: %s",
                        sroot.uri, exc)

@@ -85,13 +85,15 @@ def _compose_doc(text: str) -> str:
     d = _json.loads(text)
     d["storage_options"] = tuple((k, v) for k, v in d["storage_options"])
     d["sources"] = tuple(d["sources"])
+    d["older"] = tuple(tuple(x) for x in d.get("older", ()))
     return _json.dumps(compose_target(TargetTask(**d)))
 
 
-def spark_runner(spark: Any) -> Callable[[Sequence[Any]], list[dict[str, int]]]:
+def spark_runner(spark: Any) -> Callable[[Sequence[Any]], list[dict[str, Any]]]:
     """A `sguard.rescale.repartition` ``run=``: one Spark task per target partition, on the
     executors; the driver sends each task its description (a few hundred bytes) and gets
-    back three counters, so its memory does not grow with the state.
+    back three counters and the composed checkpoint's file list (O(files), never a page
+    table), so its memory does not grow with the state.
 
     The tasks are SQL Python tasks (``mapInArrow`` over ``range(n)`` in n partitions: task
     i composes target i), not RDD ones: PySpark keeps separate Python worker pools for
@@ -100,7 +102,7 @@ def spark_runner(spark: Any) -> Callable[[Sequence[Any]], list[dict[str, int]]]:
     """
     from dataclasses import asdict
 
-    def run(tasks: Sequence[Any]) -> list[dict[str, int]]:
+    def run(tasks: Sequence[Any]) -> list[dict[str, Any]]:
         docs = [json.dumps(asdict(t)) for t in tasks]
 
         def compose(batches: Any) -> Any:
