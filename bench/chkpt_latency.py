@@ -125,8 +125,7 @@ class Runner:
     """One variant with P partitions: process a batch; start a partition's checkpoint."""
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
-                 workdir: str, n_workers: int,
-                 stage_mb: float = CheckpointPolicy.stage_mb) -> None:
+                 workdir: str, n_workers: int, stage: bool = True) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
         self.workdir = workdir
@@ -137,7 +136,7 @@ class Runner:
         if variant == "mmm":
             root = os.path.join(workdir, "mmm")
             self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
-                                           policy=CheckpointPolicy(keep=2, stage_mb=stage_mb),
+                                           policy=CheckpointPolicy(keep=2, **({} if stage else {"stage_mb": 0})),
                                            n_workers=n_workers)
                          for p, op in enumerate(ops)]
         if variant == "async pickle":
@@ -285,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         _print_run(r, v, rounds[v][-1], out)
                         continue
                     runner = Runner(v, ops, dicts, workdir, args.workers,
-                                    stage_mb=0 if args.no_stage else CheckpointPolicy.stage_mb)
+                                    stage=not args.no_stage)
                     st0 = [op.pm.stats() for op in ops]
                     try:
                         out = run(runner, cols if runner.uses_mmm else recs, period, interval,
@@ -387,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
               "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
               "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
-              "mmm_stage_mb": 0 if args.no_stage else CheckpointPolicy.stage_mb,
+              "mmm_stage_mb": 0 if args.no_stage else CheckpointPolicy().stage_mb,
               "partitions": args.partitions, "rounds": n_rounds,
               "ratios": "median over rounds of the ratio within each round",
               "storage": "file:// (temporary dir, fsync)",

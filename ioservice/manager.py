@@ -142,8 +142,9 @@ class CheckpointPolicy:
     stage_mb: float = 256.0
 
     def __post_init__(self) -> None:
-        if not self.stage_mb >= 0:
-            raise ValueError(f"stage_mb must be >= 0, got {self.stage_mb}")
+        if (isinstance(self.stage_mb, bool) or not isinstance(self.stage_mb, (int, float))
+                or not self.stage_mb >= 0):
+            raise ValueError(f"stage_mb must be a number >= 0, got {self.stage_mb!r}")
         if self.interval_s is not None and self.interval_s < 0:
             raise ValueError(f"interval_s must be >= 0, got {self.interval_s}")
         if self.every_n_tuples is not None and self.every_n_tuples < 1:
