@@ -136,7 +136,8 @@ class Runner:
         if variant == "mmm":
             root = os.path.join(workdir, "mmm")
             self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
-                                           policy=CheckpointPolicy(keep=2, **({} if stage else {"stage_mb": 0})),
+                                           policy=CheckpointPolicy(
+                                               keep=2, **({} if stage else {"stage_mb": 0})),
                                            n_workers=n_workers)
                          for p, op in enumerate(ops)]
         if variant == "async pickle":
