@@ -465,13 +465,7 @@ class IOService:
         """
         if stop.is_set():
             raise _Stop()
-        t = manifest.pages
-        pb = manifest.page_bytes
-        pf = manifest.files[int(t.file[rows[0]])]
-        where = (f"checkpoint {manifest.name}: {pf.path} on {root.backend} root {root.uri}")
-        per = self._chunk_pages(pb)
-        owner = getattr(sink, "__self__", None)  # a bound `mmm.Loader.add`: zero-copy reads
-        loader = owner if isinstance(owner, Loader) else None
+        t, pb, pf, where, per, loader = self._read_setup(root, manifest, rows, sink)
         reserve = loader.reserve if loader is not None else None
         ring: list[npt.NDArray[np.uint8]] | None = None
         offs = t.offset[rows]
@@ -543,6 +537,19 @@ class IOService:
             f.close()
 
 
+    def _read_setup(self, root: StorageRoot, manifest: Manifest, rows: npt.NDArray[np.intp],
+                    sink: Callable[[npt.NDArray[np.uint8]], None]
+                    ) -> tuple[PageTable, int, PageFile, str, int, Loader | None]:
+        """What both file readers start from: the page table, page size, the file of
+        ``rows``, the error prefix naming it, pages per chunk and the sink's `mmm.Loader`
+        (a bound ``Loader.add``: reads go straight into reserved frames) if it is one."""
+        t = manifest.pages
+        pb = manifest.page_bytes
+        pf = manifest.files[int(t.file[rows[0]])]
+        where = f"checkpoint {manifest.name}: {pf.path} on {root.backend} root {root.uri}"
+        owner = getattr(sink, "__self__", None)
+        return t, pb, pf, where, self._chunk_pages(pb), owner if isinstance(owner, Loader) else None
+
     def _read_file_local(self, root: StorageRoot, manifest: Manifest, rows: npt.NDArray[np.intp],
                          sink: Callable[[npt.NDArray[np.uint8]], None], verify: bool,
                          stop: threading.Event, progress: Callable[[int], None]) -> None:
@@ -554,14 +561,8 @@ class IOService:
         """
         if stop.is_set():
             raise _Stop()
-        t = manifest.pages
-        pb = manifest.page_bytes
-        pf = manifest.files[int(t.file[rows[0]])]
-        where = (f"checkpoint {manifest.name}: {pf.path} on {root.backend} root {root.uri}")
-        per = self._chunk_pages(pb)
+        t, pb, pf, where, per, loader = self._read_setup(root, manifest, rows, sink)
         piece = max(1, READ_PIECE_BYTES // pb)
-        owner = getattr(sink, "__self__", None)  # a bound `mmm.Loader.add`: zero-copy reads
-        loader = owner if isinstance(owner, Loader) else None
         offs = t.offset[rows]
         ids = t.page_id[rows]
         sums = t.checksum[rows]

@@ -109,6 +109,15 @@ def _tag(h: Any) -> Any:
     return np.uint8(((h >> np.uint64(24)) & np.uint64(0x7F)) | np.uint64(0x80))
 
 
+def _emit_prefetch(builder: Any, ptr: Any) -> None:
+    """Emit ``llvm.prefetch(ptr, read, high locality, data cache)``."""
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+    fn = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
+        builder.module, fnty, "llvm.prefetch.p0")
+    builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+
+
 def _prefetch_impl(typingctx: Any, arr: Any, idx: Any) -> Any:
     """``llvm.prefetch`` of ``arr[idx]`` (read, keep in all cache levels): a hint, no effect
     on results."""
@@ -119,11 +128,7 @@ def _prefetch_impl(typingctx: Any, arr: Any, idx: Any) -> Any:
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(  # type: ignore[no-untyped-call]
             context, builder, aryty, ary, [args[1]])
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
-            builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        _emit_prefetch(builder, ptr)
         return context.get_dummy_value()
     return sig, codegen
 
@@ -188,11 +193,7 @@ def _prefetch_at_impl(typingctx: Any, addr: Any) -> Any:
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         ptr = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
-            builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        _emit_prefetch(builder, ptr)
         return context.get_dummy_value()
     return sig, codegen
 
