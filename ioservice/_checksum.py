@@ -154,7 +154,8 @@ def _pread_verify_kernel(fd: int, pages: Any, offset: int, sums: Any, ids: Any, 
         want = m * pb
         got = 0
         while got < want:
-            r = _pread(np.intc(fd), base + i * pb + got, want - got, offset + i * pb + got)
+            r = _pread(np.intc(fd), base + i * pb + got, want - got,  # type: ignore[call-overload]
+                       offset + i * pb + got)
             if r <= 0:  # 0: end of file; < 0: an error, which the caller reproduces
                 return i * pb + got, r, n_bad, first_sum, first_id
             got += r

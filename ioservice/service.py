@@ -617,7 +617,7 @@ class IOService:
         flat = target.reshape(-1)
         while done < len(flat):
             try:
-                got = os.preadv(fd, [flat[done:]], off + done)
+                got = os.preadv(fd, [flat[done:].data], off + done)
             except OSError as exc:
                 raise root._translate(exc, "read", relpath) from exc
             if not got:
