@@ -175,10 +175,11 @@ def test_window_aggregate_scaled_with_lagging_checkpoint(
                 assert time.monotonic() - t0 < 600  # a hang guard, not a speed bound
                 time.sleep(0.1)
             # drop partition 0's newest checkpoints until it is behind partition 1 (which
-            # checkpoints each partition took depends on when the asynchronous ones landed)
+            # checkpoints each partition took depends on when the asynchronous ones landed;
+            # with none left, partition 0's key groups replay from the start of the log)
             while latest_checkpoint_batch(root, hu[0]) >= latest_checkpoint_batch(root, hu[1]):
                 infos = [c for c in list_checkpoints(root, hu[0]) if c.has_manifest]
-                assert len(infos) > 1, infos
+                assert infos  # -1 (none left) is below partition 1's >= 3
                 shutil.rmtree(tmp_path / "state" / infos[-1].directory)
             assert latest_checkpoint_batch(root, hu[0]) < latest_checkpoint_batch(root, hu[1])
         if p == 4:  # this time offline, with the one command; the query then just runs
