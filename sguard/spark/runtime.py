@@ -462,8 +462,10 @@ class _Partition:
             self.slot.wipe()
             return False
         if f.kind == "pause":
-            with open(os.path.join(fp.fault_dir, f"paused-b{b}-p{self.p}"), "w") as fh:
+            paused = os.path.join(fp.fault_dir, f"paused-b{b}-p{self.p}")
+            with open(paused + ".tmp", "w") as fh:  # renamed: a watcher never reads it empty
                 fh.write(str(os.getpid()))
+            os.replace(paused + ".tmp", paused)
             parent = os.getppid()
             resume = os.path.join(fp.fault_dir, f"resume-b{b}-p{self.p}")
             for _ in range(2400):  # until resumed (or 2 minutes); die with the parent

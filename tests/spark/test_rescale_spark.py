@@ -80,6 +80,28 @@ def _window_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return sorted((int(r[0].timestamp()), *r[2:]) for r in rows)
 
 
+def _checkpoints_settled(root: Any, work: Path, partitions: int) -> None:
+    """Wait until every checkpoint the finished query started is durable. They are
+    asynchronous, and which batches start one depends on which worker ran each batch (a
+    worker that attaches a partition starts the policy from the durable batch it finds), so
+    a test that changes the checkpoints must first let them land. The query's batch records
+    (every batch, every partition) say which batches started one; the checkpoint records
+    say which are durable."""
+    last = max(int(f.name) for f in (work / "ckpt" / "commits").iterdir() if f.name.isdigit())
+    t0 = time.monotonic()
+    while True:
+        batches, ckpts = read_metrics(root)
+        have = {(r["batch"], r["partition"]) for r in batches}
+        if have >= {(b, q) for b in range(last + 1) for q in range(partitions)}:
+            started = sorted((r["partition"], r["batch"] - 1) for r in batches
+                             if "checkpoint_base" in r)
+            durable = sorted((r["partition"], r["batch"]) for r in ckpts)
+            if started == durable:
+                return
+        assert time.monotonic() - t0 < 600, "checkpoints still in flight after 600 s"
+        time.sleep(0.1)
+
+
 def test_running_aggregate_scaled_out_then_in(spark: Any, tmp_path: Path,
                                               caplog: pytest.LogCaptureFixture) -> None:
     """P = 2 for batches 0-2, stop; P = 3 for 3-4 (with its newest batches only in the
@@ -170,16 +192,13 @@ def test_window_aggregate_scaled_with_lagging_checkpoint(
         _feed(inp, stage, upto)
         if p == 3:  # partition 0's newest checkpoint is lost
             hu = [f"window_aggregate.g0.p{q:04d}" for q in (0, 1)]
-            t0 = time.monotonic()  # the asynchronous checkpoints of batch 4 land
-            while min(latest_checkpoint_batch(root, h) for h in hu) < 3:
-                assert time.monotonic() - t0 < 600  # a hang guard, not a speed bound
-                time.sleep(0.1)
+            _checkpoints_settled(root, tmp_path, 2)
             # drop partition 0's newest checkpoints until it is behind partition 1 (which
-            # checkpoints each partition took depends on when the asynchronous ones landed;
-            # with none left, partition 0's key groups replay from the start of the log)
+            # batches were checkpointed depends on which worker ran each batch; with none
+            # left, partition 0's key groups replay from the start of the log)
             while latest_checkpoint_batch(root, hu[0]) >= latest_checkpoint_batch(root, hu[1]):
                 infos = [c for c in list_checkpoints(root, hu[0]) if c.has_manifest]
-                assert infos  # -1 (none left) is below partition 1's >= 3
+                assert infos, "partition 1 has no checkpoint"
                 shutil.rmtree(tmp_path / "state" / infos[-1].directory)
             assert latest_checkpoint_batch(root, hu[0]) < latest_checkpoint_batch(root, hu[1])
         if p == 4:  # this time offline, with the one command; the query then just runs
