@@ -44,12 +44,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
 import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -466,12 +467,8 @@ class IOService:
         if stop.is_set():
             raise _Stop()
         t, pb, pf, where, per, loader = self._read_setup(root, manifest, rows, sink)
-        reserve = loader.reserve if loader is not None else None
         ring: list[npt.NDArray[np.uint8]] | None = None
         offs = t.offset[rows]
-        breaks = np.flatnonzero(np.diff(offs) != np.uint64(pb)) + 1
-        starts = np.concatenate(([0], breaks))
-        ends = np.concatenate((breaks, [len(rows)]))
         verifier = self._verifier() if pipelined else None
         pending: collections.deque[cf.Future[None]] = collections.deque()
         n_bounce = 0  # bounce buffers handed out (ring slot = n_bounce % len(ring))
@@ -488,54 +485,43 @@ class IOService:
         except StorageNotFoundError as exc:
             raise CheckpointDamagedError(f"{where}: page file is missing") from exc
         try:
-            for a0, b0 in zip(starts.tolist(), ends.tolist()):
-                for a in range(a0, b0, per):
-                    if stop.is_set():
-                        raise _Stop()
-                    b = min(a + per, b0)
-                    n = b - a
-                    # read straight into page frames when the sink can lend them
-                    frames, dest = reserve(n) if reserve is not None else (None, None)
+            for a, b in _chunks(offs, pb, per, stop):
+                n = b - a
+                # read straight into page frames when the sink can lend them
+                with _reserved(loader, n) as (frames, dest):
+                    if dest is not None:
+                        target = dest
+                    else:
+                        if ring is None:
+                            ring = self._ring(per * pb)
+                        target = ring[n_bounce % len(ring)][:n * pb].reshape(n, pb)
+                        n_bounce += 1
+                    view = target.reshape(-1).data  # memoryview of the frame bytes
+                    off = int(offs[a])
                     try:
-                        if dest is not None:
-                            target = dest
-                        else:
-                            if ring is None:
-                                ring = self._ring(per * pb)
-                            target = ring[n_bounce % len(ring)][:n * pb].reshape(n, pb)
-                            n_bounce += 1
-                        view = target.reshape(-1).data  # memoryview of the frame bytes
-                        off = int(offs[a])
-                        try:
-                            f.seek(off)
-                            got = f.readinto(view)
-                        except (OSError, pa.ArrowException) as exc:
-                            raise root._translate(exc, "read", pf.path) from exc
-                        if got != n * pb:
-                            raise CheckpointDamagedError(
-                                f"{where}: short file: {got} of {n * pb} bytes at offset {off}")
-                    except BaseException:
-                        if frames is not None:
-                            assert loader is not None  # frames come only from `loader.reserve`
-                            loader.unreserve(frames)
-                        raise
-                    args = (target, frames, dest is not None, loader, sink, rows[a:b],
-                            offs[a:b], t, verify, stop, where, progress)
-                    if verifier is None:
-                        _settle_chunk(*args)
-                        continue
-                    pending.append(verifier.submit(_settle_chunk, *args))
-                    # a bounce buffer is reused READ_AHEAD_CHUNKS + 1 chunks later: by then
-                    # its chunk has been verified and placed
-                    while len(pending) > READ_AHEAD_CHUNKS:
-                        settle(pending.popleft())
+                        f.seek(off)
+                        got = f.readinto(view)
+                    except (OSError, pa.ArrowException) as exc:
+                        raise root._translate(exc, "read", pf.path) from exc
+                    if got != n * pb:
+                        raise CheckpointDamagedError(
+                            f"{where}: short file: {got} of {n * pb} bytes at offset {off}")
+                args = (target, frames, dest is not None, loader, sink, rows[a:b],
+                        offs[a:b], t, verify, stop, where, progress)
+                if verifier is None:
+                    _settle_chunk(*args)
+                    continue
+                pending.append(verifier.submit(_settle_chunk, *args))
+                # a bounce buffer is reused READ_AHEAD_CHUNKS + 1 chunks later: by then
+                # its chunk has been verified and placed
+                while len(pending) > READ_AHEAD_CHUNKS:
+                    settle(pending.popleft())
             while pending:
                 settle(pending.popleft())
         finally:
             # whatever happened, no verifier may touch the sink or frames after we return
             cf.wait(pending)
             f.close()
-
 
     def _read_setup(self, root: StorageRoot, manifest: Manifest, rows: npt.NDArray[np.intp],
                     sink: Callable[[npt.NDArray[np.uint8]], None]
@@ -566,9 +552,6 @@ class IOService:
         offs = t.offset[rows]
         ids = t.page_id[rows]
         sums = t.checksum[rows]
-        breaks = np.flatnonzero(np.diff(offs) != np.uint64(pb)) + 1
-        starts = np.concatenate(([0], breaks))
-        ends = np.concatenate((breaks, [len(rows)]))
         path = root.full_path(pf.path)
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -577,35 +560,25 @@ class IOService:
         except OSError as exc:
             raise root._translate(exc, "open for reading", pf.path) from exc
         try:
-            for a0, b0 in zip(starts.tolist(), ends.tolist()):
-                for a in range(a0, b0, per):
-                    if stop.is_set():
-                        raise _Stop()
-                    b = min(a + per, b0)
-                    n = b - a
-                    frames, dest = loader.reserve(n) if loader is not None else (None, None)
-                    try:
-                        target = dest if dest is not None else \
-                            self._buffer(per * pb)[:n * pb].reshape(n, pb)
-                        off = int(offs[a])
-                        done, status, n_bad, i, j = pread_verify_rows(
-                            fd, target, off, sums[a:b], ids[a:b], _PAGE_ID_AT, piece, verify)
-                        if status < 0:  # pread failed: repeat it here for the error
-                            self._pread_rest(fd, target, off, done, root, pf.path, where)
-                            if verify:
-                                _verify(target, ids[a:b], sums[a:b], offs[a:b], where)
-                        elif status == 0:
-                            raise CheckpointDamagedError(
-                                f"{where}: short file: {done} of {n * pb} bytes at offset {off}")
-                        elif verify:
-                            _raise_damage(target, ids[a:b], offs[a:b], n_bad, i, j, where)
-                    except BaseException:
-                        if frames is not None:
-                            assert loader is not None  # frames come only from `loader.reserve`
-                            loader.unreserve(frames)
-                        raise
-                    _settle_chunk(target, frames, dest is not None, loader, sink, rows[a:b],
-                                  offs[a:b], t, False, stop, where, progress)
+            for a, b in _chunks(offs, pb, per, stop):
+                n = b - a
+                with _reserved(loader, n) as (frames, dest):
+                    target = dest if dest is not None else \
+                        self._buffer(per * pb)[:n * pb].reshape(n, pb)
+                    off = int(offs[a])
+                    done, status, n_bad, i, j = pread_verify_rows(
+                        fd, target, off, sums[a:b], ids[a:b], _PAGE_ID_AT, piece, verify)
+                    if status < 0:  # pread failed: repeat it here for the error
+                        self._pread_rest(fd, target, off, done, root, pf.path, where)
+                        if verify:
+                            _verify(target, ids[a:b], sums[a:b], offs[a:b], where)
+                    elif status == 0:
+                        raise CheckpointDamagedError(
+                            f"{where}: short file: {done} of {n * pb} bytes at offset {off}")
+                    elif verify:
+                        _raise_damage(target, ids[a:b], offs[a:b], n_bad, i, j, where)
+                _settle_chunk(target, frames, dest is not None, loader, sink, rows[a:b],
+                              offs[a:b], t, False, stop, where, progress)
         finally:
             os.close(fd)
 
@@ -632,6 +605,34 @@ def _cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
         return os.cpu_count() or 1
+
+
+def _chunks(offs: npt.NDArray[np.uint64], pb: int, per: int,
+            stop: threading.Event) -> Iterator[tuple[int, int]]:
+    """The chunks ``[a, b)`` a file reader reads, in order: at most `per` rows, each a run
+    of pages that lie back to back in the file (offsets `offs`, pages of `pb` bytes).
+    Raises `_Stop` before a chunk once `stop` is set."""
+    breaks = (np.flatnonzero(np.diff(offs) != np.uint64(pb)) + 1).tolist()
+    for a0, b0 in zip([0, *breaks], [*breaks, len(offs)]):
+        for a in range(a0, b0, per):
+            if stop.is_set():
+                raise _Stop()
+            yield a, min(a + per, b0)
+
+
+@contextlib.contextmanager
+def _reserved(loader: Loader | None, n: int
+              ) -> Iterator[tuple[npt.NDArray[np.int64] | None, npt.NDArray[np.uint8] | None]]:
+    """``(frames, dest)``: `n` frames the loader lends for a chunk to be read into (``(None,
+    None)`` without one), given back if the read (the ``with`` body) fails."""
+    frames, dest = loader.reserve(n) if loader is not None else (None, None)
+    try:
+        yield frames, dest
+    except BaseException:
+        if frames is not None:
+            assert loader is not None  # frames come only from `loader.reserve`
+            loader.unreserve(frames)
+        raise
 
 
 def _settle_chunk(target: npt.NDArray[np.uint8], frames: npt.NDArray[np.int64] | None,
