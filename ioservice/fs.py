@@ -39,7 +39,7 @@ import re
 import unicodedata
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
@@ -543,18 +543,13 @@ class StorageRoot:
             if not self.atomic_rename:
                 self._put_or_remove(path, data)
                 return
-            parent, _, name = path.rpartition("/")
-            tmp = f"{parent}/{_TMP_PREFIX}{uuid.uuid4().hex}-{name}"
-            try:
-                with self.filesystem.open_output_stream(tmp) as out:
-                    out.write(data)
-                if self._kind == "hdfs":
-                    if self.filesystem.get_file_info(path).type != pafs.FileType.NotFound:
-                        self.filesystem.delete_file(path)
-                self.filesystem.move(tmp, path)
-            except BaseException:
-                _delete_quietly(self.filesystem, tmp)
-                raise
+
+            def replace() -> None:  # HDFS's move does not overwrite
+                if self._kind == "hdfs" and \
+                        self.filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+                    self.filesystem.delete_file(path)
+
+            self._move_from_temp(path, data, replace)
 
     def write_new(self, relpath: str, data: bytes | bytearray | memoryview) -> None:
         """Like `write_atomic`, but never replaces an existing file (create-only).
@@ -588,17 +583,27 @@ class StorageRoot:
             if not self.atomic_rename:
                 self._put_or_remove(path, data)
                 return
-            parent, _, name = path.rpartition("/")
-            tmp = f"{parent}/{_TMP_PREFIX}{uuid.uuid4().hex}-{name}"
-            try:
-                with self.filesystem.open_output_stream(tmp) as out:
-                    out.write(data)
+
+            def refuse() -> None:  # created meanwhile (on HDFS, move would refuse it too)
                 if self.filesystem.get_file_info(path).type != pafs.FileType.NotFound:
                     raise StorageExistsError(exists_msg)
-                self.filesystem.move(tmp, path)
-            except BaseException:
-                _delete_quietly(self.filesystem, tmp)
-                raise
+
+            self._move_from_temp(path, data, refuse)
+
+    def _move_from_temp(self, path: str, data: bytes | bytearray | memoryview,
+                        before_move: Callable[[], None]) -> None:
+        """Write `data` to a temp file beside `path`, call `before_move` (which may
+        raise), then move the temp file to `path`; the temp file is deleted on failure."""
+        parent, _, name = path.rpartition("/")
+        tmp = f"{parent}/{_TMP_PREFIX}{uuid.uuid4().hex}-{name}"
+        try:
+            with self.filesystem.open_output_stream(tmp) as out:
+                out.write(data)
+            before_move()
+            self.filesystem.move(tmp, path)
+        except BaseException:
+            _delete_quietly(self.filesystem, tmp)
+            raise
 
     def _put_or_remove(self, path: str, data: bytes | bytearray | memoryview) -> None:
         """Write `data` to `path` in one go; on any failure make sure `path` is absent.
