@@ -252,19 +252,54 @@ def hash_keys(data: Any, offs: Any, mask: Any) -> Any:
 
 CHUNK_ROWS = 32  # rows hashed and prefetched ahead: enough misses in flight
 
-# -- intern_rows: its steps. A step that runs per row or per slot takes only scalars and
-# addresses (an array argument would cost reference counting per call, even inlined): ``g``
-# the geo entries as a tuple (``g[G_PB]``...), ``T`` the addresses of the tables (``T[T_*]``:
-# the pool, the page tables, mod, pins (int32) and the control words), ``SCR`` the caller's
-# scratch (the new key's chunk numbers). A step that runs once per chunk of rows also takes
-# the row arrays. ---------------------------------------------------------------------------
+# -- intern_rows: its steps. They take only scalars, tuples and addresses (an array argument
+# costs reference counting per call, even inlined): ``g`` the geo entries as a tuple
+# (``g[G_PB]``...), ``T`` the addresses of the tables (``T[T_*]``: the pool, the page tables,
+# mod, pins (int32), the control words), ``X`` the input rows (``X[X_*]``: the keys' bytes
+# and their length, the offsets and their width, the valid mask (0: none)), ``SC`` the
+# caller's scratch: per row of a chunk its hash, home slot and whether pass 2 found it
+# (`_sc`), then the chunk numbers of a new key (`_chunks_of`). ----------------------------
 T_POOL, T_FSEQ, T_RSEQS, T_CSEQS, T_ISEQS, T_MOD, T_PINS, T_CTL = range(8)
+X_DATA, X_DLEN, X_OFFS, X_OW, X_VALID = range(5)
+SC_HASH, SC_HOME, SC_HIT = range(3)  # scratch rows
+SCRATCH = 3 * CHUNK_ROWS
+"""int64 entries of the scratch `intern_rows` takes before a new key's chunk numbers (see
+the hash map kernels' docstring on why no kernel takes the address of an array it
+allocated)."""
 
 
 @_scalar
 def _i64(t: Any, i: Any) -> Any:
     """Entry ``i`` of the int64 table at address ``t``."""
     return _ld_i64(t + 8 * i)
+
+
+@_scalar
+def _sc(SC: Any, field: Any, r: Any) -> Any:
+    """Address of row ``r``'s ``field`` (an ``SC_*`` constant) in the scratch at ``SC``."""
+    return SC + 8 * (field * CHUNK_ROWS + r)
+
+
+@_scalar
+def _chunks_of(SC: Any) -> Any:
+    """Address of the new key's chunk numbers in the scratch at ``SC``."""
+    return SC + 8 * SCRATCH
+
+
+@_scalar
+def _key(X: Any, i: Any) -> Any:
+    """``(start, length)`` of row ``i``'s key in the data."""
+    if X[X_OW] == 4:
+        a = np.int64(_ld_i32(X[X_OFFS] + 4 * i))
+        return a, np.int64(_ld_i32(X[X_OFFS] + 4 * i + 4)) - a
+    a = _ld_i64(X[X_OFFS] + 8 * i)
+    return a, _ld_i64(X[X_OFFS] + 8 * i + 8) - a
+
+
+@_scalar
+def _is_null(X: Any, i: Any) -> Any:
+    """Row ``i`` is the null key."""
+    return X[X_VALID] != 0 and _ld8(X[X_VALID] + i) == 0
 
 
 @_scalar
@@ -533,81 +568,78 @@ def _prefetch_long(sa: Any, T: Any, g: Any) -> None:
 
 
 @_scalar
-def _hash_chunk(c0: Any, c1: Any, db: Any, dlen: Any, offs: Any, valid: Any, has_valid: Any,
-                hs: Any, homes: Any, T: Any, g: Any) -> None:
+def _hash_chunk(c0: Any, c1: Any, X: Any, SC: Any, T: Any, g: Any) -> None:
     """Pass 1: hash each row's key, note its home slot and prefetch it."""
     mask = np.uint64(g[G_MASK])
     for i in range(c0, c1):
-        if has_valid and not valid[i]:
+        if _is_null(X, i):
             continue
-        a = np.int64(offs[i])
-        h = _hash(db, a, np.int64(offs[i + 1]) - a, dlen, mask)
+        a, L = _key(X, i)
+        h = _hash(X[X_DATA], a, L, X[X_DLEN], mask)
         s = _home(h, g[G_CAP])
-        hs[i - c0] = h
-        homes[i - c0] = s
+        _st(_sc(SC, SC_HASH, i - c0), h)
+        _st_i64(_sc(SC, SC_HOME, i - c0), s)
         _prefetch_at(_slot_at(T, g, s))
 
 
 @_scalar
-def _peek_chunk(c0: Any, c1: Any, db: Any, dlen: Any, offs: Any, valid: Any, has_valid: Any,
-                hs: Any, homes: Any, hit: Any, out: Any, T: Any, g: Any) -> None:
-    """Pass 2: a short key in its home slot is found here (``out``, ``hit``); for a long one,
-    prefetch the record or chunk the home slot names if its hash matches."""
+def _peek_chunk(c0: Any, c1: Any, X: Any, OUT: Any, SC: Any, T: Any, g: Any) -> None:
+    """Pass 2: a short key in its home slot is found here (``out``, and its hit flag); for a
+    long one, prefetch the record or chunk the home slot names if its hash matches."""
     for i in range(c0, c1):
-        hit[i - c0] = False
-        if has_valid and not valid[i]:
+        _st_i64(_sc(SC, SC_HIT, i - c0), 0)
+        if _is_null(X, i):
             continue
-        sa = _slot_at(T, g, homes[i - c0])
+        sa = _slot_at(T, g, _i64(_sc(SC, SC_HOME, i - c0), 0))
         v = _ld_i64(sa + 8)
-        if v <= 0 or _ld(sa) != hs[i - c0]:
+        if v <= 0 or _ld(sa) != _ld(_sc(SC, SC_HASH, i - c0)):
             continue
         lb = np.int64(_ld8(sa + 31))
         if lb != SLOT_LONG:
-            a = np.int64(offs[i])
-            if lb == np.int64(offs[i + 1]) - a and _eq_bytes(sa + 16, db, a, lb, dlen):
-                out[i] = v - 1  # an existing key does not move while the batch runs
-                hit[i - c0] = True
+            a, L = _key(X, i)
+            if lb == L and _eq_bytes(sa + 16, X[X_DATA], a, L, X[X_DLEN]):
+                _st_i64(OUT + 8 * i, v - 1)  # an existing key does not move while the batch runs
+                _st_i64(_sc(SC, SC_HIT, i - c0), 1)
         else:
             _prefetch_long(sa, T, g)
 
 
 @_scalar
-def _apply_chunk(mode: Any, c0: Any, c1: Any, db: Any, dlen: Any, offs: Any, valid: Any,
-                 has_valid: Any, hs: Any, homes: Any, hit: Any, out: Any, state: Any, T: Any,
-                 g: Any, SCR: Any) -> Any:
+def _apply_chunk(mode: Any, c0: Any, c1: Any, X: Any, OUT: Any, ST: Any, SC: Any, T: Any,
+                 g: Any) -> Any:
     """Pass 3, in input order: find each row's key not found yet; intern a new one. Returns
-    a status (``state`` = [row, arg] as `intern_rows`)."""
+    a status (``state`` at ``ST`` = [row, arg] as `intern_rows`)."""
+    db, dlen = X[X_DATA], X[X_DLEN]
     for i in range(c0, c1):
-        if hit[i - c0]:
+        if _i64(_sc(SC, SC_HIT, i - c0), 0) != 0:
             continue
-        state[0] = i
-        isnull = has_valid and not valid[i]
-        a = np.int64(offs[i])
-        L = np.int64(offs[i + 1]) - a
+        _st_i64(ST, i)
+        isnull = _is_null(X, i)
+        a, L = _key(X, i)
         h = np.uint64(0)
         s = np.int64(-1)
         tomb = np.int64(-1)
         if isnull:
             nid = _i64(T[T_CTL], C_NULL)
             if nid > 0 or mode == MODE_LOOKUP:
-                out[i] = nid - 1
+                _st_i64(OUT + 8 * i, nid - 1)
                 continue
         else:
-            h = hs[i - c0]
-            found, s, tomb = _probe(h, homes[i - c0], db, a, L, dlen, T, g)
+            h = _ld(_sc(SC, SC_HASH, i - c0))
+            found, s, tomb = _probe(h, _i64(_sc(SC, SC_HOME, i - c0), 0), db, a, L, dlen, T, g)
             if found >= 0 or mode == MODE_LOOKUP:
-                out[i] = found
+                _st_i64(OUT + 8 * i, found)
                 continue
             if tomb >= 0:
                 s = tomb
             elif _i64(T[T_CTL], C_USED) + 1 > g[G_LIMIT]:
                 return NEED_GROW
-        code, arg = _add_key(isnull, h, s, tomb, db, a, L, dlen, T, g, SCR)
+        code, arg = _add_key(isnull, h, s, tomb, db, a, L, dlen, T, g, _chunks_of(SC))
         if code != DONE:
             if code == NEED_CLONE or code == NEED_PAGE_CHUNK:
-                state[1] = arg
+                _st_i64(ST + 8, arg)
             return code
-        out[i] = arg
+        _st_i64(OUT + 8 * i, arg)
     return DONE
 
 
@@ -619,16 +651,23 @@ def _is_table(t: Any, itemsize: Any) -> Any:
 
 
 @_scalar
-def _check_tables(fseq: Any, mod: Any, pins: Any, rseqs: Any, cseqs: Any, iseqs: Any,
-                  geo: Any, scratch: Any) -> None:
-    """`intern_rows` reads these through their addresses: contiguous int64 (pins int32)."""
+def _check_tables(offs: Any, valid: Any, fseq: Any, mod: Any, pins: Any, rseqs: Any,
+                  cseqs: Any, iseqs: Any, geo: Any, out: Any, scratch: Any, state: Any) -> None:
+    """`intern_rows` reads these through their addresses: contiguous int64 (pins int32,
+    offsets int32 or int64, valid bool)."""
     if not (_is_table(fseq, 8) and _is_table(mod, 8) and _is_table(rseqs, 8)
             and _is_table(cseqs, 8) and _is_table(iseqs, 8) and _is_table(geo, 8)
-            and _is_table(scratch, 8) and _is_table(pins, 4)):
-        raise TypeError("keydict.intern_rows: page tables, mod, geo and scratch must be "
-                        "contiguous int64, pins contiguous int32")
-    if geo.shape[0] < 14 or scratch.shape[0] < 1:
-        raise ValueError("keydict.intern_rows: geo needs 14 entries, scratch at least 1")
+            and _is_table(out, 8) and _is_table(scratch, 8) and _is_table(state, 8)
+            and _is_table(pins, 4) and _is_table(valid, 1)
+            and (_is_table(offs, 4) or _is_table(offs, 8))):
+        raise TypeError("keydict.intern_rows: page tables, mod, geo, out, scratch and state "
+                        "must be contiguous int64, pins int32, offsets int32 or int64, valid "
+                        "bool")
+    if geo.shape[0] < 14 or state.shape[0] < 2 or scratch.shape[0] < SCRATCH + 1:
+        raise ValueError("keydict.intern_rows: geo needs 14 entries, state 2, scratch "
+                         "SCRATCH + the chunk count of the longest key")
+    if offs.shape[0] < out.shape[0] + 1:
+        raise ValueError("keydict.intern_rows: offsets need an entry per row and one more")
 
 
 @_scalar
@@ -648,30 +687,28 @@ def intern_rows(mode: Any, i0: Any, db: Any, dlen: Any, offs: Any, valid: Any, h
     an address rather than an array, so read-only and writable buffers share one
     compiled kernel). ``out[i]`` gets each row's id (-1: absent, lookup only). ``state`` = [row, arg]:
     on return the row the kernel stopped at and the page seq (``NEED_CLONE``) or the
-    chunks still missing (``NEED_PAGE_CHUNK``). ``scratch`` (contiguous int64) holds at
-    least the chunk count of the longest key. Returns a status code.
+    chunks still missing (``NEED_PAGE_CHUNK``). ``scratch`` (contiguous int64) holds
+    `SCRATCH` entries and then at least the chunk count of the longest key. Returns a
+    status code.
 
     Rows go in chunks of `CHUNK_ROWS`, in three passes (each a function): hash each row and
     prefetch its home index slot; find a short key in its home slot, or prefetch the record
     the home slot names when its hash matches; then probe, compare and intern in input order.
     """
-    _check_tables(fseq, mod, pins, rseqs, cseqs, iseqs, geo, scratch)
+    _check_tables(offs, valid, fseq, mod, pins, rseqs, cseqs, iseqs, geo, out, scratch, state)
     g = _geo_of(geo)
     P, FS = _addr(pool), _addr(fseq)
     ctl = P + _ld_i64(FS + 8 * g[G_CSEQ]) * g[G_PB] + HDR
     T = (P, FS, _addr(rseqs), _addr(cseqs), _addr(iseqs), _addr(mod), _addr(pins), ctl)
-    SCR = _addr(scratch)
+    X = (db, dlen, _addr(offs), np.int64(offs.itemsize), _addr(valid) if has_valid else 0)
+    OUT, SC, ST = _addr(out), _addr(scratch), _addr(state)
     n = out.shape[0]
-    hs = np.empty(CHUNK_ROWS, np.uint64)  # per row of a chunk: its hash, its home slot,
-    homes = np.empty(CHUNK_ROWS, np.int64)  # and whether pass 2 found it
-    hit = np.zeros(CHUNK_ROWS, np.bool_)
     c0 = i0
     while c0 < n:
         c1 = min(c0 + CHUNK_ROWS, n)
-        _hash_chunk(c0, c1, db, dlen, offs, valid, has_valid, hs, homes, T, g)
-        _peek_chunk(c0, c1, db, dlen, offs, valid, has_valid, hs, homes, hit, out, T, g)
-        code = _apply_chunk(mode, c0, c1, db, dlen, offs, valid, has_valid, hs, homes, hit,
-                            out, state, T, g, SCR)
+        _hash_chunk(c0, c1, X, SC, T, g)
+        _peek_chunk(c0, c1, X, OUT, SC, T, g)
+        code = _apply_chunk(mode, c0, c1, X, OUT, ST, SC, T, g)
         if code != DONE:
             return code
         c0 = c1
