@@ -130,18 +130,17 @@ def _store8_impl(typingctx: Any, addr: Any, w: Any) -> Any:
     return sig, codegen
 
 
-def _mulhi_impl(typingctx: Any, a: Any, b: Any) -> Any:
-    """The high 64 bits of the 128-bit product of uint64 ``a`` and ``b``."""
-    sig = types.uint64(types.uint64, types.uint64)
+def _i64_impl(typingctx: Any, t: Any, i: Any) -> Any:
+    """Entry ``i`` of the int64 table at address ``t`` (an intrinsic, as `_div`)."""
+    sig = types.int64(types.int64, types.int64)
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        i128 = ir.IntType(128)
-        prod = builder.mul(builder.zext(args[0], i128), builder.zext(args[1], i128))
-        return builder.trunc(builder.lshr(prod, ir.Constant(i128, 64)), ir.IntType(64))
+        addr = builder.add(args[0], builder.mul(args[1], ir.Constant(ir.IntType(64), 8)))
+        return builder.load(_ptr(builder, addr, 64), align=1)
     return sig, codegen
 
 
-_mulhi: Any = intrinsic(_mulhi_impl)
+_i64: Any = intrinsic(_i64_impl)
 
 
 def magic(d: int) -> int:
@@ -151,11 +150,21 @@ def magic(d: int) -> int:
     return m - (1 << 64) if m >= 1 << 63 else m
 
 
-@numba.njit(inline="always", cache=True, nogil=True)
-def _div(x: Any, m: Any) -> Any:
+def _div_impl(typingctx: Any, x: Any, m: Any) -> Any:
     """``x // d`` for ``0 <= x < 2**48`` given ``m = magic(d)``: no division instruction
-    (a 64-bit division costs tens of cycles, several per row)."""
-    return np.int64(_mulhi(np.uint64(x), np.uint64(m)))
+    (a 64-bit division costs tens of cycles, several per row). An intrinsic, as the
+    helpers called at many sites are: numba inlines an ``inline="always"`` function by
+    copying its IR at every call site, which costs compile time."""
+    sig = types.int64(types.int64, types.int64)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        i128 = ir.IntType(128)
+        prod = builder.mul(builder.zext(args[0], i128), builder.zext(args[1], i128))
+        return builder.trunc(builder.lshr(prod, ir.Constant(i128, 64)), ir.IntType(64))
+    return sig, codegen
+
+
+_div: Any = intrinsic(_div_impl)
 
 
 # The helpers below take raw byte addresses (``arr.ctypes.data`` + offset), never arrays:
@@ -266,12 +275,6 @@ SCRATCH = 3 * CHUNK_ROWS
 """int64 entries of the scratch `intern_rows` takes before a new key's chunk numbers (see
 the hash map kernels' docstring on why no kernel takes the address of an array it
 allocated)."""
-
-
-@_scalar
-def _i64(t: Any, i: Any) -> Any:
-    """Entry ``i`` of the int64 table at address ``t``."""
-    return _ld_i64(t + 8 * i)
 
 
 @_scalar
@@ -567,7 +570,7 @@ def _prefetch_long(sa: Any, T: Any, g: Any) -> None:
         _prefetch_at(_rec_at(T, g, _ld_i64(sa + 8) - 1))
 
 
-@_scalar
+@jit
 def _hash_chunk(c0: Any, c1: Any, X: Any, SC: Any, T: Any, g: Any) -> None:
     """Pass 1: hash each row's key, note its home slot and prefetch it."""
     mask = np.uint64(g[G_MASK])
@@ -582,7 +585,7 @@ def _hash_chunk(c0: Any, c1: Any, X: Any, SC: Any, T: Any, g: Any) -> None:
         _prefetch_at(_slot_at(T, g, s))
 
 
-@_scalar
+@jit
 def _peek_chunk(c0: Any, c1: Any, X: Any, OUT: Any, SC: Any, T: Any, g: Any) -> None:
     """Pass 2: a short key in its home slot is found here (``out``, and its hit flag); for a
     long one, prefetch the record or chunk the home slot names if its hash matches."""
@@ -604,7 +607,7 @@ def _peek_chunk(c0: Any, c1: Any, X: Any, OUT: Any, SC: Any, T: Any, g: Any) -> 
             _prefetch_long(sa, T, g)
 
 
-@_scalar
+@jit
 def _apply_chunk(mode: Any, c0: Any, c1: Any, X: Any, OUT: Any, ST: Any, SC: Any, T: Any,
                  g: Any) -> Any:
     """Pass 3, in input order: find each row's key not found yet; intern a new one. Returns
