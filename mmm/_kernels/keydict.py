@@ -43,8 +43,8 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from mmm._kernels import cacheable, jit
+from mmm._kernels.hashmap import _addr, _ld_i32, _ld_i64, _ld_u32, _prefetch_at, _st_i64, _st_u32
 from mmm._kernels.hashmap import _mix as _hashmap_mix
-from mmm._kernels.hashmap import _prefetch
 
 __all__ = ["intern_rows", "remove_rows", "rebuild_index", "key_lengths", "gather_keys",
            "live_mask", "hash_keys", "DONE", "NEED_CLONE", "NEED_PAGE_REC", "NEED_PAGE_CHUNK",
@@ -130,18 +130,17 @@ def _store8_impl(typingctx: Any, addr: Any, w: Any) -> Any:
     return sig, codegen
 
 
-def _mulhi_impl(typingctx: Any, a: Any, b: Any) -> Any:
-    """The high 64 bits of the 128-bit product of uint64 ``a`` and ``b``."""
-    sig = types.uint64(types.uint64, types.uint64)
+def _i64_impl(typingctx: Any, t: Any, i: Any) -> Any:
+    """Entry ``i`` of the int64 table at address ``t`` (an intrinsic, as `_div`)."""
+    sig = types.int64(types.int64, types.int64)
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        i128 = ir.IntType(128)
-        prod = builder.mul(builder.zext(args[0], i128), builder.zext(args[1], i128))
-        return builder.trunc(builder.lshr(prod, ir.Constant(i128, 64)), ir.IntType(64))
+        addr = builder.add(args[0], builder.mul(args[1], ir.Constant(ir.IntType(64), 8)))
+        return builder.load(_ptr(builder, addr, 64), align=1)
     return sig, codegen
 
 
-_mulhi: Any = intrinsic(_mulhi_impl)
+_i64: Any = intrinsic(_i64_impl)
 
 
 def magic(d: int) -> int:
@@ -151,11 +150,21 @@ def magic(d: int) -> int:
     return m - (1 << 64) if m >= 1 << 63 else m
 
 
-@numba.njit(inline="always", cache=True, nogil=True)
-def _div(x: Any, m: Any) -> Any:
+def _div_impl(typingctx: Any, x: Any, m: Any) -> Any:
     """``x // d`` for ``0 <= x < 2**48`` given ``m = magic(d)``: no division instruction
-    (a 64-bit division costs tens of cycles, several per row)."""
-    return np.int64(_mulhi(np.uint64(x), np.uint64(m)))
+    (a 64-bit division costs tens of cycles, several per row). An intrinsic, as the
+    helpers called at many sites are: numba inlines an ``inline="always"`` function by
+    copying its IR at every call site, which costs compile time."""
+    sig = types.int64(types.int64, types.int64)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        i128 = ir.IntType(128)
+        prod = builder.mul(builder.zext(args[0], i128), builder.zext(args[1], i128))
+        return builder.trunc(builder.lshr(prod, ir.Constant(i128, 64)), ir.IntType(64))
+    return sig, codegen
+
+
+_div: Any = intrinsic(_div_impl)
 
 
 # The helpers below take raw byte addresses (``arr.ctypes.data`` + offset), never arrays:
@@ -242,7 +251,7 @@ def hash_keys(data: Any, offs: Any, mask: Any) -> Any:
     n = offs.shape[0] - 1
     out = np.empty(n, np.uint64)
     dlen = data.shape[0]
-    db = np.int64(data.ctypes.data)
+    db = _addr(data)
     m = np.uint64(mask)
     for i in range(n):
         a = np.int64(offs[i])
@@ -251,6 +260,429 @@ def hash_keys(data: Any, offs: Any, mask: Any) -> Any:
 
 
 CHUNK_ROWS = 32  # rows hashed and prefetched ahead: enough misses in flight
+
+# -- intern_rows: its steps. They take only scalars, tuples and addresses (an array argument
+# costs reference counting per call, even inlined): ``g`` the geo entries as a tuple
+# (``g[G_PB]``...), ``T`` the addresses of the tables (``T[T_*]``: the pool, the page tables,
+# mod, pins (int32), the control words), ``X`` the input rows (``X[X_*]``: the keys' bytes
+# and their length, the offsets and their width, the valid mask (0: none)), ``SC`` the
+# caller's scratch: per row of a chunk its hash, home slot and whether pass 2 found it
+# (`_sc`), then the chunk numbers of a new key (`_chunks_of`). The per-row steps are
+# inlined (``inline="always"``: a compiled call per new key, measured, made interning new
+# keys 10-25% slower); the three passes, run once per chunk of rows, are compiled functions
+# of their own: a call per chunk costs nothing measurable, they compile once for both
+# offset widths, and numba copies an inlined function's IR at every level it is inlined
+# through (compile time). ------------------------------------------------------------------
+T_POOL, T_FSEQ, T_RSEQS, T_CSEQS, T_ISEQS, T_MOD, T_PINS, T_CTL = range(8)
+X_DATA, X_DLEN, X_OFFS, X_OW, X_VALID = range(5)
+SC_HASH, SC_HOME, SC_HIT = range(3)  # scratch rows
+SCRATCH = 3 * CHUNK_ROWS
+"""int64 entries of the scratch `intern_rows` takes before a new key's chunk numbers (see
+the hash map kernels' docstring on why no kernel takes the address of an array it
+allocated)."""
+
+
+@_scalar
+def _sc(SC: Any, field: Any, r: Any) -> Any:
+    """Address of row ``r``'s ``field`` (an ``SC_*`` constant) in the scratch at ``SC``."""
+    return SC + 8 * (field * CHUNK_ROWS + r)
+
+
+@_scalar
+def _chunks_of(SC: Any) -> Any:
+    """Address of the new key's chunk numbers in the scratch at ``SC``."""
+    return SC + 8 * SCRATCH
+
+
+@_scalar
+def _key(X: Any, i: Any) -> Any:
+    """``(start, length)`` of row ``i``'s key in the data."""
+    if X[X_OW] == 4:
+        a = np.int64(_ld_i32(X[X_OFFS] + 4 * i))
+        return a, np.int64(_ld_i32(X[X_OFFS] + 4 * i + 4)) - a
+    a = _ld_i64(X[X_OFFS] + 8 * i)
+    return a, _ld_i64(X[X_OFFS] + 8 * i + 8) - a
+
+
+@_scalar
+def _is_null(X: Any, i: Any) -> Any:
+    """Row ``i`` is the null key."""
+    return X[X_VALID] != 0 and _ld8(X[X_VALID] + i) == 0
+
+
+@_scalar
+def _ctl_add(ctl: Any, w: Any, d: Any) -> None:
+    """Add ``d`` to control word ``w`` (the words at address ``ctl``)."""
+    _st_i64(ctl + 8 * w, _ld_i64(ctl + 8 * w) + d)
+
+
+@_scalar
+def _page_at(T: Any, g: Any, q: Any) -> Any:
+    """Address of the data (past the header) of page seq ``q``."""
+    return T[T_POOL] + _i64(T[T_FSEQ], q) * g[G_PB] + HDR
+
+
+@_scalar
+def _pinned(T: Any, q: Any) -> Any:
+    """A snapshot shares page seq ``q``: the kernel must not write it."""
+    return _ld_i32(T[T_PINS] + 4 * _i64(T[T_FSEQ], q)) > 0
+
+
+@_scalar
+def _stamp(T: Any, g: Any, q: Any) -> None:
+    """Page seq ``q`` was written at this epoch."""
+    _st_i64(T[T_MOD] + 8 * q, g[G_EPOCH])
+
+
+@_scalar
+def _slot_seq(T: Any, g: Any, s: Any) -> Any:
+    return _i64(T[T_ISEQS], _div(s, g[G_MS]))
+
+
+@_scalar
+def _rec_seq(T: Any, g: Any, rid: Any) -> Any:
+    return _i64(T[T_RSEQS], _div(rid, g[G_MR]))
+
+
+@_scalar
+def _chunk_seq(T: Any, g: Any, c: Any) -> Any:
+    return _i64(T[T_CSEQS], _div(c, g[G_MC]))
+
+
+@_scalar
+def _slot_at(T: Any, g: Any, s: Any) -> Any:
+    """Address of index slot ``s``."""
+    return _page_at(T, g, _slot_seq(T, g, s)) + (s - _div(s, g[G_MS]) * g[G_SPP]) * SLOT
+
+
+@_scalar
+def _rec_at(T: Any, g: Any, rid: Any) -> Any:
+    """Address of record ``rid``."""
+    return _page_at(T, g, _rec_seq(T, g, rid)) + (rid - _div(rid, g[G_MR]) * g[G_RPP]) * REC
+
+
+@_scalar
+def _chunk_at(T: Any, g: Any, c: Any) -> Any:
+    """Address of chunk ``c``."""
+    return _page_at(T, g, _chunk_seq(T, g, c)) + (c - _div(c, g[G_MC]) * g[G_CPP]) * CHUNK
+
+
+@_scalar
+def _chain_eq(T: Any, g: Any, c: Any, db: Any, a: Any, L: Any, dlen: Any) -> Any:
+    """The ``L`` bytes along the chunk chain from chunk ``c`` equal ``data[a:a+L]``."""
+    pos = np.int64(0)
+    while pos < L:
+        ca = _chunk_at(T, g, c)
+        m = CDATA if L - pos > CDATA else L - pos
+        if not _eq_bytes(ca, db, a + pos, m, dlen):
+            return False
+        pos += m
+        c = _ld_i64(ca + CDATA) - 1
+    return True
+
+
+@_scalar
+def _slot_holds(sa: Any, h: Any, db: Any, a: Any, L: Any, dlen: Any, T: Any, g: Any) -> Any:
+    """The live index slot at address ``sa`` holds the key ``data[a:a+L]`` (hash ``h``):
+    compared in the slot (up to 15 bytes), in the record (up to 20) or along the chunks."""
+    if _ld(sa) != h:
+        return False
+    lb = np.int64(_ld8(sa + 31))
+    if lb != SLOT_LONG:
+        return lb == L and _eq_bytes(sa + 16, db, a, L, dlen)
+    if L <= SLOT_INLINE or np.int64(_ld_u32(sa + 24)) != L:
+        return False
+    if L <= INLINE:
+        return _eq_bytes(_rec_at(T, g, _ld_i64(sa + 8) - 1) + 8, db, a, L, dlen)
+    return _chain_eq(T, g, _ld_i64(sa + 16) - 1, db, a, L, dlen)
+
+
+@_scalar
+def _next_slot(s: Any, p: Any, k: Any, cap: Any, SPP: Any) -> Any:
+    """The slot after slot ``s`` (slot ``k`` of index page ``p``), wrapping at ``cap``."""
+    if s + 1 == cap:
+        return np.int64(0), np.int64(0), np.int64(0)
+    if k + 1 == SPP:
+        return s + 1, p + 1, np.int64(0)
+    return s + 1, p, k + 1
+
+
+@_scalar
+def _probe(h: Any, home: Any, db: Any, a: Any, L: Any, dlen: Any, T: Any, g: Any) -> Any:
+    """Find the key ``data[a:a+L]`` (hash ``h``) by linear probing from slot ``home``.
+    Returns ``(id or -1, the slot the probe stopped at, the first deleted slot or -1)``."""
+    s = home
+    p = _div(s, g[G_MS])
+    k = s - p * g[G_SPP]
+    tomb = np.int64(-1)
+    while True:
+        sa = _page_at(T, g, _i64(T[T_ISEQS], p)) + k * SLOT
+        v = _ld_i64(sa + 8)
+        if v == 0:
+            return np.int64(-1), s, tomb
+        if v < 0:
+            if tomb < 0:
+                tomb = s
+        elif _slot_holds(sa, h, db, a, L, dlen, T, g):
+            return v - 1, s, tomb
+        s, p, k = _next_slot(s, p, k, g[G_CAP], g[G_SPP])
+
+
+@_scalar
+def _writable(isnull: Any, s: Any, T: Any, g: Any) -> Any:
+    """The id a new key takes, once the pages it writes (control, record, index slot ``s``)
+    are writable: ``(DONE, id)``, else ``(NEED_CLONE, the first shared page)`` or
+    ``(NEED_PAGE_REC, 0)``."""
+    if _pinned(T, g[G_CSEQ]):
+        return NEED_CLONE, g[G_CSEQ]
+    fh = _i64(T[T_CTL], C_FREEID)
+    nid = fh - 1 if fh > 0 else _i64(T[T_CTL], C_HIGH)
+    if nid >= g[G_NRP] * g[G_RPP]:
+        return NEED_PAGE_REC, np.int64(0)
+    if _pinned(T, _rec_seq(T, g, nid)):
+        return NEED_CLONE, _rec_seq(T, g, nid)
+    if not isnull and _pinned(T, _slot_seq(T, g, s)):
+        return NEED_CLONE, _slot_seq(T, g, s)
+    return DONE, nid
+
+
+@_scalar
+def _take_chunks(k: Any, T: Any, g: Any, SCR: Any) -> Any:
+    """Note ``k`` writable chunks for a new key in the scratch: off the free list first, then
+    fresh ones. Returns ``(status, arg, the free list's new head + 1, fresh chunks)``; arg is
+    the shared page (``NEED_CLONE``) or the chunks missing (``NEED_PAGE_CHUNK``)."""
+    c = _i64(T[T_CTL], C_FREECH)
+    taken = 0
+    while taken < k and c > 0:
+        if _pinned(T, _chunk_seq(T, g, c - 1)):
+            return NEED_CLONE, _chunk_seq(T, g, c - 1), c, np.int64(0)
+        _st_i64(SCR + 8 * taken, c - 1)
+        c = _ld_i64(_chunk_at(T, g, c - 1) + CDATA)
+        taken += 1
+    rest = k - taken
+    bump = _i64(T[T_CTL], C_CBUMP)
+    room = g[G_NCP] * g[G_CPP]
+    if bump + rest > room:
+        return NEED_PAGE_CHUNK, bump + rest - room, c, rest
+    for r in range(rest):
+        if _pinned(T, _chunk_seq(T, g, bump + r)):
+            return NEED_CLONE, _chunk_seq(T, g, bump + r), c, rest
+        _st_i64(SCR + 8 * (taken + r), bump + r)
+    return DONE, np.int64(0), c, rest
+
+
+@_scalar
+def _put_record(nid: Any, isnull: Any, h: Any, L: Any, k: Any, db: Any, a: Any, dlen: Any,
+                T: Any, g: Any, SCR: Any) -> None:
+    """Write record ``nid`` of a new key (taking it off the free list or the high mark): its
+    hash and length, and its bytes (up to 20) or its first chunk."""
+    ctl = T[T_CTL]
+    ra = _rec_at(T, g, nid)
+    if _i64(ctl, C_FREEID) > 0:
+        _st_i64(ctl + 8 * C_FREEID, _ld_i64(ra + 8))
+    else:
+        _ctl_add(ctl, C_HIGH, 1)
+    _stamp(T, g, _rec_seq(T, g, nid))
+    _st(ra + 8, np.uint64(0))
+    _st(ra + 16, np.uint64(0))
+    _st_u32(ra + 24, np.uint32(0))
+    if isnull:
+        _st(ra, np.uint64(0))
+        _st_u32(ra + LENF_OFF, np.uint32(NULL_LEN))
+        _st_i64(ctl + 8 * C_NULL, nid + 1)
+        return
+    _st(ra, h)
+    _st_u32(ra + LENF_OFF, np.uint32(L + 1))
+    if k == 0:
+        _put_bytes(ra + 8, db, a, L, dlen)
+    else:
+        _st_i64(ra + 8, _i64(SCR, 0) + 1)
+
+
+@_scalar
+def _put_chunks(k: Any, db: Any, a: Any, L: Any, dlen: Any, T: Any, g: Any, SCR: Any) -> None:
+    """Copy the key ``data[a:a+L]`` into its ``k`` chunks (numbered in the scratch), chained
+    in order."""
+    for t in range(k):
+        cc = _i64(SCR, t)
+        _stamp(T, g, _chunk_seq(T, g, cc))
+        ca = _chunk_at(T, g, cc)
+        pos = t * CDATA
+        _put_bytes(ca, db, a + pos, min(CDATA, L - pos), dlen)
+        _st_i64(ca + CDATA, _i64(SCR, t + 1) + 1 if t + 1 < k else np.int64(0))
+
+
+@_scalar
+def _put_slot(s: Any, nid: Any, h: Any, L: Any, k: Any, tomb: Any, db: Any, a: Any,
+              dlen: Any, T: Any, g: Any, SCR: Any) -> None:
+    """Write index slot ``s`` (a deleted one if ``tomb`` >= 0) of new key ``nid``: its hash,
+    id and bytes (up to 15) or length and first chunk."""
+    sa = _slot_at(T, g, s)
+    _stamp(T, g, _slot_seq(T, g, s))
+    _st(sa, h)
+    _st_i64(sa + 8, nid + 1)
+    _st(sa + 16, np.uint64(0))
+    _st(sa + 24, np.uint64(0))
+    if L <= SLOT_INLINE:
+        _put_bytes(sa + 16, db, a, L, dlen)
+        _st8(sa + 31, np.uint64(L))
+    else:
+        _st_i64(sa + 16, _i64(SCR, 0) + 1 if k > 0 else np.int64(0))
+        _st_u32(sa + 24, np.uint32(L))
+        _st8(sa + 31, np.uint64(SLOT_LONG))
+    if tomb < 0:
+        _ctl_add(T[T_CTL], C_USED, 1)
+    else:
+        _ctl_add(T[T_CTL], C_TOMBS, -1)
+
+
+@_scalar
+def _add_key(isnull: Any, h: Any, s: Any, tomb: Any, db: Any, a: Any, L: Any, dlen: Any,
+             T: Any, g: Any, SCR: Any) -> Any:
+    """Give a new key (``data[a:a+L]`` or the null key) the next id, in index slot ``s``.
+    First finds every page it writes, writable, and stops before writing anything if one is
+    not. Returns ``(DONE, id)`` or ``(status, arg)``."""
+    code, nid = _writable(isnull, s, T, g)
+    if code != DONE:
+        return code, nid
+    k = np.int64(0) if isnull or L <= INLINE else (L + CDATA - 1) // CDATA
+    c = np.int64(0)
+    rest = np.int64(0)
+    if k > 0:
+        code, arg, c, rest = _take_chunks(k, T, g, SCR)
+        if code != DONE:
+            return code, arg
+    _stamp(T, g, g[G_CSEQ])
+    _put_record(nid, isnull, h, L, k, db, a, dlen, T, g, SCR)
+    if k > 0:
+        _put_chunks(k, db, a, L, dlen, T, g, SCR)
+        _st_i64(T[T_CTL] + 8 * C_FREECH, c)
+        _ctl_add(T[T_CTL], C_CBUMP, rest)
+    if not isnull:
+        _put_slot(s, nid, h, L, k, tomb, db, a, dlen, T, g, SCR)
+    _ctl_add(T[T_CTL], C_LIVE, 1)
+    return DONE, nid
+
+
+@_scalar
+def _prefetch_long(sa: Any, T: Any, g: Any) -> None:
+    """Prefetch the first chunk (over 20 bytes) or the record of the long key in the index
+    slot at address ``sa``."""
+    head = _ld_i64(sa + 16)
+    if head > 0:
+        _prefetch_at(_chunk_at(T, g, head - 1))
+    else:
+        _prefetch_at(_rec_at(T, g, _ld_i64(sa + 8) - 1))
+
+
+@jit
+def _hash_chunk(c0: Any, c1: Any, X: Any, SC: Any, T: Any, g: Any) -> None:
+    """Pass 1: hash each row's key, note its home slot and prefetch it."""
+    mask = np.uint64(g[G_MASK])
+    for i in range(c0, c1):
+        if _is_null(X, i):
+            continue
+        a, L = _key(X, i)
+        h = _hash(X[X_DATA], a, L, X[X_DLEN], mask)
+        s = _home(h, g[G_CAP])
+        _st(_sc(SC, SC_HASH, i - c0), h)
+        _st_i64(_sc(SC, SC_HOME, i - c0), s)
+        _prefetch_at(_slot_at(T, g, s))
+
+
+@jit
+def _peek_chunk(c0: Any, c1: Any, X: Any, OUT: Any, SC: Any, T: Any, g: Any) -> None:
+    """Pass 2: a short key in its home slot is found here (``out``, and its hit flag); for a
+    long one, prefetch the record or chunk the home slot names if its hash matches."""
+    for i in range(c0, c1):
+        _st_i64(_sc(SC, SC_HIT, i - c0), 0)
+        if _is_null(X, i):
+            continue
+        sa = _slot_at(T, g, _i64(_sc(SC, SC_HOME, i - c0), 0))
+        v = _ld_i64(sa + 8)
+        if v <= 0 or _ld(sa) != _ld(_sc(SC, SC_HASH, i - c0)):
+            continue
+        lb = np.int64(_ld8(sa + 31))
+        if lb != SLOT_LONG:
+            a, L = _key(X, i)
+            if lb == L and _eq_bytes(sa + 16, X[X_DATA], a, L, X[X_DLEN]):
+                _st_i64(OUT + 8 * i, v - 1)  # an existing key does not move while the batch runs
+                _st_i64(_sc(SC, SC_HIT, i - c0), 1)
+        else:
+            _prefetch_long(sa, T, g)
+
+
+@jit
+def _apply_chunk(mode: Any, c0: Any, c1: Any, X: Any, OUT: Any, ST: Any, SC: Any, T: Any,
+                 g: Any) -> Any:
+    """Pass 3, in input order: find each row's key not found yet; intern a new one. Returns
+    a status (``state`` at ``ST`` = [row, arg] as `intern_rows`)."""
+    db, dlen = X[X_DATA], X[X_DLEN]
+    for i in range(c0, c1):
+        if _i64(_sc(SC, SC_HIT, i - c0), 0) != 0:
+            continue
+        _st_i64(ST, i)
+        isnull = _is_null(X, i)
+        a, L = _key(X, i)
+        h = np.uint64(0)
+        s = np.int64(-1)
+        tomb = np.int64(-1)
+        if isnull:
+            nid = _i64(T[T_CTL], C_NULL)
+            if nid > 0 or mode == MODE_LOOKUP:
+                _st_i64(OUT + 8 * i, nid - 1)
+                continue
+        else:
+            h = _ld(_sc(SC, SC_HASH, i - c0))
+            found, s, tomb = _probe(h, _i64(_sc(SC, SC_HOME, i - c0), 0), db, a, L, dlen, T, g)
+            if found >= 0 or mode == MODE_LOOKUP:
+                _st_i64(OUT + 8 * i, found)
+                continue
+            if tomb >= 0:
+                s = tomb
+            elif _i64(T[T_CTL], C_USED) + 1 > g[G_LIMIT]:
+                return NEED_GROW
+        code, arg = _add_key(isnull, h, s, tomb, db, a, L, dlen, T, g, _chunks_of(SC))
+        if code != DONE:
+            if code == NEED_CLONE or code == NEED_PAGE_CHUNK:
+                _st_i64(ST + 8, arg)
+            return code
+        _st_i64(OUT + 8 * i, arg)
+    return DONE
+
+
+@_scalar
+def _is_table(t: Any, itemsize: Any) -> Any:
+    """``t`` is a contiguous table of ``itemsize``-byte entries (the steps read it by
+    address)."""
+    return t.itemsize == itemsize and (t.shape[0] < 2 or t.strides[0] == itemsize)
+
+
+@_scalar
+def _check_tables(offs: Any, valid: Any, fseq: Any, mod: Any, pins: Any, rseqs: Any,
+                  cseqs: Any, iseqs: Any, geo: Any, out: Any, scratch: Any, state: Any) -> None:
+    """`intern_rows` reads these through their addresses: contiguous int64 (pins int32,
+    offsets int32 or int64, valid bool)."""
+    if not (_is_table(fseq, 8) and _is_table(mod, 8) and _is_table(rseqs, 8)
+            and _is_table(cseqs, 8) and _is_table(iseqs, 8) and _is_table(geo, 8)
+            and _is_table(out, 8) and _is_table(scratch, 8) and _is_table(state, 8)
+            and _is_table(pins, 4) and _is_table(valid, 1)
+            and (_is_table(offs, 4) or _is_table(offs, 8))):
+        raise TypeError("keydict.intern_rows: page tables, mod, geo, out, scratch and state "
+                        "must be contiguous int64, pins int32, offsets int32 or int64, valid "
+                        "bool")
+    if geo.shape[0] < 14 or state.shape[0] < 2 or scratch.shape[0] < SCRATCH + 1:
+        raise ValueError("keydict.intern_rows: geo needs 14 entries, state 2, scratch "
+                         "SCRATCH + the chunk count of the longest key")
+    if offs.shape[0] < out.shape[0] + 1:
+        raise ValueError("keydict.intern_rows: offsets need an entry per row and one more")
+
+
+@_scalar
+def _geo_of(geo: Any) -> Any:
+    """The ``G_*`` entries of ``geo`` as a tuple (values the steps keep in registers)."""
+    return (geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9],
+            geo[10], geo[11], geo[12], geo[13])
 
 
 @jit
@@ -263,245 +695,30 @@ def intern_rows(mode: Any, i0: Any, db: Any, dlen: Any, offs: Any, valid: Any, h
     an address rather than an array, so read-only and writable buffers share one
     compiled kernel). ``out[i]`` gets each row's id (-1: absent, lookup only). ``state`` = [row, arg]:
     on return the row the kernel stopped at and the page seq (``NEED_CLONE``) or the
-    chunks still missing (``NEED_PAGE_CHUNK``). ``scratch`` holds at least the chunk
-    count of the longest key. Returns a status code.
+    chunks still missing (``NEED_PAGE_CHUNK``). ``scratch`` (contiguous int64) holds
+    `SCRATCH` entries and then at least the chunk count of the longest key. Returns a
+    status code.
 
-    Rows go in chunks of `CHUNK_ROWS`: hash each row and prefetch its home index slot,
-    then prefetch the record the home slot names when its hash matches, then probe,
-    compare and insert in input order.
+    Rows go in chunks of `CHUNK_ROWS`, in three passes (each a function): hash each row and
+    prefetch its home index slot; find a short key in its home slot, or prefetch the record
+    the home slot names when its hash matches; then probe, compare and intern in input order.
     """
-    pb = geo[G_PB]
-    RPP = geo[G_RPP]
-    MR = geo[G_MR]
-    CPP = geo[G_CPP]
-    MC = geo[G_MC]
-    SPP = geo[G_SPP]
-    MS = geo[G_MS]
-    cap = geo[G_CAP]
-    mask = np.uint64(geo[G_MASK])
-    epoch = geo[G_EPOCH]
-    cseq = geo[G_CSEQ]
-    limit = geo[G_LIMIT]
-    nrp = geo[G_NRP]
-    ncp = geo[G_NCP]
-    u64 = pool.view(np.uint64)
-    i64 = pool.view(np.int64)
-    u32 = pool.view(np.uint32)
-    pbase = np.int64(pool.ctypes.data)
+    _check_tables(offs, valid, fseq, mod, pins, rseqs, cseqs, iseqs, geo, out, scratch, state)
+    g = _geo_of(geo)
+    P, FS = _addr(pool), _addr(fseq)
+    ctl = P + _ld_i64(FS + 8 * g[G_CSEQ]) * g[G_PB] + HDR
+    T = (P, FS, _addr(rseqs), _addr(cseqs), _addr(iseqs), _addr(mod), _addr(pins), ctl)
+    X = (db, dlen, _addr(offs), np.int64(offs.itemsize), _addr(valid) if has_valid else 0)
+    OUT, SC, ST = _addr(out), _addr(scratch), _addr(state)
     n = out.shape[0]
-    cb = (fseq[cseq] * pb + HDR) >> 3
-    CH = CHUNK_ROWS
-    hs = np.empty(CH, np.uint64)
-    homes = np.empty(CH, np.int64)
-    hit = np.zeros(CH, np.bool_)
     c0 = i0
     while c0 < n:
-        c1 = min(c0 + CH, n)
-        for i in range(c0, c1):  # hash, prefetch the home slot
-            if has_valid and not valid[i]:
-                continue
-            a = np.int64(offs[i])
-            h = _hash(db, a, np.int64(offs[i + 1]) - a, dlen, mask)
-            g = _home(h, cap)
-            hs[i - c0] = h
-            homes[i - c0] = g
-            p = _div(g, MS)
-            _prefetch(pool, fseq[iseqs[p]] * pb + HDR + (g - p * SPP) * SLOT)
-        for i in range(c0, c1):  # a short key in its home slot is found here; for a long
-            hit[i - c0] = False  # one, prefetch the record the home slot names
-            if has_valid and not valid[i]:
-                continue
-            g = homes[i - c0]
-            p = _div(g, MS)
-            sa = fseq[iseqs[p]] * pb + HDR + (g - p * SPP) * SLOT
-            v = i64[(sa >> 3) + 1]
-            if v <= 0 or u64[sa >> 3] != hs[i - c0]:
-                continue
-            lb = pool[sa + 31]
-            if lb != SLOT_LONG:
-                a = np.int64(offs[i])
-                L = np.int64(offs[i + 1]) - a
-                if np.int64(lb) == L and _eq_bytes(pbase + sa + 16, db, a, L, dlen):
-                    out[i] = v - 1  # an existing key does not move while the batch runs
-                    hit[i - c0] = True
-            else:
-                head = i64[(sa + 16) >> 3]
-                if head > 0:  # a key of more than 20 bytes: its first chunk
-                    c = head - 1
-                    _prefetch(pool, fseq[cseqs[_div(c, MC)]] * pb + HDR +
-                              (c - _div(c, MC) * CPP) * CHUNK)
-                else:
-                    rid = v - 1
-                    _prefetch(pool, fseq[rseqs[_div(rid, MR)]] * pb + HDR +
-                              (rid - _div(rid, MR) * RPP) * REC)
-        for i in range(c0, c1):
-            if hit[i - c0]:
-                continue
-            state[0] = i
-            isnull = has_valid and not valid[i]
-            a = np.int64(offs[i])
-            L = np.int64(offs[i + 1]) - a
-            h = np.uint64(0)
-            ins = np.int64(-1)
-            tomb = np.int64(-1)
-            if isnull:
-                nid = i64[cb + C_NULL]
-                if nid > 0 or mode == MODE_LOOKUP:
-                    out[i] = nid - 1
-                    continue
-            else:
-                h = hs[i - c0]
-                g = homes[i - c0]
-                p = _div(g, MS)
-                s = g - p * SPP
-                found = np.int64(-1)
-                while True:
-                    sa = fseq[iseqs[p]] * pb + HDR + s * SLOT
-                    v = i64[(sa >> 3) + 1]
-                    if v == 0:
-                        break
-                    if v < 0:
-                        if tomb < 0:
-                            tomb = g
-                    elif u64[sa >> 3] == h and pool[sa + 31] != SLOT_LONG:
-                        if np.int64(pool[sa + 31]) == L and _eq_bytes(pbase + sa + 16, db, a, L,
-                                                                    dlen):
-                            found = v - 1
-                            break
-                    elif u64[sa >> 3] == h and L > SLOT_INLINE and \
-                            np.int64(u32[(sa + 24) >> 2]) == L:
-                        rid = v - 1
-                        if L <= INLINE:  # in the record
-                            ra = fseq[rseqs[_div(rid, MR)]] * pb + HDR + \
-                                (rid - _div(rid, MR) * RPP) * REC
-                            eq = _eq_bytes(pbase + ra + 8, db, a, L, dlen)
-                        else:  # along the chunk chain, from the slot's first chunk
-                            eq = True
-                            c = i64[(sa + 16) >> 3] - 1
-                            pos = np.int64(0)
-                            while pos < L:
-                                ca = fseq[cseqs[_div(c, MC)]] * pb + HDR + \
-                                    (c - _div(c, MC) * CPP) * CHUNK
-                                m = CDATA if L - pos > CDATA else L - pos
-                                if not _eq_bytes(pbase + ca, db, a + pos, m, dlen):
-                                    eq = False
-                                    break
-                                pos += m
-                                c = i64[(ca + CDATA) >> 3] - 1
-                        if eq:
-                            found = rid
-                            break
-                    g += 1
-                    s += 1
-                    if g == cap:
-                        g = 0
-                        p = 0
-                        s = 0
-                    elif s == SPP:
-                        p += 1
-                        s = 0
-                if found >= 0 or mode == MODE_LOOKUP:
-                    out[i] = found
-                    continue
-                ins = g if tomb < 0 else tomb
-                if tomb < 0 and i64[cb + C_USED] + 1 > limit:
-                    return NEED_GROW
-            # -- a new key: find every page it writes, un-shared, before writing anything --
-            if pins[fseq[cseq]] > 0:
-                state[1] = cseq
-                return NEED_CLONE
-            fh = i64[cb + C_FREEID]
-            nid = fh - 1 if fh > 0 else i64[cb + C_HIGH]
-            if nid >= nrp * RPP:
-                return NEED_PAGE_REC
-            rq = rseqs[_div(nid, MR)]
-            if pins[fseq[rq]] > 0:
-                state[1] = rq
-                return NEED_CLONE
-            iq = np.int64(-1)
-            if not isnull:
-                iq = iseqs[_div(ins, MS)]
-                if pins[fseq[iq]] > 0:
-                    state[1] = iq
-                    return NEED_CLONE
-            k = np.int64(0)
-            rest = np.int64(0)
-            c = np.int64(0)
-            bump = i64[cb + C_CBUMP]
-            if not isnull and L > INLINE:
-                k = (L + CDATA - 1) // CDATA
-                c = i64[cb + C_FREECH]
-                taken = 0
-                while taken < k and c > 0:
-                    q = cseqs[_div((c - 1), MC)]
-                    if pins[fseq[q]] > 0:
-                        state[1] = q
-                        return NEED_CLONE
-                    scratch[taken] = c - 1
-                    ca = fseq[q] * pb + HDR + ((c - 1) - _div((c - 1), MC) * CPP) * CHUNK
-                    c = i64[(ca + CDATA) >> 3]
-                    taken += 1
-                rest = k - taken
-                if bump + rest > ncp * CPP:
-                    state[1] = bump + rest - ncp * CPP
-                    return NEED_PAGE_CHUNK
-                for r in range(rest):
-                    q = cseqs[_div((bump + r), MC)]
-                    if pins[fseq[q]] > 0:
-                        state[1] = q
-                        return NEED_CLONE
-                    scratch[taken + r] = bump + r
-            # -- write -------------------------------------------------------------------------
-            mod[cseq] = epoch
-            ra = fseq[rq] * pb + HDR + (nid - _div(nid, MR) * RPP) * REC
-            if fh > 0:
-                i64[cb + C_FREEID] = i64[(ra + 8) >> 3]
-            else:
-                i64[cb + C_HIGH] += 1
-            mod[rq] = epoch
-            u64[(ra + 8) >> 3] = np.uint64(0)
-            u64[(ra + 16) >> 3] = np.uint64(0)
-            u32[(ra + 24) >> 2] = np.uint32(0)
-            if isnull:
-                u64[ra >> 3] = np.uint64(0)
-                u32[(ra + LENF_OFF) >> 2] = np.uint32(NULL_LEN)
-                i64[cb + C_NULL] = nid + 1
-            else:
-                u64[ra >> 3] = h
-                u32[(ra + LENF_OFF) >> 2] = np.uint32(L + 1)
-                if k == 0:
-                    _put_bytes(pbase + ra + 8, db, a, L, dlen)
-                else:
-                    for t in range(k):
-                        cc = scratch[t]
-                        q = cseqs[_div(cc, MC)]
-                        mod[q] = epoch
-                        ca = fseq[q] * pb + HDR + (cc - _div(cc, MC) * CPP) * CHUNK
-                        pos = np.int64(t * CDATA)
-                        _put_bytes(pbase + ca, db, a + pos, min(CDATA, L - pos), dlen)
-                        i64[(ca + CDATA) >> 3] = scratch[t + 1] + 1 if t + 1 < k else 0
-                    i64[(ra + 8) >> 3] = scratch[0] + 1
-                    i64[cb + C_FREECH] = c
-                    i64[cb + C_CBUMP] = bump + rest
-                sa = fseq[iq] * pb + HDR + (ins - _div(ins, MS) * SPP) * SLOT
-                mod[iq] = epoch
-                u64[sa >> 3] = h
-                i64[(sa >> 3) + 1] = nid + 1
-                u64[(sa + 16) >> 3] = np.uint64(0)
-                u64[(sa + 24) >> 3] = np.uint64(0)
-                if L <= SLOT_INLINE:
-                    _put_bytes(pbase + sa + 16, db, a, L, dlen)
-                    pool[sa + 31] = np.uint8(L)
-                else:
-                    i64[(sa + 16) >> 3] = scratch[0] + 1 if k > 0 else 0
-                    u32[(sa + 24) >> 2] = np.uint32(L)
-                    pool[sa + 31] = np.uint8(SLOT_LONG)
-                if tomb < 0:
-                    i64[cb + C_USED] += 1
-                else:
-                    i64[cb + C_TOMBS] -= 1
-            i64[cb + C_LIVE] += 1
-            out[i] = nid
+        c1 = min(c0 + CHUNK_ROWS, n)
+        _hash_chunk(c0, c1, X, SC, T, g)
+        _peek_chunk(c0, c1, X, OUT, SC, T, g)
+        code = _apply_chunk(mode, c0, c1, X, OUT, ST, SC, T, g)
+        if code != DONE:
+            return code
         c0 = c1
     state[0] = n
     return DONE

@@ -402,7 +402,7 @@ class KeyDict(Structure):
              out: npt.NDArray[np.int64]) -> None:
         pm = self._pm
         n = len(out)
-        scratch = np.empty(max(1, -(-longest // K.CDATA)), np.int64)
+        scratch = np.empty(K.SCRATCH + max(1, -(-longest // K.CDATA)), np.int64)
         state = np.zeros(2, np.int64)
         flat = self._flat
         i = 0

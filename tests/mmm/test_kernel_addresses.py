@@ -1,5 +1,6 @@
-"""The hash-map kernel reads and writes through raw addresses (``arr.ctypes.data``): every
-address must belong to an array that stays alive for the whole kernel call.
+"""The hash-map and key-dictionary kernels read and write through raw addresses
+(``arr.ctypes.data``): every address must belong to an array that stays alive for the whole
+kernel call.
 
 The kernel once took the address of its own scratch (``sc = np.empty(...)``) before its row
 loop. numba frees a local array right after its last use as an array, so that address
@@ -20,7 +21,9 @@ import pytest
 
 import mmm
 from mmm._kernels import hashmap as K
+from mmm._kernels import keydict as KD
 from mmm.structures.hashmap import HashMap
+from mmm.structures.keydict import KeyDict
 
 # Upserts in the main thread while a second thread allocates and fills heap buffers of
 # about the scratch's size. MALLOC_ARENA_MAX=1 puts both threads on one malloc arena, so a
@@ -115,15 +118,20 @@ def _addr_params(tree: ast.Module) -> dict[str, list[str]]:
     return {name: sorted(takes[name]) for name in fns}
 
 
-def test_every_raw_address_is_of_a_caller_held_array() -> None:
-    """Static: in `mmm._kernels.hashmap`, ``_addr`` (the only place that reads
-    ``.ctypes.data``) is applied only to a function's own parameters (never rebound), so
-    in a compiled kernel only to arrays its caller holds for the call."""
-    src = inspect.getsource(K)
+@pytest.mark.parametrize("module", [K, KD], ids=["hashmap", "keydict"])
+def test_every_raw_address_is_of_a_caller_held_array(module: object) -> None:
+    """Static: in `mmm._kernels.hashmap` and `mmm._kernels.keydict`, ``_addr`` (the only
+    place that reads ``.ctypes.data``: the hash map's, which the key dictionary imports) is
+    applied only to a function's own parameters (never rebound), so in a compiled kernel
+    only to arrays its caller holds for the call."""
+    src = inspect.getsource(module)  # type: ignore[arg-type]
     tree = ast.parse(src)
     uses = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "ctypes"]
-    addr_fn = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "_addr")
-    assert all(addr_fn.lineno <= n.lineno <= addr_fn.end_lineno for n in uses)  # type: ignore[operator]
+    own = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "_addr"]
+    if module is K:
+        assert all(own[0].lineno <= n.lineno <= own[0].end_lineno for n in uses)  # type: ignore[operator]
+    else:
+        assert not own and not uses and getattr(KD, "_addr") is K._addr
     takes = _addr_params(tree)
     bad = []
     for fn in (f for f in tree.body if isinstance(f, ast.FunctionDef)):
@@ -136,7 +144,29 @@ def test_every_raw_address_is_of_a_caller_held_array() -> None:
             if name not in params or name in rebound:
                 bad.append(f"{fn.name}: address of {name!r}, not a parameter it keeps")
     assert not bad, bad
-    assert "scratch" in takes["rows"] and "sc" not in takes["rows"]
+    if module is K:
+        assert "scratch" in takes["rows"] and "sc" not in takes["rows"]
+    else:  # its per-chunk rows live in the caller's scratch, its inputs are read by address
+        assert {"scratch", "pool", "offs", "valid", "out", "state"} <= set(takes["intern_rows"])
+
+
+def test_intern_rows_rejects_a_short_scratch() -> None:
+    """The key dictionary's kernel keeps its per-chunk rows in the caller's scratch: one
+    shorter than `KD.SCRATCH` + 1 would be written past its end, so it is refused."""
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 20)
+    kd = KeyDict.create(pm, "kd")
+    data = np.frombuffer(b"abcabcd", np.uint8)
+    offs = np.array([0, 3, 7], np.int64)
+    out = np.full(2, -7, np.int64)
+    state = np.zeros(2, np.int64)
+    args = (KD.MODE_LOOKUP, 0, data.ctypes.data, len(data), offs, np.zeros(0, np.bool_), False,
+            kd._flat, kd._ps.frames, kd._ps.mod, pm.pool.pins, kd._rseqs, kd._cseqs,
+            kd._iseqs, kd._geo(), out)
+    with pytest.raises(ValueError, match="scratch"):
+        KD.intern_rows(*args, np.empty(KD.SCRATCH, np.int64), state)
+    assert out.tolist() == [-7, -7]
+    assert KD.intern_rows(*args, np.empty(KD.SCRATCH + 1, np.int64), state) == KD.DONE
+    assert out.tolist() == [-1, -1] and state[0] == 2
 
 
 def test_rows_rejects_a_short_scratch() -> None:
