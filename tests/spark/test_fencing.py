@@ -38,7 +38,7 @@ from sguard.spark.state import read_durable_state, read_local_state
 from tests.spark.fence_host import config, rows
 from tests.spark.helpers import running_oracle
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parents[2]
 POINTS = ("page_file", "mid_page", "manifest", "inputlog")
 ORDERS = ("new_first", "old_first")
@@ -54,7 +54,7 @@ def _spawn(spec: dict[str, Any], log: Path, stop_dir: Path) -> subprocess.Popen[
 
 
 def _wait(pred: Any, proc: subprocess.Popen[bytes], what: str, log: Path,
-          timeout_s: float = 240) -> None:
+          timeout_s: float = 600) -> None:
     t0 = time.monotonic()
     while not pred():
         if proc.poll() is not None and not pred():
@@ -125,7 +125,7 @@ def trial(tmp: Path, state_uri: str, opts: dict[str, Any], point: str, order: st
     rt = _runtime(cfg)
     part = rt.partition(0)
     assert part.ckpt is not None
-    part.ckpt.wait(120)
+    part.ckpt.wait(600)
     part._drop()
     part.slot.release()
     rt.parts.clear()

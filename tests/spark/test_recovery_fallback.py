@@ -30,7 +30,7 @@ def _run(tmp: Path, n: int, every: int | None) -> str:
     rt = _runtime(cfg)
     part = rt.partition(0)
     if part.ckpt is not None:
-        part.ckpt.wait(60)
+        part.ckpt.wait(600)
     part._drop()
     part.slot.release()
     rt.parts.clear()
@@ -65,7 +65,7 @@ def _recover_on_new_host(tmp: Path, uri: str, batch: int) -> list[tuple[int, ...
     rt = _runtime(cfg)
     part = rt.partition(0)
     if part.ckpt is not None:
-        part.ckpt.wait(60)
+        part.ckpt.wait(600)
     part._drop()
     part.slot.release()
     rt.parts.clear()
