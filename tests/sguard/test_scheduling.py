@@ -187,7 +187,7 @@ def test_demo_checkpoints_through_the_coordinator_with_one_option(tmp_path: Path
         cmd = [sys.executable, "-m", "sguard", "demo", "--batches", "40", "--batch", "50000",
                "--groups", "20000", "--checkpoint-every", "4", "--kill-at", "32", "--root",
                str(tmp_path / "data"), "--page-bytes", "4096", "--json",
-               "--scheduler", coord.uri + "?chunk_mb=0.25"]
+               "--scheduler", coord.uri + "?chunk_mb=0.25&timeout_s=600&max_wait_s=3600"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
         assert out.returncode == 0, out.stdout + out.stderr
