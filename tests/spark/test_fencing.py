@@ -93,12 +93,12 @@ def trial(tmp: Path, state_uri: str, opts: dict[str, Any], point: str, order: st
               tmp / "A.log")
         b = _spawn(spec_b, tmp / "B.log", ctl)
         if order == "new_first":
-            assert b.wait(300) == 0, (tmp / "B.log").read_text()[-3000:]
+            assert b.wait(600) == 0, (tmp / "B.log").read_text()[-3000:]
         else:
             _wait(lambda: (ctl / f"done-B-b{k}").exists(), b, "B's first batch", tmp / "B.log")
         os.kill(a.pid, signal.SIGCONT)
-        assert a.wait(300) == 0, (tmp / "A.log").read_text()[-3000:]
-        assert b.wait(300) == 0, (tmp / "B.log").read_text()[-3000:]
+        assert a.wait(600) == 0, (tmp / "A.log").read_text()[-3000:]
+        assert b.wait(600) == 0, (tmp / "B.log").read_text()[-3000:]
     finally:
         for p in (a, b):
             if p is not None and p.poll() is None:

@@ -53,7 +53,7 @@ def kill_executor_mid_batch(stream_input: StreamInput, tmp_path: Path, batch: in
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         paused = tmp_path / "faults" / f"paused-b{batch}-p{partition}"
-        _wait_for(paused, proc, 400)
+        _wait_for(paused, proc, 600)
         executor = _executor_of(int(paused.read_text()))
         os.kill(executor, signal.SIGKILL)
         assert proc.wait(600) == 0, (tmp_path / "driver.log").read_text()[-3000:]
@@ -86,7 +86,7 @@ def test_driver_sigkilled_mid_batch_and_restarted(stream_input: StreamInput,
         proc = subprocess.Popen(cmd + ["pause:3:1:mid"], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            _wait_for(tmp_path / "faults" / "paused-b3-p1", proc, 400)
+            _wait_for(tmp_path / "faults" / "paused-b3-p1", proc, 600)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -154,7 +154,7 @@ def test_state_on_seaweedfs_with_a_volume_server_killed(spark: Any, stream_input
     def killer() -> None:
         p = tmp_path / "faults" / "paused-b3-p1"
         t0 = time.monotonic()
-        while not p.exists() and time.monotonic() - t0 < 300:
+        while not p.exists() and time.monotonic() - t0 < 600:  # a hang guard
             time.sleep(0.05)
         seaweed.kill_volume(0)
         (tmp_path / "faults" / "resume-b3-p1").write_text("")
