@@ -68,7 +68,7 @@ def _listing(*dirs: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _wait_for(path: Path, what: str, timeout_s: float = 300) -> None:
+def _wait_for(path: Path, what: str, timeout_s: float = 600) -> None:
     t0 = time.monotonic()
     while not path.exists():
         if time.monotonic() - t0 > timeout_s:
