@@ -28,7 +28,7 @@ def test_the_fork_baseline_process_imports_no_state_core() -> None:
             "('mmm', 'ioservice', 'sguard', 'numba', 'pyarrow'))\n"
             "print(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=checkout(), capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 

@@ -468,7 +468,10 @@ class _Partition:
             os.replace(paused + ".tmp", paused)
             parent = os.getppid()
             resume = os.path.join(fp.fault_dir, f"resume-b{b}-p{self.p}")
-            for _ in range(2400):  # until resumed (or 2 minutes); die with the parent
+            # until resumed (or 10 minutes, a hang guard: a test on a loaded machine may
+            # take minutes before it resumes, and must find the task still paused); die
+            # with the parent
+            for _ in range(12000):
                 time.sleep(0.05)
                 if os.getppid() != parent:
                     os._exit(1)

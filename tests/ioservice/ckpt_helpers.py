@@ -120,7 +120,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def recover_in_subprocess(uri: str, haunit: str, out: Path, env: dict[str, str] | None = None,
-                          timeout_s: float = 60) -> dict[str, Any]:
+                          timeout_s: float = 600) -> dict[str, Any]:
     """Run ``recover`` in a new process; return what it reported."""
     proc = subprocess.run([sys.executable, "-m", "tests.ioservice.ckpt_helpers", "recover", uri,
                            haunit, str(out)], cwd=REPO, env=child_env(env),

@@ -37,7 +37,7 @@ def _roundtrip_while_mutating(root, faulty, recover_uri: str, tmp_path: Path, en
         assert not pending.done()
         live = state_of(s)
         faulty.write_gate.set()
-        man = pending.result(timeout_s=60)
+        man = pending.result(timeout_s=600)
     assert man.full and man.n_pages == pending.n_pages_written > 20
     assert state_of(s) == live != oracle
     assert pm.stats()["pinned_frames"] == 0
@@ -72,7 +72,7 @@ def test_incremental_chain_on_seaweedfs(seaweed: SeaweedCluster, seaweed_uri: st
     with CheckpointManager(pm, root, "chain", policy=CheckpointPolicy(full_every=4)) as mgr:
         for step in range(4):
             mutate(s, step, n=40)
-            man = mgr.checkpoint({"step": step}).result(timeout_s=60)
+            man = mgr.checkpoint({"step": step}).result(timeout_s=600)
         assert not man.full and man.depth == 3
     pm2 = new_pm()
     assert restore(pm2, root, "chain").name == "chain-4"

@@ -113,7 +113,7 @@ def test_roundtrip_on_hdfs(hdfs_uri: str) -> None:
     with CheckpointManager(pm, root, "h", policy=CheckpointPolicy(full_every=2)) as mgr:
         for step in range(3):
             mutate(s, step)
-            mgr.checkpoint().result(timeout_s=120)
+            mgr.checkpoint().result(timeout_s=600)
     pm2 = new_pm()
     assert restore(pm2, root, "h").name == "h-3"
     assert state_of(open_structures(pm2)) == state_of(s)

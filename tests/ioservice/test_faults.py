@@ -57,7 +57,7 @@ def test_failed_write_cancels_checkpoint_cleanly(tmp_path: Path, fault: dict) ->
         live = state_of(s)
         faulty.write_gate.set()
         with pytest.raises(CheckpointWriteError, match="f-2") as err:
-            pending.result(timeout_s=60)
+            pending.result(timeout_s=600)
         assert pending.state.name == "FAILED"
         assert failures and failures[0][0] == 2 and failures[0][1] is err.value
         assert pm.stats()["pinned_frames"] == 0 and pm.stats()["active_snapshots"] == 0
@@ -92,7 +92,7 @@ def test_latency_never_blocks_the_operator(tmp_path: Path) -> None:
         assert faulty.stats().get("written_bytes", 0) == 0
         live = state_of(s)
         gate.set()
-        man = pending.result(timeout_s=120)
+        man = pending.result(timeout_s=600)
     assert faulty.stats()["write"] >= 2
     assert state_of(s) == live
     _restores(open_root(str(tmp_path)), "slow", frozen, man.name)  # the freeze point, exactly

@@ -481,7 +481,7 @@ def test_cluster_start_failure_reports_the_log_tail(tmp_path: os.PathLike[str]) 
     with open(fake, "w") as f:
         f.write("#!/bin/sh\necho 'fake weed: boom' >&2\nexit 3\n")
     os.chmod(fake, 0o755)
-    cluster = SeaweedCluster(weed_binary=fake, start_timeout_s=5.0)
+    cluster = SeaweedCluster(weed_binary=fake, start_timeout_s=600.0)
     with pytest.raises(RuntimeError, match="(?s)master exited during startup.*fake weed: boom"):
         cluster.start()
     assert all(not p.alive() for p in cluster.processes)

@@ -235,7 +235,7 @@ def _all_case_names() -> list[str]:
     return names
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(600)  # a hang guard
 def test_every_damage_is_a_manifest_error(pristine: dict[str, Any]) -> None:
     cases = _cases(pristine)
     assert sorted(cases) == sorted(_all_case_names())
@@ -249,7 +249,7 @@ def test_every_damage_is_a_manifest_error(pristine: dict[str, Any]) -> None:
             pytest.fail(f"{name}: accepted")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # a hang guard
 @pytest.mark.parametrize("case", _all_case_names())
 def test_restore_falls_back_and_cli_answers(case: str, pristine: dict[str, Any],
                                             tmp_path: Path,
@@ -282,7 +282,7 @@ def test_ls_all_on_damaged_root_prints_no_traceback(pristine: dict[str, Any],
     (root / "checkpoint/m-3/w000.pages").write_bytes(b"x" * 10)
     proc = subprocess.run([sys.executable, "-m", "sguard", "checkpoints", "ls", "--all",
                            str(root)], cwd=REPO, env=child_env(), capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines() if ln.startswith("  m-")}

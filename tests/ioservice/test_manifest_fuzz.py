@@ -246,7 +246,7 @@ def live_pm() -> mmm.PageManager:
     return _pm()
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(600)  # a hang guard (it counts the module fixture's set-up too)
 @pytest.mark.parametrize("case", range(N_CASES))
 def test_restore_after_random_damage(case: int, pristine: dict[str, Any], io: IOService,
                                      live_pm: mmm.PageManager, tmp_path: Path) -> None:

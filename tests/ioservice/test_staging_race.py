@@ -41,7 +41,7 @@ def test_stager_io_and_operator_race_on_every_page(tmp_path: Path,
     real = snapshot_mod.gather_frames
 
     def gated(*a: object) -> None:
-        gate.wait(60)
+        gate.wait(600)  # a hang guard
         real(*a)
 
     monkeypatch.setattr(snapshot_mod, "gather_frames", gated)

@@ -297,7 +297,7 @@ def _check_ns(ns: mmm.Namespace, want: dict[str, Any]) -> None:
     assert kd_contents(KeyDict.create(ns, "keys")) == want["keys"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # a hang guard
 def test_pages_of_two_managers_namespaces_load_into_one(tmp_path: Path) -> None:
     root_uri = str(tmp_path / "root")
     kgs = {0: (3, 17), 1: (64, 100)}  # page manager -> its key groups

@@ -655,7 +655,7 @@ def test_file_backed_map_reattached_by_second_process(tmp_path: Any) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(mmm.__file__)))
     env = dict(os.environ, PYTHONPATH=root)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120, check=False)
+                         timeout=600, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == want
 

@@ -88,7 +88,7 @@ def test_readers_wait_for_planned_pages_until_staged(monkeypatch: pytest.MonkeyP
     real = snapshot_mod.gather_frames
 
     def gated(*a: object) -> None:
-        gate.wait(60)
+        gate.wait(600)  # a hang guard
         real(*a)
 
     monkeypatch.setattr(snapshot_mod, "gather_frames", gated)
@@ -101,8 +101,8 @@ def test_readers_wait_for_planned_pages_until_staged(monkeypatch: pytest.MonkeyP
     reader.join(0.2)
     assert reader.is_alive() and not got  # the reader waits for the stager (held)
     gate.set()
-    reader.join(60)
-    stager.join(60)
+    reader.join(600)
+    stager.join(600)
     np.testing.assert_array_equal(got[0], want)
     assert snap.n_staged == len(snap)
     snap.cancel()

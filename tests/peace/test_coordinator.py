@@ -244,7 +244,7 @@ def test_service_serves_concurrent_clients_until_every_chunk_is_written() -> Non
                         assert a["servers"][0] == name and len(a["servers"]) == 4
                         with lock:
                             written.append(a)
-                    cl.write_all(name, 3, 6, write, timeout_s=30)
+                    cl.write_all(name, 3, 6, write, timeout_s=600)
             except BaseException as exc:  # surfaced below
                 errors.append(exc)
 
@@ -252,7 +252,7 @@ def test_service_serves_concurrent_clients_until_every_chunk_is_written() -> Non
         for th in threads:
             th.start()
         for th in threads:
-            th.join(timeout=60)
+            th.join(timeout=600)
         assert not errors, errors
         with CoordinatorClient(server.address) as cl:
             stats = cl.stats()

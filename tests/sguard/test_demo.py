@@ -141,7 +141,7 @@ def test_demo_bad_arguments_exit_2_with_one_line_before_any_work(
 def test_demo_bad_argument_from_the_shell_is_one_line_without_traceback(tmp_path: Path) -> None:
     """The installed module, run as a process: one stderr line, exit 2, no traceback."""
     out = subprocess.run([sys.executable, "-m", "sguard", "demo", "--batches", "-5"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
     assert "--batches" in out.stderr and out.stdout == ""

@@ -75,7 +75,7 @@ def main(spec: dict[str, Any]) -> int:
     err = None
     if part.ckpt is not None:
         try:
-            part.ckpt.wait(120)
+            part.ckpt.wait(600)
         except Exception as exc:  # noqa: BLE001 - reported
             err = repr(exc)
     last = part.ckpt.mgr.counters if part.ckpt is not None else {}

@@ -1,15 +1,20 @@
-"""Helpers of the Spark tests: input generation, query runs, and a numpy oracle."""
+"""Helpers of the Spark tests: input generation, query runs, a numpy oracle, and waits
+for what a query writes asynchronously (metrics records, checkpoints)."""
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+HANG_S = 600.0  #: every wait's bound: far above any load, it only turns a hang into a failure
+T = TypeVar("T")
 
 
 @dataclass
@@ -84,6 +89,64 @@ def run_query(spark: Any, inp: StreamInput, work: Path, operator: Any, *, faults
                 raise
             time.sleep(0.2)
     rows = sorted(tuple(r) for r in spark.read.parquet(str(work / "out")).collect())
+    # taking each partition's lock also waits for its checkpoint in flight (a worker
+    # holds the lock until the checkpoint is durable): the bound only catches a hang
     st, _ = read_local_state(uri, storage_options=kw.get("storage_options"),
-                             local_dir=str(work / "local"))
+                             local_dir=str(work / "local"), lock_timeout_s=HANG_S)
     return rows, [tuple(r.values()) for r in st.to_pylist()], failures
+
+
+# ------------------------------------------------------------- asynchronous writes
+
+
+def wait_until(ready: Callable[[], T | None], what: str, hang_s: float = HANG_S) -> T:
+    """Poll `ready` until it returns something other than None; return that."""
+    t0 = time.monotonic()
+    while (got := ready()) is None:
+        assert time.monotonic() - t0 < hang_s, f"{what}: not after {hang_s} s (a hang)"
+        time.sleep(0.1)
+    return got
+
+
+def every_batch(last: int, partitions: int) -> set[tuple[int, int]]:
+    """``(batch, partition)`` of batches 0..`last` in every one of `partitions`."""
+    return {(b, p) for b in range(last + 1) for p in range(partitions)}
+
+
+def last_batch(work: Path) -> int:
+    """The last batch the query in `work` committed (its Spark checkpointLocation)."""
+    return max(int(f.name) for f in (work / "ckpt" / "commits").iterdir() if f.name.isdigit())
+
+
+def landed_metrics(root: Any, tasks: Iterable[tuple[int, int]], *, checkpoints: bool = False
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`read_metrics` once the records of `tasks` (``(batch, partition)``) have landed.
+
+    A task's record is written by an I/O thread after the task returned, so a query
+    (or a task) can be over before its record is there. With `checkpoints`, also wait until
+    every checkpoint those records say was started (a record of batch b with
+    ``checkpoint_base``: the state after b-1) has its durable record: which batches start
+    one depends on which worker ran each batch (a worker that attaches a partition seeds its
+    policy from the durable batch it finds). Only for one generation's records (checkpoint
+    records are per HA unit's sequence number) whose started checkpoints all commit."""
+    from sguard.spark.metrics import read_metrics
+    want = set(tasks)
+
+    def ready() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        batches, ckpts = read_metrics(root)
+        if not {(r["batch"], r["partition"]) for r in batches} >= want:
+            return None
+        if checkpoints:
+            started = sorted((r["partition"], r["batch"] - 1) for r in batches
+                             if "checkpoint_base" in r)
+            if started != sorted((r["partition"], r["batch"]) for r in ckpts):
+                return None
+        return batches, ckpts
+    return wait_until(ready, f"metrics records of {sorted(want)}"
+                      + (" and their checkpoints" if checkpoints else ""))
+
+
+def task_records(root: Any, tasks: Iterable[tuple[int, int]]) -> dict[tuple[int, int],
+                                                                     dict[str, Any]]:
+    """The batch records by ``(batch, partition)``, once those of `tasks` have landed."""
+    return {(r["batch"], r["partition"]): r for r in landed_metrics(root, tasks)[0]}

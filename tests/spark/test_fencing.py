@@ -38,7 +38,7 @@ from sguard.spark.state import read_durable_state, read_local_state
 from tests.spark.fence_host import config, rows
 from tests.spark.helpers import running_oracle
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parents[2]
 POINTS = ("page_file", "mid_page", "manifest", "inputlog")
 ORDERS = ("new_first", "old_first")
@@ -54,7 +54,7 @@ def _spawn(spec: dict[str, Any], log: Path, stop_dir: Path) -> subprocess.Popen[
 
 
 def _wait(pred: Any, proc: subprocess.Popen[bytes], what: str, log: Path,
-          timeout_s: float = 240) -> None:
+          timeout_s: float = 600) -> None:
     t0 = time.monotonic()
     while not pred():
         if proc.poll() is not None and not pred():
@@ -93,12 +93,12 @@ def trial(tmp: Path, state_uri: str, opts: dict[str, Any], point: str, order: st
               tmp / "A.log")
         b = _spawn(spec_b, tmp / "B.log", ctl)
         if order == "new_first":
-            assert b.wait(300) == 0, (tmp / "B.log").read_text()[-3000:]
+            assert b.wait(600) == 0, (tmp / "B.log").read_text()[-3000:]
         else:
             _wait(lambda: (ctl / f"done-B-b{k}").exists(), b, "B's first batch", tmp / "B.log")
         os.kill(a.pid, signal.SIGCONT)
-        assert a.wait(300) == 0, (tmp / "A.log").read_text()[-3000:]
-        assert b.wait(300) == 0, (tmp / "B.log").read_text()[-3000:]
+        assert a.wait(600) == 0, (tmp / "A.log").read_text()[-3000:]
+        assert b.wait(600) == 0, (tmp / "B.log").read_text()[-3000:]
     finally:
         for p in (a, b):
             if p is not None and p.poll() is None:
@@ -125,7 +125,7 @@ def trial(tmp: Path, state_uri: str, opts: dict[str, Any], point: str, order: st
     rt = _runtime(cfg)
     part = rt.partition(0)
     assert part.ckpt is not None
-    part.ckpt.wait(120)
+    part.ckpt.wait(600)
     part._drop()
     part.slot.release()
     rt.parts.clear()

@@ -31,6 +31,7 @@ from sguard.spark.groupstate import split_by_partition
 from sguard.spark import inputlog
 from sguard.spark.operators import SIDE_COLUMN
 from sguard.spark.state import read_durable_state, read_local_state
+from tests.spark.helpers import HANG_S
 from tests.spark.test_keys import _key_columns
 
 pytestmark = pytest.mark.timeout(900)
@@ -160,7 +161,8 @@ def test_running_aggregate_on_a_composite_string_key_with_nulls(
     got = sorted((tuple(r.values()) for r in sink.to_pylist()), key=repr)
     assert got == sorted(want_rows, key=repr)
     assert any(r[0] is None for r in want_rows) and any(r[1] is None for r in want_rows)
-    st, _ = read_local_state(str(tmp_path / "state"), local_dir=str(tmp_path / "local"))
+    st, _ = read_local_state(str(tmp_path / "state"), local_dir=str(tmp_path / "local"),
+                             lock_timeout_s=HANG_S)  # waits for checkpoints in flight
     assert st.schema.names[:2] == key and st.schema.field("user").type == pa.string()
     assert {tuple(r[:2]): list(r[2:]) for r in (tuple(x.values()) for x in st.to_pylist())} \
         == want_state
@@ -188,7 +190,7 @@ def test_window_operators_on_date_boolean_timestamp_and_binary_keys(
     assert want_out.num_rows > 0
     assert _canon(sink, want_out.schema) == _canon(want_out, want_out.schema)
     st, _ = read_local_state(str(tmp_path / "spark" / "state"),
-                             local_dir=str(tmp_path / "spark" / "local"))
+                             local_dir=str(tmp_path / "spark" / "local"), lock_timeout_s=HANG_S)
     assert st.equals(want_state)
     assert _check_placement(tmp_path / "spark", key) > 0
 
@@ -214,6 +216,10 @@ def test_string_keyed_state_scaled_out_then_in_at_start_up(
         sink = _query(spark, live, tmp_path / "spark", key, op(), None, partitions=p)
     want_out, want_state = _without_spark(tmp_path / "plain", tables, key, op())
     assert _canon(sink, want_out.schema) == _canon(want_out, want_out.schema)
+    # the last run's checkpoint in flight lands first (its retention and log trimming would
+    # race the read): a worker holds a partition's lock until then, and this takes them
+    read_local_state(str(tmp_path / "spark" / "state"), local_dir=str(tmp_path / "spark" / "local"),
+                     lock_timeout_s=HANG_S)
     durable, _ = read_durable_state(str(tmp_path / "spark" / "state"))
     assert durable.equals(want_state)
     from sguard.statelayout import read_layout

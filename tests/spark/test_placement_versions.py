@@ -60,7 +60,7 @@ def test_lock_excludes_other_processes_and_dies_with_them(tmp_path: Path) -> Non
     with pytest.raises(PartitionLockTimeout, match="partition 0"):
         slot.acquire(0.2)
     go.set()
-    p.join(120)
+    p.join(600)
     assert p.exitcode == 0  # it died holding the lock...
     slot.acquire(60)  # ...and the kernel dropped it: free at once (the bound only catches a hang)
     slot.release()
@@ -146,7 +146,7 @@ def test_file_rollback_after_another_process_died_mid_batch(tmp_path: Path,
     del pm, a
     if not mapped_before:
         forget_mappings()
-    r = subprocess.run([sys.executable, "-c", _APPLY_AND_DIE, path, base_path], timeout=120)
+    r = subprocess.run([sys.executable, "-c", _APPLY_AND_DIE, path, base_path], timeout=600)
     assert r.returncode == -9
     arr = np.load(base_path)
     pm2 = attach_at(path, 4096, (arr[0].view(np.uint64).copy(), arr[1].copy()))

@@ -19,11 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import sguard.spark as ss
+from ioservice import open_root
 from mmm import PageManager
 from sguard.keygroups import default_key_groups, key_group_range
 from sguard.spark.groupstate import open_state, split_by_partition
 from sguard.spark.reader import available_batches
-from tests.spark.helpers import StreamInput, make_input, running_oracle, stream
+from tests.spark.helpers import (StreamInput, every_batch, landed_metrics, make_input,
+                                 running_oracle, stream)
 
 pytestmark = pytest.mark.timeout(900)
 P = 2
@@ -66,20 +68,7 @@ def _listing(*dirs: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _quiet_listing(*dirs: Path) -> dict[str, tuple[int, int]]:
-    """The listing once it stopped changing for 3 s (checkpoint and metrics writes of batches
-    the query already ran finish in the background, slowly on a loaded machine)."""
-    prev = _listing(*dirs)
-    for _ in range(100):
-        time.sleep(3.0)
-        cur = _listing(*dirs)
-        if cur == prev:
-            return cur
-        prev = cur
-    raise AssertionError("the state directory never stopped changing")
-
-
-def _wait_for(path: Path, what: str, timeout_s: float = 300) -> None:
+def _wait_for(path: Path, what: str, timeout_s: float = 600) -> None:
     t0 = time.monotonic()
     while not path.exists():
         if time.monotonic() - t0 > timeout_s:
@@ -113,11 +102,12 @@ def test_read_state_while_the_query_runs(spark: Any, stream_input: StreamInput, 
          .option("checkpointLocation", str(tmp_path / "ckpt")).start())
     try:
         _wait_for(tmp_path / "faults" / "paused-b3-p0", "the pause in batch 3")
-        # partition 1's batch 3 is over once its metrics record (written last, by an I/O
-        # thread) is there
-        _wait_for(tmp_path / "state" / "metrics" / "p0001" / "b000000000003.json",
-                  "partition 1's batch 3")
-        before = _quiet_listing(tmp_path / "state", tmp_path / "local")
+        # what the tasks so far write in the background has landed: partition 0's records
+        # of batches 0-2 and partition 1's of 0-3 (written last, by I/O threads) and every
+        # checkpoint they started (its record is written once it is durable, trimmed and
+        # retained); partition 0 waits at the start of batch 3, before its checkpoint
+        landed_metrics(open_root(uri), every_batch(2, P) | {(3, 1)}, checkpoints=True)
+        before = _listing(tmp_path / "state", tmp_path / "local")
         assert list((tmp_path / "state" / "inputlog" / "b000000000003").glob("g0-p0001*.arrow"))
         assert available_batches(uri)[1] == 2  # partition 1 logged batch 3, partition 0 not
         newest = ss.read_state(spark, uri)
@@ -223,7 +213,6 @@ def test_processing_time_ttl_on_spark_through_a_kill_and_a_restore(spark: Any,
     checkpoint only, so the log is never trimmed). The TTL is 1 ms, so every batch starts from
 an empty state (eviction comes first: a key of the batch is evicted too); how the recorded
 time decides which keys go is tested with a controlled clock in test_ttl.py."""
-    from ioservice import open_root
     from sguard.spark import inputlog
     (tmp_path / "in").mkdir()
     inp = _ttl_input(tmp_path / "in", 6, seed=8)

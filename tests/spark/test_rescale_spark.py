@@ -25,10 +25,10 @@ import sguard.spark as ss
 from ioservice import list_checkpoints, open_root
 from sguard.spark import inputlog
 from sguard.spark.checkpointing import latest_checkpoint_batch
-from sguard.spark.metrics import read_metrics
 from sguard.spark.state import read_durable_state
 from sguard.statelayout import read_layout
-from tests.spark.helpers import StreamInput, make_input, run_query, running_oracle
+from tests.spark.helpers import (StreamInput, every_batch, landed_metrics, last_batch, make_input,
+                                 run_query, running_oracle, task_records)
 
 pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,28 +80,6 @@ def _window_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return sorted((int(r[0].timestamp()), *r[2:]) for r in rows)
 
 
-def _checkpoints_settled(root: Any, work: Path, partitions: int) -> None:
-    """Wait until every checkpoint the finished query started is durable. They are
-    asynchronous, and which batches start one depends on which worker ran each batch (a
-    worker that attaches a partition starts the policy from the durable batch it finds), so
-    a test that changes the checkpoints must first let them land. The query's batch records
-    (every batch, every partition) say which batches started one; the checkpoint records
-    say which are durable."""
-    last = max(int(f.name) for f in (work / "ckpt" / "commits").iterdir() if f.name.isdigit())
-    t0 = time.monotonic()
-    while True:
-        batches, ckpts = read_metrics(root)
-        have = {(r["batch"], r["partition"]) for r in batches}
-        if have >= {(b, q) for b in range(last + 1) for q in range(partitions)}:
-            started = sorted((r["partition"], r["batch"] - 1) for r in batches
-                             if "checkpoint_base" in r)
-            durable = sorted((r["partition"], r["batch"]) for r in ckpts)
-            if started == durable:
-                return
-        assert time.monotonic() - t0 < 600, "checkpoints still in flight after 600 s"
-        time.sleep(0.1)
-
-
 def test_running_aggregate_scaled_out_then_in(spark: Any, tmp_path: Path,
                                               caplog: pytest.LogCaptureFixture) -> None:
     """P = 2 for batches 0-2, stop; P = 3 for 3-4 (with its newest batches only in the
@@ -126,8 +104,7 @@ def test_running_aggregate_scaled_out_then_in(spark: Any, tmp_path: Path,
     lay = read_layout(open_root(str(tmp_path / "state")))
     assert lay is not None and (lay.generation, lay.num_partitions) == (2, 1)
     # the new partitions restored from the repartitioned checkpoints, replaying the log
-    recs = {(r["batch"], r["partition"]): r
-            for r in read_metrics(open_root(str(tmp_path / "state")))[0]}
+    recs = task_records(open_root(str(tmp_path / "state")), {(3, 0), (3, 1), (3, 2), (5, 0)})
     assert {recs[(3, q)]["recovery"] for q in range(3)} == {"restored"}
     assert recs[(5, 0)]["recovery"] == "restored"
 
@@ -168,7 +145,7 @@ def test_driver_sigkilled_then_scaled_out_and_in(spark: Any, tmp_path: Path) -> 
     assert failures == 0
     assert rows == want_rows
     assert state == want_state
-    recs = {(r["batch"], r["partition"]): r for r in read_metrics(root)[0]}
+    recs = task_records(root, {(5, 0)})
     # restored from the repartitioned checkpoint: batches 0-4 replayed from the log, or fewer
     # when the start-up repartition aligned its sources to a later batch first
     assert recs[(5, 0)]["recovery"] == "restored" and 1 <= recs[(5, 0)]["replayed_batches"] <= 5
@@ -192,7 +169,9 @@ def test_window_aggregate_scaled_with_lagging_checkpoint(
         _feed(inp, stage, upto)
         if p == 3:  # partition 0's newest checkpoint is lost
             hu = [f"window_aggregate.g0.p{q:04d}" for q in (0, 1)]
-            _checkpoints_settled(root, tmp_path, 2)
+            # every checkpoint the finished query started has landed (which batches start
+            # one depends on which worker ran each batch)
+            landed_metrics(root, every_batch(last_batch(tmp_path), 2), checkpoints=True)
             # drop partition 0's newest checkpoints until it is behind partition 1 (which
             # batches were checkpointed depends on which worker ran each batch; with none
             # left, partition 0's key groups replay from the start of the log)
