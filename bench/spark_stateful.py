@@ -656,6 +656,13 @@ def _failed(errors: dict[str, str], key: str, e: BaseException) -> str:
     return errors[key]
 
 
+def _log_run(where: str, rep: int, reps: int, variant: str, r: dict[str, Any],
+             extra: str = "") -> None:
+    """One line for a measured run: its rate and median batch duration."""
+    log(f"{where} rep {rep + 1}/{reps} {variant:8s} {extra}{run_rate(r) / 1e3:8.1f}k rows/s, "
+        f"p50 {np.median([b['duration_ms'] for b in measured(r)]):.0f} ms")
+
+
 def measure_micro(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The state work without Spark: rollback on mmm, and (with sguard) in the pool file
     and the per-batch state work, so the Spark numbers can be read against them."""
@@ -744,9 +751,8 @@ def measure_variants(spark: Any, work: Path, a: argparse.Namespace, pl: dict[str
                         f"{_failed(errors, f'{v}_{k}', e)}")
                     continue
                 runs[k][v].append(r)
-                log(f"[{k // 1000}k keys] rep {rep + 1}/{pl['reps'][v][k]} {v:8s} "
-                    f"{len(r['batches'])} batches, {run_rate(r) / 1e3:8.1f}k rows/s, "
-                    f"p50 {np.median([b['duration_ms'] for b in measured(r)]):.0f} ms")
+                _log_run(f"[{k // 1000}k keys]", rep, pl["reps"][v][k], v, r,
+                         f"{len(r['batches'])} batches, ")
     return runs
 
 
@@ -894,9 +900,7 @@ def _key_phase(spark: Any, work: Path, kr: dict[str, Any], errors: dict[str, str
                         f"{_failed(errors, f'{v}_{kind}_{k}', e)}")
                     continue
                 out[kind][v].append(r)
-                log(f"[{k // 1000}k {kind} keys] rep {rep + 1}/{kr['reps']} {v:8s} "
-                    f"{run_rate(r) / 1e3:8.1f}k rows/s, "
-                    f"p50 {np.median([b['duration_ms'] for b in measured(r)]):.0f} ms")
+                _log_run(f"[{k // 1000}k {kind} keys]", rep, kr["reps"], v, r)
     if note is not None and len(unsupported) < len(kr["kinds"]):
         note = None  # one kind ran: the other's error says why it did not
     return out, note
