@@ -523,28 +523,34 @@ def measure_driver_memory(plan: Plan, uri: str, scratch: str, info: dict[str, An
     build(small, plan.args.small_state_mb * MB, 2, plan.key_groups)
     t = time.perf_counter()
     data["driver_memory"] = dm = driver_memory([small, uri], 1 if plan.args.quick else 2)
+    print(f"driver memory ({time.perf_counter() - t:.0f} s): " + ", ".join(
+        f"{c['from']}->{c['to']} {c['state_bytes'] / MB:.0f} MB: +"
+        f"{c['rss_growth_mb']:.1f} MB RSS, tracemalloc {c['tracemalloc_peak_mb']:.1f}"
+        f" MB, {c['seconds']:.2f} s" for c in dm["calls"]), flush=True)
+    shutil.rmtree(small, ignore_errors=True)
+    return driver_memory_summary(dm, uri, small, info["state_bytes"])
+
+
+def driver_memory_summary(dm: dict[str, Any], uri: str, small: str, state_bytes: int
+                          ) -> dict[str, Any]:
+    """The summary fields of `driver_memory`'s calls on the bench's state ``uri`` and the
+    small one: the peaks over the calls (after the cold call) and the job's seconds."""
     calls = dm["calls"]
 
     def peak(u: str, f: str) -> float:
         return float(max(c[f] for c in calls if c["uri"] == u))
-    out = {
+    return {
         "driver_peak_mb": peak(uri, "rss_growth_mb"),
         "driver_peak_mb_small_state": peak(small, "rss_growth_mb"),
         "driver_tracemalloc_peak_mb": peak(uri, "tracemalloc_peak_mb"),
         "driver_tracemalloc_peak_mb_small_state": peak(small, "tracemalloc_peak_mb"),
-        "driver_state_mb": info["state_bytes"] / MB,
+        "driver_state_mb": state_bytes / MB,
         "driver_small_state_mb": float(max(c["state_bytes"] for c in calls
                                            if c["uri"] == small)) / MB,
         "repartition_job_s": float(np.median([c["seconds"] for c in calls
                                               if c["uri"] == uri])),
         "repartition_job_cold_s": dm["cold_call"]["seconds"],
     }
-    print(f"driver memory ({time.perf_counter() - t:.0f} s): " + ", ".join(
-        f"{c['from']}->{c['to']} {c['state_bytes'] / MB:.0f} MB: +"
-        f"{c['rss_growth_mb']:.1f} MB RSS, tracemalloc {c['tracemalloc_peak_mb']:.1f}"
-        f" MB, {c['seconds']:.2f} s" for c in calls), flush=True)
-    shutil.rmtree(small, ignore_errors=True)
-    return out
 
 
 def measure_spark(plan: Plan, uri: str, scratch: str, info: dict[str, Any],
