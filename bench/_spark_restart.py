@@ -27,9 +27,11 @@ restarts three more small batches run, so every generation has checkpoints.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -66,119 +68,170 @@ def _state_bytes(uri: str) -> int:
     return total
 
 
-def run(state_mb: float, scratch: str, cycles: int = 1,
-        log: Callable[[str], None] = print, key_groups: int | None = None) -> dict[str, Any]:
-    """Build the state, then restart the query ``2 -> 2, 2 -> 4, 4 -> 4`` (one cycle) or
-    ``2 -> 2, 2 -> 4, 4 -> 4, 4 -> 2`` (two cycles), repeated for more; returns the
-    measurements.
-    `key_groups`: the state's K (default: `stateful`'s)."""
-    import sguard.spark as ss
-    from ioservice import open_root
-    from sguard.spark.metrics import read_metrics
+class _Query:
+    """The restarted query's world: its live input directory, Spark session and state URIs.
 
-    work = Path(scratch) / "spark-restart"
-    live = work / "input"
-    live.mkdir(parents=True)
-    (work / "stage").mkdir()
-    uri, ckpt, local = str(work / "state"), str(work / "ckpt"), str(work / "local")
-    n_keys = max(10_000, int(state_mb * MB / BYTES_PER_KEY))
-    seq = 0
-    rng = np.random.default_rng(42)
+    `feed` writes one input file (the source takes one per micro-batch), `start`
+    starts the query at ``P`` partitions; the session is ``local[2]``.
+    """
 
-    def feed(keys: np.ndarray) -> None:
-        nonlocal seq
-        _write(live / f"part-{seq:06d}.parquet", keys, seq)
-        seq += 1
+    def __init__(self, state_mb: float, scratch: str, key_groups: int | None) -> None:
+        import sguard.spark as ss
+        work = Path(scratch) / "spark-restart"
+        self.live = work / "input"
+        self.live.mkdir(parents=True)
+        (work / "stage").mkdir()
+        self.uri, self.ckpt, self.local = (str(work / "state"), str(work / "ckpt"),
+                                           str(work / "local"))
+        self.n_keys = max(10_000, int(state_mb * MB / BYTES_PER_KEY))
+        self.key_groups = key_groups
+        self.seq = 0
+        self.rng = np.random.default_rng(42)
+        self.spark = ss.local_session("local[2]", "sguard-bench-restart", shuffle_partitions=2)
+        self.capacity = max(1 << 30, int(4 * self.n_keys * BYTES_PER_KEY))
+        self.op = ss.RunningAggregate(value="v")
+        self.cfg = ss.CheckpointConfig(every_n_batches=2)
 
-    def tick() -> None:
-        feed(rng.integers(0, n_keys, TICK_ROWS))
+    def feed(self, keys: np.ndarray) -> None:
+        """One input file of ``keys`` (the next in the source's order)."""
+        _write(self.live / f"part-{self.seq:06d}.parquet", keys, self.seq)
+        self.seq += 1
 
-    spark = ss.local_session("local[2]", "sguard-bench-restart", shuffle_partitions=2)
-    capacity = max(1 << 30, int(4 * n_keys * BYTES_PER_KEY))
-    op = ss.RunningAggregate(value="v")
-    cfg = ss.CheckpointConfig(every_n_batches=2)
+    def tick(self) -> None:
+        """One small batch of random keys."""
+        self.feed(self.rng.integers(0, self.n_keys, TICK_ROWS))
 
-    def start(P: int) -> tuple[Any, float]:
+    def start(self, P: int) -> tuple[Any, float]:
+        """Start the query at ``P`` partitions: (the query, seconds in `stateful`)."""
+        import sguard.spark as ss
         t = time.perf_counter()
-        df = (spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1)
-              .parquet(str(live)))
-        out = ss.stateful(df, "k", op, uri, P, local_dir=local, checkpoint=cfg,
-                          capacity_bytes=capacity, metrics=True, key_groups=key_groups)
+        df = (self.spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1)
+              .parquet(str(self.live)))
+        out = ss.stateful(df, "k", self.op, self.uri, P, local_dir=self.local,
+                          checkpoint=self.cfg, capacity_bytes=self.capacity, metrics=True,
+                          key_groups=self.key_groups)
         api_s = time.perf_counter() - t
-        return out.writeStream.format("noop").option("checkpointLocation", ckpt).start(), api_s
+        return (out.writeStream.format("noop").option("checkpointLocation", self.ckpt).start(),
+                api_s)
 
-    data: dict[str, Any] = {"keys": n_keys, "key_groups": key_groups, "restarts": []}
-    rescales: list[Any] = []
+    def build(self) -> Any:
+        """Every key once, then a few small batches, at 2 partitions: the running query."""
+        perm = np.random.default_rng(7).permutation(self.n_keys)
+        for i in range(0, self.n_keys, BUILD_ROWS):
+            self.feed(perm[i:i + BUILD_ROWS])
+        for _ in range(3):
+            self.tick()
+        q, _ = self.start(2)
+        q.processAllAvailable()
+        return q
+
+    def first_batch_metrics(self, batch: int, partitions: int) -> list[dict[str, Any]]:
+        """The metrics records of ``batch`` (waits up to 5 s for all ``partitions``:
+        metrics are written asynchronously)."""
+        from ioservice import open_root
+        from sguard.spark.metrics import read_metrics
+        recs: list[dict[str, Any]] = []
+        for _ in range(50):
+            recs = [r for r in read_metrics(open_root(self.uri, create=False))[0]
+                    if r["batch"] == batch]
+            if len(recs) >= partitions:
+                break
+            time.sleep(0.1)
+        return recs
+
+
+@contextlib.contextmanager
+def _startup_repartitions() -> Iterator[list[Any]]:
+    """Collect what each start-up repartition (`sguard.spark.api.repartition_at_startup`)
+    reports while inside; the original function back on leaving."""
     import sguard.spark.api as api
     startup = api.repartition_at_startup
+    rescales: list[Any] = []
 
-    def recorded(*a: Any, **kw: Any) -> Any:  # what the start-up repartition reports
+    def recorded(*a: Any, **kw: Any) -> Any:
         res = startup(*a, **kw)
         rescales.append(res)
         return res
 
     api.repartition_at_startup = recorded
     try:
-        t = time.perf_counter()
-        perm = np.random.default_rng(7).permutation(n_keys)
-        for i in range(0, n_keys, BUILD_ROWS):
-            feed(perm[i:i + BUILD_ROWS])
-        for _ in range(3):
-            tick()
-        q, _ = start(2)
-        q.processAllAvailable()
-        data["build_s"] = time.perf_counter() - t
-        data["spark_trivial_job_s"] = _trivial_jobs(spark, 4)
-        log(f"a trivial 4-task Spark job (the floor of any repartition job here): "
-            f"{data['spark_trivial_job_s']:.2f} s (median of 3)")
-        P = 2
-        plan = [2, 4] + ([4, 2] if cycles > 1 else [4]) + [2, 4, 4, 2] * max(0, cycles - 2)
-        for P2 in plan:
-            for _ in range(3):  # a few batches: the generation gets its checkpoints
-                tick()
-            q.processAllAvailable()
-            data.setdefault("state_bytes", _state_bytes(uri))
-            t0 = time.perf_counter()
-            q.stop()
-            t1 = time.perf_counter()
-            tick()  # the batch the restarted query runs first
-            t2 = time.perf_counter()
-            rescales.clear()
-            q, api_s = start(P2)
-            q.processAllAvailable()
-            t3 = time.perf_counter()
-            b = int(q.lastProgress["batchId"])
-            recs: list[dict[str, Any]] = []
-            for _ in range(50):  # metrics are written asynchronously
-                recs = [r for r in read_metrics(open_root(uri, create=False))[0]
-                        if r["batch"] == b]
-                if len(recs) >= P2:
-                    break
-                time.sleep(0.1)
-            row = {"from": P, "to": P2, "downtime_s": (t3 - t0) - (t2 - t1),
-                   "stop_s": t1 - t0, "stateful_s": api_s, "start_to_commit_s": t3 - t2 - api_s,
-                   "repartition_s": sum(r.seconds for r in rescales),
-                   "repartition_parts_s": [{"wait_s": r.wait_s, "job_s": r.repartition_s,
-                                            **r.phases_s} for r in rescales],
-                   "first_batch": b,
-                   "recovery": sorted({r["recovery"] for r in recs}),
-                   "recovery_ms_max": max((r["recovery_ms"] for r in recs), default=0.0),
-                   "replayed_batches_max": max((r["replayed_batches"] for r in recs),
-                                               default=0),
-                   "task_ms_max": max((r["total_ms"] for r in recs), default=0.0)}
-            data["restarts"].append(row)
-            log(f"spark restart {P} -> {P2}: downtime {row['downtime_s']:.2f} s (stop "
-                f"{row['stop_s']:.2f}, stateful {api_s:.2f} of which repartition job "
-                f"{row['repartition_s']:.2f}, start to commit "
-                f"{row['start_to_commit_s']:.2f}; first batch {row['recovery']}, recovery "
-                f"{row['recovery_ms_max']:.0f} ms, {row['replayed_batches_max']} batch(es) "
-                f"replayed)")
-            P = P2
-        q.stop()
+        yield rescales
     finally:
         api.repartition_at_startup = startup
-        spark.stop()
-        shutil.rmtree(local, ignore_errors=True)
+
+
+def measure_restart(qry: _Query, q: Any, P: int, P2: int, rescales: list[Any]
+                    ) -> tuple[Any, dict[str, Any]]:
+    """Stop the running query ``q`` (at ``P``) and restart it at ``P2``: (new query, row).
+
+    Downtime: ``stop()`` to the first batch committed after the restart, minus the
+    untimed write of that batch's input file; with its parts (stop, the `stateful`
+    call and its start-up repartition, start to commit) and the first batch's tasks.
+    """
+    t0 = time.perf_counter()
+    q.stop()
+    t1 = time.perf_counter()
+    qry.tick()  # the batch the restarted query runs first
+    t2 = time.perf_counter()
+    rescales.clear()
+    q, api_s = qry.start(P2)
+    q.processAllAvailable()
+    t3 = time.perf_counter()
+    b = int(q.lastProgress["batchId"])
+    recs = qry.first_batch_metrics(b, P2)
+    row = {"from": P, "to": P2, "downtime_s": (t3 - t0) - (t2 - t1),
+           "stop_s": t1 - t0, "stateful_s": api_s, "start_to_commit_s": t3 - t2 - api_s,
+           "repartition_s": sum(r.seconds for r in rescales),
+           "repartition_parts_s": [{"wait_s": r.wait_s, "job_s": r.repartition_s,
+                                    **r.phases_s} for r in rescales],
+           "first_batch": b,
+           "recovery": sorted({r["recovery"] for r in recs}),
+           "recovery_ms_max": max((r["recovery_ms"] for r in recs), default=0.0),
+           "replayed_batches_max": max((r["replayed_batches"] for r in recs), default=0),
+           "task_ms_max": max((r["total_ms"] for r in recs), default=0.0)}
+    return q, row
+
+
+def _log_restart(log: Callable[[str], None], row: dict[str, Any]) -> None:
+    log(f"spark restart {row['from']} -> {row['to']}: downtime {row['downtime_s']:.2f} s (stop "
+        f"{row['stop_s']:.2f}, stateful {row['stateful_s']:.2f} of which repartition job "
+        f"{row['repartition_s']:.2f}, start to commit "
+        f"{row['start_to_commit_s']:.2f}; first batch {row['recovery']}, recovery "
+        f"{row['recovery_ms_max']:.0f} ms, {row['replayed_batches_max']} batch(es) "
+        f"replayed)")
+
+
+def run(state_mb: float, scratch: str, cycles: int = 1,
+        log: Callable[[str], None] = print, key_groups: int | None = None) -> dict[str, Any]:
+    """Build the state, then restart the query ``2 -> 2, 2 -> 4, 4 -> 4`` (one cycle) or
+    ``2 -> 2, 2 -> 4, 4 -> 4, 4 -> 2`` (two cycles), repeated for more; returns the
+    measurements.
+    `key_groups`: the state's K (default: `stateful`'s)."""
+    qry = _Query(state_mb, scratch, key_groups)
+    data: dict[str, Any] = {"keys": qry.n_keys, "key_groups": key_groups, "restarts": []}
+    with _startup_repartitions() as rescales:
+        try:
+            t = time.perf_counter()
+            q = qry.build()
+            data["build_s"] = time.perf_counter() - t
+            data["spark_trivial_job_s"] = _trivial_jobs(qry.spark, 4)
+            log(f"a trivial 4-task Spark job (the floor of any repartition job here): "
+                f"{data['spark_trivial_job_s']:.2f} s (median of 3)")
+            P = 2
+            plan = [2, 4] + ([4, 2] if cycles > 1 else [4]) + [2, 4, 4, 2] * max(0, cycles - 2)
+            for P2 in plan:
+                for _ in range(3):  # a few batches: the generation gets its checkpoints
+                    qry.tick()
+                q.processAllAvailable()
+                data.setdefault("state_bytes", _state_bytes(qry.uri))
+                q, row = measure_restart(qry, q, P, P2, rescales)
+                data["restarts"].append(row)
+                _log_restart(log, row)
+                P = P2
+            q.stop()
+        finally:
+            qry.spark.stop()
+            shutil.rmtree(qry.local, ignore_errors=True)
     return data
 
 

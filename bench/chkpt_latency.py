@@ -80,6 +80,8 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -213,7 +215,25 @@ def _print_run(r: int, v: str, s: dict[str, Any], out: dict[str, Any]) -> None:
                   for b in s["slowest"][:4]), flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+# -- the phases of a run ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """The parsed arguments and the sizes and times ``--quick`` chooses."""
+    args: argparse.Namespace
+    n_rounds: int
+    state_mb: int
+    interval: float
+    """Checkpoint interval, seconds."""
+    first: float
+    """First checkpoint after ... seconds."""
+    duration: float
+    period: float
+    """One batch every ... seconds."""
+    n_batches: int
+
+
+def parse_plan(argv: Sequence[str] | None) -> Plan:
+    """Parse the command line (module docstring) and fill in the defaults of a `Plan`."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--state-mb", type=int, default=None,
@@ -238,142 +258,209 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None,
                     help="runs of every variant, interleaved (default 5, --quick 3)")
     args = parse_args(ap, argv)
-    n_rounds = args.rounds or (3 if args.quick else 5)
-    load_before = os.getloadavg()[0]
-    state_mb = args.state_mb or (32 if args.quick else 128)
-    interval = args.interval_s or (2.0 if args.quick else 10.0)
-    first = args.first_s or (0.5 if args.quick else 5.0)
     duration = args.duration_s or (4.0 if args.quick else 30.0)
     period = args.period_ms / 1e3
-    n_batches = int(duration / period)
-    workdir = tempfile.mkdtemp(prefix="sguard-chkpt-latency-")
-    results: dict[str, Any] = {}
-    curves: dict[str, Any] = {}
+    return Plan(args=args, n_rounds=args.rounds or (3 if args.quick else 5),
+                state_mb=args.state_mb or (32 if args.quick else 128),
+                interval=args.interval_s or (2.0 if args.quick else 10.0),
+                first=args.first_s or (0.5 if args.quick else 5.0),
+                duration=duration, period=period, n_batches=int(duration / period))
+
+
+@dataclass
+class State:
+    """One partitioning's state, the same in both forms, and the input stream."""
+    ops: list[Aggregate]
+    dicts: list[dict[int, list[int]]]
+    n_keys: int
+    cols: Any
+    """The stream as numpy batches (for the mmm variants)."""
+    recs: Any
+    """The same stream as lists (for the dict variants)."""
+    mmm_bytes: int
+    pickled_bytes: int
+
+
+def build_state(plan: Plan, n_parts: int) -> State:
+    """The Aggregate state in ``n_parts`` partitions, its dict twin and the input stream.
+
+    Every variant processes the same keys from the same stream (seed 1); the
+    objects are moved out of the collector's reach (``gc.freeze``) so no variant
+    pays a full collection of millions of lists.
+    """
+    gc.collect()
+    gc.disable()
+    t = time.perf_counter()
+    ops, n_keys = build_mmm(plan.state_mb * MB, n_parts, plan.args.page_bytes)
+    dicts = [to_dict(op) for op in ops]
+    gc.freeze()
+    gc.enable()
+    mmm_bytes = sum(op.pm.stats()["used_bytes"] for op in ops)
+    pickled = sum(len(pickle.dumps(d, protocol=pickle.HIGHEST_PROTOCOL)) for d in dicts)
+    cols, recs = make_stream(n_keys, plan.n_batches, plan.args.batch, n_parts, seed=1)
+    print(f"{n_parts} partition(s): {n_keys:,} keys, mmm state {mmm_bytes / MB:.0f} MB, "
+          f"pickled {pickled / MB:.0f} MB (built in {time.perf_counter() - t:.1f} s)")
+    return State(ops, dicts, n_keys, cols, recs, mmm_bytes, pickled)
+
+
+def run_fork(fork_base: ForkBaseline) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One timed run of the ``fork`` baseline in its own process: (record, raw output)."""
+    out = fork_base.run()
+    return _record(out), out
+
+
+def run_variant(v: str, state: State, plan: Plan, workdir: str
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One timed run of variant ``v`` in this process: (record, raw output).
+
+    The same stream, period and checkpoint schedule for every variant (``none``:
+    no checkpoint); for ``mmm`` the record adds the pages the operator cloned and
+    the pages staged in this run.
+    """
+    runner = Runner(v, state.ops, state.dicts, workdir, plan.args.workers,
+                    stage=not plan.args.no_stage)
+    st0 = [op.pm.stats() for op in state.ops]
     try:
-        for n_parts in args.partitions:
-            gc.collect()
-            gc.disable()
-            t = time.perf_counter()
-            ops, n_keys = build_mmm(state_mb * MB, n_parts, args.page_bytes)
-            dicts = [to_dict(op) for op in ops]
-            gc.freeze()
-            gc.enable()
-            mmm_bytes = sum(op.pm.stats()["used_bytes"] for op in ops)
-            pickled = sum(len(pickle.dumps(d, protocol=pickle.HIGHEST_PROTOCOL)) for d in dicts)
-            cols, recs = make_stream(n_keys, n_batches, args.batch, n_parts, seed=1)
-            print(f"{n_parts} partition(s): {n_keys:,} keys, mmm state {mmm_bytes / MB:.0f} MB, "
-                  f"pickled {pickled / MB:.0f} MB (built in {time.perf_counter() - t:.1f} s)")
-            # the fork baseline in a fresh process holding only its dict state and input
-            fork_base = ForkBaseline(n_keys, n_parts, n_batches, args.batch, 1, period, interval,
-                                     first, workdir, args.priority)
-            res: dict[str, Any] = {"n_keys": n_keys, "mmm_state_bytes": mmm_bytes,
-                                   "pickled_bytes": pickled, "variants": {},
-                                   "fork_process_rss_mb": fork_base.info["rss_mb"],
-                                   "main_process_rss_mb": rss_mb()}
-            rounds: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-            prio = set_priority(args.priority)  # threads started from now on inherit it
-            for r in range(n_rounds):
-                # each round runs every variant once, in a rotated order: the variants'
-                # runs sit next to each other in time, so a ratio within a round
-                # compares runs under the same machine load
-                order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
-                for v in order:
-                    if v == "fork":
-                        out = fork_base.run()
-                        rounds[v].append(_record(out))
-                        curves[f"{n_parts}:{v}"] = out["latency_s"]
-                        _print_run(r, v, rounds[v][-1], out)
-                        continue
-                    runner = Runner(v, ops, dicts, workdir, args.workers,
-                                    stage=not args.no_stage)
-                    st0 = [op.pm.stats() for op in ops]
-                    try:
-                        out = run(runner, cols if runner.uses_mmm else recs, period, interval,
-                                  first, checkpoint=not v.startswith("none"))
-                    finally:
-                        runner.close()
-                    s = _record(out)
-                    if runner.mgrs:  # this run's: cloned by the operator, staged
-                        st = [op.pm.stats() for op in ops]
-                        s["pages_cloned"] = int(sum(x["pages_cloned"] - y["pages_cloned"]
-                                                    for x, y in zip(st, st0)))
-                        s["pages_staged"] = int(sum(m.counters["pages_staged"]
-                                                    for m in runner.mgrs))
-                    rounds[v].append(s)
-                    curves[f"{n_parts}:{v}"] = out["latency_s"]
-                    _print_run(r, v, s, out)
-            fork_base.close()
-            set_priority("normal")
-            res["priority"] = prio
-            for v in VARIANTS:
-                med = {k: float(np.median([x[k] for x in rounds[v]]))
-                       for k, val in rounds[v][0].items()
-                       if isinstance(val, (int, float)) and not isinstance(val, bool)}
-                res["variants"][v] = {**med, "rounds": rounds[v]}
-
-            def paired(v: str, base: str, key: str) -> list[float]:
-                return [a[key] / b[key] if b[key] else float("inf")
-                        for a, b in zip(rounds[v], rounds[base])]
-
-            res["paired"] = {
-                "mmm_mean_ratio": paired("mmm", "none (mmm)", "mean_ms"),
-                "mmm_p99_ratio": paired("mmm", "none (mmm)", "p99_ms"),
-                "mmm_service_mean_ratio": paired("mmm", "none (mmm)", "service_mean_ms"),
-                "mmm_mean_over_dict_none": paired("mmm", "none (dict)", "mean_ms"),
-                "mmm_none_mean_over_dict_none": paired("none (mmm)", "none (dict)", "mean_ms"),
-                "spike_ratio_sync_pickle_over_mmm": paired("sync pickle", "mmm", "max_ms"),
-                "spike_ratio_async_pickle_over_mmm": paired("async pickle", "mmm", "max_ms"),
-                "spike_ratio_fork_over_mmm": paired("fork", "mmm", "max_ms"),
-                # the operator thread's own longest batch (no wake-up delay, no queue)
-                "service_spike_ratio_fork_over_mmm": paired("fork", "mmm", "service_max_ms"),
-                "pause_ratio_fork_over_mmm": paired("fork", "mmm", "max_pause_ms")}
-            for k, v in res["paired"].items():
-                print(f"  {k}: median {np.median(v):.2f}  rounds {[round(x, 2) for x in v]}")
-            results[str(n_parts)] = res
-            gc.unfreeze()
-            del ops, dicts, cols, recs
-            gc.collect()
+        out = run(runner, state.cols if runner.uses_mmm else state.recs, plan.period,
+                  plan.interval, plan.first, checkpoint=not v.startswith("none"))
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        runner.close()
+    s = _record(out)
+    if runner.mgrs:  # this run's: cloned by the operator, staged
+        st = [op.pm.stats() for op in state.ops]
+        s["pages_cloned"] = int(sum(x["pages_cloned"] - y["pages_cloned"]
+                                    for x, y in zip(st, st0)))
+        s["pages_staged"] = int(sum(m.counters["pages_staged"] for m in runner.mgrs))
+    return s, out
 
-    def ratio(parts: str, key: str) -> float:
-        """Median over rounds of a ratio paired within each round."""
-        return float(np.median(results[parts]["paired"][key]))
+
+def run_rounds(plan: Plan, n_parts: int, state: State, fork_base: ForkBaseline, workdir: str,
+               curves: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Every variant ``plan.n_rounds`` times, interleaved: their records per variant.
+
+    Each round runs every variant once, in a rotated order: the variants' runs sit
+    next to each other in time, so a ratio within a round compares runs under the
+    same machine load. ``curves`` keeps each variant's last latency curve.
+    """
+    rounds: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    for r in range(plan.n_rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        for v in order:
+            s, out = (run_fork(fork_base) if v == "fork"
+                      else run_variant(v, state, plan, workdir))
+            rounds[v].append(s)
+            curves[f"{n_parts}:{v}"] = out["latency_s"]
+            _print_run(r, v, s, out)
+    return rounds
+
+
+def variant_medians(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per variant: the median over rounds of every numeric field, and the rounds."""
+    out: dict[str, Any] = {}
+    for v in VARIANTS:
+        med = {k: float(np.median([x[k] for x in rounds[v]]))
+               for k, val in rounds[v][0].items()
+               if isinstance(val, (int, float)) and not isinstance(val, bool)}
+        out[v] = {**med, "rounds": rounds[v]}
+    return out
+
+
+def paired_ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """Ratios of a variant over its baseline *within* each round (runs moments apart)."""
+    def paired(v: str, base: str, key: str) -> list[float]:
+        return [a[key] / b[key] if b[key] else float("inf")
+                for a, b in zip(rounds[v], rounds[base])]
+
+    return {
+        "mmm_mean_ratio": paired("mmm", "none (mmm)", "mean_ms"),
+        "mmm_p99_ratio": paired("mmm", "none (mmm)", "p99_ms"),
+        "mmm_service_mean_ratio": paired("mmm", "none (mmm)", "service_mean_ms"),
+        "mmm_mean_over_dict_none": paired("mmm", "none (dict)", "mean_ms"),
+        "mmm_none_mean_over_dict_none": paired("none (mmm)", "none (dict)", "mean_ms"),
+        "spike_ratio_sync_pickle_over_mmm": paired("sync pickle", "mmm", "max_ms"),
+        "spike_ratio_async_pickle_over_mmm": paired("async pickle", "mmm", "max_ms"),
+        "spike_ratio_fork_over_mmm": paired("fork", "mmm", "max_ms"),
+        # the operator thread's own longest batch (no wake-up delay, no queue)
+        "service_spike_ratio_fork_over_mmm": paired("fork", "mmm", "service_max_ms"),
+        "pause_ratio_fork_over_mmm": paired("fork", "mmm", "max_pause_ms")}
+
+
+def measure_partitioning(plan: Plan, n_parts: int, workdir: str,
+                         curves: dict[str, Any]) -> dict[str, Any]:
+    """Build the state in ``n_parts`` partitions and run every variant on it, in rounds.
+
+    The fork baseline runs in a fresh process holding only its dict state and
+    input (`ForkBaseline`); the others here. Returns the partitioning's result:
+    sizes, per-variant medians and rounds, and the paired ratios.
+    """
+    state = build_state(plan, n_parts)
+    fork_base = ForkBaseline(state.n_keys, n_parts, plan.n_batches, plan.args.batch, 1,
+                             plan.period, plan.interval, plan.first, workdir, plan.args.priority)
+    res: dict[str, Any] = {"n_keys": state.n_keys, "mmm_state_bytes": state.mmm_bytes,
+                           "pickled_bytes": state.pickled_bytes, "variants": {},
+                           "fork_process_rss_mb": fork_base.info["rss_mb"],
+                           "main_process_rss_mb": rss_mb()}
+    prio = set_priority(plan.args.priority)  # threads started from now on inherit it
+    rounds = run_rounds(plan, n_parts, state, fork_base, workdir, curves)
+    fork_base.close()
+    set_priority("normal")
+    res["priority"] = prio
+    res["variants"] = variant_medians(rounds)
+    res["paired"] = paired_ratios(rounds)
+    for k, v in res["paired"].items():
+        print(f"  {k}: median {np.median(v):.2f}  rounds {[round(x, 2) for x in v]}")
+    gc.unfreeze()
+    del state
+    gc.collect()
+    return res
+
+
+def summarize_partitioning(res: dict[str, Any], tag: str) -> dict[str, Any]:
+    """The summary fields of one partitioning (``tag`` ``1p`` or ``4p``).
+
+    Each ratio is the median over rounds of the ratio paired within a round.
+    """
+    def ratio(key: str) -> float:
+        return float(np.median(res["paired"][key]))
 
     summary: dict[str, Any] = {}
+    summary[f"mmm_mean_ratio_{tag}"] = ratio("mmm_mean_ratio")
+    summary[f"mmm_p99_ratio_{tag}"] = ratio("mmm_p99_ratio")
+    # mmm *with* checkpoints against the dict operator *without* any
+    summary[f"mmm_mean_over_dict_none_{tag}"] = ratio("mmm_mean_over_dict_none")
+    summary[f"mmm_none_mean_over_dict_none_{tag}"] = ratio("mmm_none_mean_over_dict_none")
+    summary[f"mmm_service_mean_ratio_{tag}"] = ratio("mmm_service_mean_ratio")
+    for short in ("sync_pickle", "async_pickle", "fork"):
+        summary[f"spike_ratio_{short}_over_mmm" + ("" if tag == "1p" else "_4p")] = \
+            ratio(f"spike_ratio_{short}_over_mmm")
+    # the operator thread's own pause per checkpoint (freeze for mmm, fork() for fork):
+    # latency maxima on a loaded machine are set by scheduling, pauses by the method
+    summary[f"pause_ratio_fork_over_mmm_{tag}"] = ratio("pause_ratio_fork_over_mmm")
+    summary[f"service_spike_ratio_fork_over_mmm_{tag}"] = ratio(
+        "service_spike_ratio_fork_over_mmm")
+    var = res["variants"]
+    summary[f"mean_ms_{tag}"] = {v: var[v]["mean_ms"] for v in VARIANTS}
+    summary[f"wake_delay_mean_ms_{tag}"] = {v: var[v]["wake_delay_mean_ms"] for v in VARIANTS}
+    summary[f"service_mean_ms_{tag}"] = {v: var[v]["service_mean_ms"] for v in VARIANTS}
+    # across the runs of the variants without pauses in the operator thread: how
+    # much of the spread of the mean latency the wake-up delay explains (Pearson r;
+    # near 1: the machine's scheduling, not the variant)
+    runs = [x for v in ("none (mmm)", "none (dict)", "mmm") for x in var[v]["rounds"]]
+    lat_m = np.array([x["mean_ms"] for x in runs])
+    wake_m = np.array([x["wake_delay_mean_ms"] for x in runs])
+    summary[f"spread_r_mean_vs_wake_{tag}"] = (
+        float(np.corrcoef(lat_m, wake_m)[0, 1])
+        if len(runs) > 2 and lat_m.std() > 0 and wake_m.std() > 0 else None)
+    return summary
+
+
+def summarize_all(plan: Plan, results: dict[str, Any], load_before: float) -> dict[str, Any]:
+    """The summary: each partitioning's ratios, then the run's conditions and targets."""
+    summary: dict[str, Any] = {}
     for parts, tag in (("1", "1p"), ("4", "4p")):
-        if parts not in results:
-            continue
-        summary[f"mmm_mean_ratio_{tag}"] = ratio(parts, "mmm_mean_ratio")
-        summary[f"mmm_p99_ratio_{tag}"] = ratio(parts, "mmm_p99_ratio")
-        # mmm *with* checkpoints against the dict operator *without* any
-        summary[f"mmm_mean_over_dict_none_{tag}"] = ratio(parts, "mmm_mean_over_dict_none")
-        summary[f"mmm_none_mean_over_dict_none_{tag}"] = ratio(parts,
-                                                               "mmm_none_mean_over_dict_none")
-        summary[f"mmm_service_mean_ratio_{tag}"] = ratio(parts, "mmm_service_mean_ratio")
-        for short in ("sync_pickle", "async_pickle", "fork"):
-            summary[f"spike_ratio_{short}_over_mmm" + ("" if tag == "1p" else "_4p")] = \
-                ratio(parts, f"spike_ratio_{short}_over_mmm")
-        # the operator thread's own pause per checkpoint (freeze for mmm, fork() for fork):
-        # latency maxima on a loaded machine are set by scheduling, pauses by the method
-        summary[f"pause_ratio_fork_over_mmm_{tag}"] = ratio(parts, "pause_ratio_fork_over_mmm")
-        summary[f"service_spike_ratio_fork_over_mmm_{tag}"] = ratio(
-            parts, "service_spike_ratio_fork_over_mmm")
-        var = results[parts]["variants"]
-        summary[f"mean_ms_{tag}"] = {v: var[v]["mean_ms"] for v in VARIANTS}
-        summary[f"wake_delay_mean_ms_{tag}"] = {v: var[v]["wake_delay_mean_ms"]
-                                                for v in VARIANTS}
-        summary[f"service_mean_ms_{tag}"] = {v: var[v]["service_mean_ms"] for v in VARIANTS}
-        # across the runs of the variants without pauses in the operator thread: how
-        # much of the spread of the mean latency the wake-up delay explains (Pearson r;
-        # near 1: the machine's scheduling, not the variant)
-        runs = [x for v in ("none (mmm)", "none (dict)", "mmm") for x in var[v]["rounds"]]
-        lat_m = np.array([x["mean_ms"] for x in runs])
-        wake_m = np.array([x["wake_delay_mean_ms"] for x in runs])
-        summary[f"spread_r_mean_vs_wake_{tag}"] = (
-            float(np.corrcoef(lat_m, wake_m)[0, 1])
-            if len(runs) > 2 and lat_m.std() > 0 and wake_m.std() > 0 else None)
-    summary["rounds"] = n_rounds
+        if parts in results:
+            summary.update(summarize_partitioning(results[parts], tag))
+    summary["rounds"] = plan.n_rounds
     summary["priority"] = {parts: results[parts]["priority"] for parts in results}
     summary["loadavg_1min_before_after"] = [load_before, os.getloadavg()[0]]
     summary["cpus"] = os.cpu_count()
@@ -381,32 +468,60 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "spike_ratio_sync_pickle_over_mmm": ">= 10",
                           "spike_ratio_fork_over_mmm": ">= 5",
                           "mmm_mean_over_dict_none_1p": "<= 1"}
-    summary["state_mb"] = state_mb
-    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.items()})
-    params = {"quick": args.quick, "state_mb": state_mb, "batch_tuples": args.batch,
-              "period_ms": args.period_ms, "tuples_per_s": args.batch / period,
-              "interval_s": interval, "first_checkpoint_s": first, "duration_s": duration,
-              "page_bytes": args.page_bytes, "mmm_io_workers": args.workers,
-              "mmm_stage_mb": 0 if args.no_stage else CheckpointPolicy().stage_mb,
-              "partitions": args.partitions, "rounds": n_rounds,
-              "ratios": "median over rounds of the ratio within each round",
-              "storage": "file:// (temporary dir, fsync)",
-              "partition_checkpoints": "in turn (next partition once the previous is done)"}
-    path = write_result("chkpt_latency", summary, {"results": results}, params)
+    summary["state_mb"] = plan.state_mb
+    return summary
+
+
+def run_params(plan: Plan) -> dict[str, Any]:
+    """The ``params`` of the result: what was run and how the ratios are formed."""
+    args = plan.args
+    return {"quick": args.quick, "state_mb": plan.state_mb, "batch_tuples": args.batch,
+            "period_ms": args.period_ms, "tuples_per_s": args.batch / plan.period,
+            "interval_s": plan.interval, "first_checkpoint_s": plan.first,
+            "duration_s": plan.duration, "page_bytes": args.page_bytes,
+            "mmm_io_workers": args.workers,
+            "mmm_stage_mb": 0 if args.no_stage else CheckpointPolicy().stage_mb,
+            "partitions": args.partitions, "rounds": plan.n_rounds,
+            "ratios": "median over rounds of the ratio within each round",
+            "storage": "file:// (temporary dir, fsync)",
+            "partition_checkpoints": "in turn (next partition once the previous is done)"}
+
+
+def plot_curves(plan: Plan, curves: dict[str, Any], json_path: Path) -> int:
+    """``<out>/chkpt_latency.png``: the last round's latency curves, one panel a partitioning."""
     plt, png = figure("chkpt_latency")
-    nrow = len(args.partitions)
+    nrow = len(plan.args.partitions)
     fig, axes = plt.subplots(nrow, 1, figsize=(9, 3.6 * nrow), squeeze=False)
-    for ax, n_parts in zip(axes[:, 0], args.partitions):
+    for ax, n_parts in zip(axes[:, 0], plan.args.partitions):
         for v in VARIANTS:
             y = curves[f"{n_parts}:{v}"] * 1e3
-            ax.plot(np.arange(len(y)) * period, y, lw=0.8, label=v)
+            ax.plot(np.arange(len(y)) * plan.period, y, lw=0.8, label=v)
         ax.set_yscale("log")
         ax.set_xlabel("time (s)")
         ax.set_ylabel("batch latency (ms)")
-        ax.set_title(f"{state_mb} MB Aggregate in {n_parts} partition(s), checkpoint every "
-                     f"{interval:g} s, {args.batch / period:,.0f} tuples/s")
+        ax.set_title(f"{plan.state_mb} MB Aggregate in {n_parts} partition(s), checkpoint every "
+                     f"{plan.interval:g} s, {plan.args.batch / plan.period:,.0f} tuples/s")
         ax.legend(fontsize=7, ncol=3)
-    return save_figure(fig, png, path)
+    return save_figure(fig, png, json_path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse; per partitioning, build the state and run every variant in rounds; summarize
+    the paired ratios; write the JSON and the PNG. Returns 0."""
+    plan = parse_plan(argv)
+    load_before = os.getloadavg()[0]
+    workdir = tempfile.mkdtemp(prefix="sguard-chkpt-latency-")
+    results: dict[str, Any] = {}
+    curves: dict[str, Any] = {}
+    try:
+        for n_parts in plan.args.partitions:
+            results[str(n_parts)] = measure_partitioning(plan, n_parts, workdir, curves)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    summary = summarize_all(plan, results, load_before)
+    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.items()})
+    path = write_result("chkpt_latency", summary, {"results": results}, run_params(plan))
+    return plot_curves(plan, curves, path)
 
 
 if __name__ == "__main__":

@@ -38,10 +38,9 @@ response and makespan, <= 5 ms per decision at 1000 servers.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +57,11 @@ from peace.simulator import CALIBRATION, BackgroundTraffic, make_jobs, make_poli
 NAME = "peace_fig10"
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 KEY = (16, 512)
+Aggs = dict[tuple[str, int, int], dict[str, float]]
+"""Mean metrics per (policy, writers, size MB), as `peace.experiment.aggregate` returns."""
 
 
-def _ratio(agg: dict[tuple[str, int, int], dict[str, float]], policy: str, base: str,
+def _ratio(agg: Aggs, policy: str, base: str,
            metric: str) -> float:
     return agg[(policy, *KEY)][metric] / agg[(base, *KEY)][metric]
 
@@ -123,27 +124,53 @@ def time_decisions(writers: int, repeats: int, variant: str = "improved") -> dic
             "ms_per_decision_median": st["median"] * 1000}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; returns 0."""
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures: the seeds and sizes ``--quick`` and ``--seeds`` choose."""
+    quick: bool
+    seeds: list[int]
+    """Seeds of every 17-server configuration."""
+    grid_writers: list[int]
+    grid_sizes: list[int]
+    """Writers and MB per writer of the Figure 10 grid."""
+    big_writers: int
+    big_seeds: list[int]
+    """Writers and seeds of the 1000-server experiment."""
+    timing_repeats: int
+    """Timed repeats of a decision (after 1 warm-up)."""
+
+
+def parse_plan(argv: Sequence[str] | None) -> Plan:
+    """Parse the command line (``--quick``, ``--seeds``, ``--out``) into a `Plan`."""
     ap = argparse.ArgumentParser(prog="python -m bench.peace_fig10", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer seeds and writers (CI, ~2 min)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per configuration")
     args = _harness.parse_args(ap, argv)
-    t_start = time.perf_counter()
     seeds = list(range(args.seeds if args.seeds is not None else (2 if args.quick else 5)))
-    big_writers = 200 if args.quick else 400
-    big_seeds = seeds[:1] if args.quick else seeds[:3]
-    grid_writers = [8, 16] if args.quick else [8, 12, 16]
-    grid_sizes = [128, 512] if args.quick else [128, 256, 512]
+    return Plan(quick=args.quick, seeds=seeds,
+                grid_writers=[8, 16] if args.quick else [8, 12, 16],
+                grid_sizes=[128, 512] if args.quick else [128, 256, 512],
+                big_writers=200 if args.quick else 400,
+                big_seeds=seeds[:1] if args.quick else seeds[:3],
+                timing_repeats=3 if args.quick else 5)
 
-    rows = []
-    aggs: dict[int, dict[tuple[str, int, int], dict[str, float]]] = {}
+
+def run_grids(plan: Plan) -> tuple[list[Any], dict[int, Aggs]]:
+    """The Figure 10 grid at r = 3 and r = 2, plus the extras on 16 x 512 MB.
+
+    Every policy, Peace's and the baselines alike, runs in the same simulator on
+    the same workloads and seeds, Peace's decision time charged: the rows and
+    their means per (policy, writers, size) for each r.
+    """
+    rows: list[Any] = []
+    aggs: dict[int, Aggs] = {}
     for r in (3, 2):
-        print(f"Figure 10 grid, r = {r}, seeds {seeds}", flush=True)
-        grid = run_grid(grid_writers, grid_sizes, policies=FIG10_POLICIES, seeds=seeds,
-                        replication=r)
-        extra = run_grid([KEY[0]], [KEY[1]], policies=EXTRA_POLICIES, seeds=seeds, replication=r)
+        print(f"Figure 10 grid, r = {r}, seeds {plan.seeds}", flush=True)
+        grid = run_grid(plan.grid_writers, plan.grid_sizes, policies=FIG10_POLICIES,
+                        seeds=plan.seeds, replication=r)
+        extra = run_grid([KEY[0]], [KEY[1]], policies=EXTRA_POLICIES, seeds=plan.seeds,
+                         replication=r)
         rows += grid + extra
         aggs[r] = aggregate(grid + extra)
         for p in (*FIG10_POLICIES, *EXTRA_POLICIES):
@@ -151,6 +178,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  r={r} 16x512MB {p:17s} response {a['mean_response_s']:6.2f}s makespan "
                   f"{a['makespan_s']:6.2f}s (service {a['mean_service_s']:6.2f}s, decisions "
                   f"charged {a['decision_s']:.3f}s)", flush=True)
+    return rows, aggs
+
+
+def makespan_bounds() -> tuple[dict[int, dict[str, float]], int]:
+    """Lower bounds on the 16 x 512 MB makespan at r = 3 and r = 2; the link's chunks.
+
+    The fluid bounds hold for *any* policy; ``peace_model_makespan_s`` and
+    ``peace_whole_requests_makespan_s`` bound what Peace's own model admits, so a
+    makespan is judged against what is reachable, not only against HDFS.
+    """
     bounds = {r: fluid_bounds(paper_topology(), KEY[0], KEY[1] * MB, r) for r in (3, 2)}
     # Peace's own model: the inter-rack link carries at most `link_chunks` chunks per
     # timestep and direction, each at disk / dn_rcv_chunks; every chunk crosses it once
@@ -162,29 +199,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in (3, 2):
         bounds[r]["peace_model_makespan_s"] = n_chunks / (2 * link_chunks) * chunk_s
         bounds[r]["peace_whole_requests_makespan_s"] = n_chunks / (2 * whole_rate) * chunk_s
+    return bounds, link_chunks
 
-    print(f"1000 servers, {big_writers} writers x 512 MB, seeds {big_seeds}", flush=True)
-    large = run_large(big_writers, big_seeds, background_flows=300, oversubscription=4.0)
-    repeats = 3 if args.quick else 5
-    timing = {v: time_decisions(big_writers, repeats=repeats, variant=v)
+
+def run_thousand_servers(plan: Plan) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The 1000-server experiment (`run_large`) and the per-decision time of each variant.
+
+    The decision time is measured on the schedulers themselves (`time_decisions`),
+    not taken from the simulator, so the ms per decision stand on their own.
+    """
+    print(f"1000 servers, {plan.big_writers} writers x 512 MB, seeds {plan.big_seeds}",
+          flush=True)
+    large = run_large(plan.big_writers, plan.big_seeds, background_flows=300,
+                      oversubscription=4.0)
+    timing = {v: time_decisions(plan.big_writers, repeats=plan.timing_repeats, variant=v)
               for v in ("improved", "paper", "mcf")}
+    return large, timing
+
+
+def _fair(aggs: dict[int, Aggs], policy: str, r: int, prefix: str = "") -> dict[str, float]:
+    """``policy`` over ``hdfs-fair`` (same per-writer concurrency) on 16 x 512 MB at r."""
+    return {f"{prefix}{m}_ratio_vs_hdfs_fair_r{r}": _ratio(aggs[r], policy, "hdfs-fair", f)
+            for m, f in (("response", "mean_response_s"), ("makespan", "makespan_s"),
+                         ("service", "mean_service_s"))}
+
+
+def _vs_hdfs(a3: Aggs, policy: str, prefix: str) -> dict[str, float]:
+    """``policy`` over ``hdfs`` (1 pipeline per writer) on 16 x 512 MB at r = 3."""
+    return {f"{prefix}{m}_ratio_vs_hdfs_16x512": _ratio(a3, policy, "hdfs", f)
+            for m, f in (("response", "mean_response_s"), ("makespan", "makespan_s"),
+                         ("service", "mean_service_s"))}
+
+
+def _over_best(a: Aggs, metric: str) -> float:
+    """``peace-mcf``'s ``metric`` on 16 x 512 MB over the best Peace variant's."""
+    return a[("peace-mcf", *KEY)][metric] / min(a[(p, *KEY)][metric] for p in PEACE_POLICIES)
+
+
+def headline_ratios(aggs: dict[int, Aggs], large: dict[str, Any],
+                    timing: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The summary's definitions and ratios: Peace variants over the baselines.
+
+    Every ratio divides two runs of this process on the same workloads; the
+    like-for-like baseline is ``hdfs-fair`` and the headline is response time
+    (Peace's admission wait included, as HDFS's).
+    """
     lm = large["mean"]
     a3 = aggs[3]
 
-    def fair(policy: str, r: int, prefix: str = "") -> dict[str, float]:
-        a = aggs[r]
-        return {f"{prefix}response_ratio_vs_hdfs_fair_r{r}": _ratio(a, policy, "hdfs-fair", "mean_response_s"),
-                f"{prefix}makespan_ratio_vs_hdfs_fair_r{r}": _ratio(a, policy, "hdfs-fair", "makespan_s"),
-                f"{prefix}service_ratio_vs_hdfs_fair_r{r}": _ratio(a, policy, "hdfs-fair", "mean_service_s")}
+    def large_ratio(num: str, den: str, metric: str) -> float:
+        return float(lm[num][metric] / lm[den][metric])
 
-    def ratios(policy: str, prefix: str) -> dict[str, float]:
-        return {f"{prefix}response_ratio_vs_hdfs_16x512": _ratio(a3, policy, "hdfs", "mean_response_s"),
-                f"{prefix}makespan_ratio_vs_hdfs_16x512": _ratio(a3, policy, "hdfs", "makespan_s"),
-                f"{prefix}service_ratio_vs_hdfs_16x512": _ratio(a3, policy, "hdfs", "mean_service_s")}
-
-    best_response = min(a3[(p, *KEY)]["mean_response_s"] for p in PEACE_POLICIES)
-    best_makespan = min(a3[(p, *KEY)]["makespan_s"] for p in PEACE_POLICIES)
-    summary: dict[str, Any] = {
+    return {
         "network_model": "paper §6.2: capacity 2 on SND->UP and DN->RCV (all peace runs "
                          "except the labelled peace-paper-nic5 extra)",
         "peace": "improved scheduler (peace.scheduler variant 'improved')",
@@ -195,69 +261,77 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "is reported beside it",
         "decision_time": "charged: each timestep's chunks start after the measured CPU time "
                          "of the scheduler's decision (peace.simulator.PeacePolicy)",
-        **fair("peace", 3), **fair("peace", 2),
+        **_fair(aggs, "peace", 3), **_fair(aggs, "peace", 2),
         "peace_decision_s_charged_16x512_r3": aggs[3][("peace", *KEY)]["decision_s"],
         "peace_decision_s_charged_16x512_r2": aggs[2][("peace", *KEY)]["decision_s"],
-        "mcf_response_over_best_16x512": a3[("peace-mcf", *KEY)]["mean_response_s"] / best_response,
-        "mcf_makespan_over_best_16x512": a3[("peace-mcf", *KEY)]["makespan_s"] / best_makespan,
+        "mcf_response_over_best_16x512": _over_best(a3, "mean_response_s"),
+        "mcf_makespan_over_best_16x512": _over_best(a3, "makespan_s"),
         "mcf_ms_per_decision_1000": timing["mcf"]["ms_per_decision_median"],
         "mcf_ms_per_timestep_1000": timing["mcf"]["seconds_per_timestep"]["median"] * 1000,
-        **fair("peace-mcf", 3, "mcf_"), **fair("peace-mcf", 2, "mcf_"),
-        **fair("peace-paper", 3, "paper_"), **fair("peace-paper", 2, "paper_"),
-        **fair("peace-fill", 3, "fill_"), **fair("peace-fill", 2, "fill_"),
-        **fair("hdfs", 3, "hdfs1_"), **fair("hdfs", 2, "hdfs1_"),
-        **ratios("peace", ""),
-        "response_ratio_vs_hdfs_fair_1000":
-            lm["peace"]["mean_response_s"] / lm["hdfs-fair"]["mean_response_s"],
+        **_fair(aggs, "peace-mcf", 3, "mcf_"), **_fair(aggs, "peace-mcf", 2, "mcf_"),
+        **_fair(aggs, "peace-paper", 3, "paper_"), **_fair(aggs, "peace-paper", 2, "paper_"),
+        **_fair(aggs, "peace-fill", 3, "fill_"), **_fair(aggs, "peace-fill", 2, "fill_"),
+        **_fair(aggs, "hdfs", 3, "hdfs1_"), **_fair(aggs, "hdfs", 2, "hdfs1_"),
+        **_vs_hdfs(a3, "peace", ""),
+        "response_ratio_vs_hdfs_fair_1000": large_ratio("peace", "hdfs-fair", "mean_response_s"),
         "mcf_response_ratio_vs_hdfs_fair_1000":
-            lm["peace-mcf"]["mean_response_s"] / lm["hdfs-fair"]["mean_response_s"],
-        "service_speedup_1000": lm["hdfs"]["mean_service_s"] / lm["peace"]["mean_service_s"],
-        "makespan_ratio_vs_hdfs_1000": lm["peace"]["makespan_s"] / lm["hdfs"]["makespan_s"],
-        "service_speedup_vs_hdfs_fair_1000":
-            lm["hdfs-fair"]["mean_service_s"] / lm["peace"]["mean_service_s"],
-        "makespan_ratio_vs_hdfs_fair_1000": lm["peace"]["makespan_s"] / lm["hdfs-fair"]["makespan_s"],
+            large_ratio("peace-mcf", "hdfs-fair", "mean_response_s"),
+        "service_speedup_1000": large_ratio("hdfs", "peace", "mean_service_s"),
+        "makespan_ratio_vs_hdfs_1000": large_ratio("peace", "hdfs", "makespan_s"),
+        "service_speedup_vs_hdfs_fair_1000": large_ratio("hdfs-fair", "peace", "mean_service_s"),
+        "makespan_ratio_vs_hdfs_fair_1000": large_ratio("peace", "hdfs-fair", "makespan_s"),
         "mcf_service_speedup_vs_hdfs_fair_1000":
-            lm["hdfs-fair"]["mean_service_s"] / lm["peace-mcf"]["mean_service_s"],
-        "mcf_makespan_ratio_vs_hdfs_fair_1000":
-            lm["peace-mcf"]["makespan_s"] / lm["hdfs-fair"]["makespan_s"],
+            large_ratio("hdfs-fair", "peace-mcf", "mean_service_s"),
+        "mcf_makespan_ratio_vs_hdfs_fair_1000": large_ratio("peace-mcf", "hdfs-fair", "makespan_s"),
         "ms_per_decision_1000": timing["improved"]["ms_per_decision_median"],
-        **ratios("peace-paper", "paper_"),
+        **_vs_hdfs(a3, "peace-paper", "paper_"),
         "paper_ms_per_decision_1000": timing["paper"]["ms_per_decision_median"],
-        **ratios("peace-fill", "fill_"),
-        **ratios("peace-paper-nic5", "paper_nic5_"),
-        **ratios("admission", "admission_"),
+        **_vs_hdfs(a3, "peace-fill", "fill_"),
+        **_vs_hdfs(a3, "peace-paper-nic5", "paper_nic5_"),
+        **_vs_hdfs(a3, "admission", "admission_"),
     }
+
+
+def absolute_times(aggs: dict[int, Aggs], bounds: dict[int, dict[str, float]]
+                   ) -> dict[str, float]:
+    """The seconds behind the ratios on 16 x 512 MB, next to the makespan lower bounds."""
+    out: dict[str, float] = {}
     for r in (3, 2):
         ag = aggs[r]
         for p in ("hdfs-fair", "hdfs", "peace", "peace-mcf", "peace-fill"):
             tag = p.replace("-", "_")
-            summary[f"{tag}_response_s_16x512_r{r}"] = ag[(p, *KEY)]["mean_response_s"]
-            summary[f"{tag}_makespan_s_16x512_r{r}"] = ag[(p, *KEY)]["makespan_s"]
-            summary[f"{tag}_service_s_16x512_r{r}"] = ag[(p, *KEY)]["mean_service_s"]
-        summary[f"fluid_makespan_bound_s_16x512_r{r}"] = bounds[r]["makespan_s"]
-        summary[f"peace_model_makespan_bound_s_16x512_r{r}"] = bounds[r]["peace_model_makespan_s"]
-        summary[f"peace_whole_requests_makespan_bound_s_16x512_r{r}"] = \
+            out[f"{tag}_response_s_16x512_r{r}"] = ag[(p, *KEY)]["mean_response_s"]
+            out[f"{tag}_makespan_s_16x512_r{r}"] = ag[(p, *KEY)]["makespan_s"]
+            out[f"{tag}_service_s_16x512_r{r}"] = ag[(p, *KEY)]["mean_service_s"]
+        out[f"fluid_makespan_bound_s_16x512_r{r}"] = bounds[r]["makespan_s"]
+        out[f"peace_model_makespan_bound_s_16x512_r{r}"] = bounds[r]["peace_model_makespan_s"]
+        out[f"peace_whole_requests_makespan_bound_s_16x512_r{r}"] = \
             bounds[r]["peace_whole_requests_makespan_s"]
-    aggs2 = aggs[2]
-    best2_response = min(aggs2[(p, *KEY)]["mean_response_s"] for p in PEACE_POLICIES)
-    best2_makespan = min(aggs2[(p, *KEY)]["makespan_s"] for p in PEACE_POLICIES)
-    summary["mcf_response_over_best_16x512_r2"] = \
-        aggs2[("peace-mcf", *KEY)]["mean_response_s"] / best2_response
-    summary["mcf_makespan_over_best_16x512_r2"] = \
-        aggs2[("peace-mcf", *KEY)]["makespan_s"] / best2_makespan
-    s = summary
+    out["mcf_response_over_best_16x512_r2"] = _over_best(aggs[2], "mean_response_s")
+    out["mcf_makespan_over_best_16x512_r2"] = _over_best(aggs[2], "makespan_s")
+    return out
 
+
+def targets_met(s: dict[str, Any]) -> dict[str, dict[str, bool]]:
+    """The targets of issues 11 and 21 (module docstring), checked on the summary ``s``."""
     def met(prefix: str) -> dict[str, bool]:
         return {f"{m}_r{r}": s[f"{prefix}{m}_ratio_vs_hdfs_fair_r{r}"] <= lim
                 for r in (3, 2) for m, lim in (("response", 0.7), ("makespan", 1.0))}
 
-    summary["fair_targets_met"] = met("")
-    summary["mcf_fair_targets_met"] = met("mcf_")
-    summary["mcf_targets_met"] = {
-        "response_within_5pct_of_best": s["mcf_response_over_best_16x512"] <= 1.05,
-        "makespan_within_5pct_of_best": s["mcf_makespan_over_best_16x512"] <= 1.05,
-        "ms_per_decision_1000<=5": s["mcf_ms_per_decision_1000"] <= 5.0}
-    summary["makespan_explanation"] = (
+    return {"fair_targets_met": met(""), "mcf_fair_targets_met": met("mcf_"),
+            "mcf_targets_met": {
+                "response_within_5pct_of_best": s["mcf_response_over_best_16x512"] <= 1.05,
+                "makespan_within_5pct_of_best": s["mcf_makespan_over_best_16x512"] <= 1.05,
+                "ms_per_decision_1000<=5": s["mcf_ms_per_decision_1000"] <= 5.0}}
+
+
+def makespan_explanation(aggs: dict[int, Aggs], bounds: dict[int, dict[str, float]],
+                         link_chunks: int) -> str:
+    """Why the makespans are where they are, in this run's numbers."""
+    def mk(policy: str, r: int) -> float:
+        return aggs[r][(policy, *KEY)]["makespan_s"]
+
+    return (
         "Every chunk crosses the inter-rack link once (replica 2 is in the other rack), so the "
         f"link bounds every rack-aware policy: {bounds[2]['makespan_s']:.1f} s for 16 x 512 MB "
         f"at r = 2 and 3 (the disks alone allow {bounds[2]['disk_s']:.1f} s at r = 2, "
@@ -266,20 +340,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fifth chunk per direction puts two chunks on some disks (20 replicas on 17 disks) and "
         "slows the whole timestep, so the rate-aware cut (peace.scheduler, change 7) keeps 4 "
         "whole requests a timestep, 4 chunks per direction on undivided disks, link-bound: "
-        f"peace {aggs[2][('peace', *KEY)]['makespan_s']:.1f} s and peace-mcf "
-        f"{aggs[2][('peace-mcf', *KEY)]['makespan_s']:.1f} s against hdfs-fair's "
-        f"{aggs[2][('hdfs-fair', *KEY)]['makespan_s']:.1f} s, the rest over the fluid bound "
+        f"peace {mk('peace', 2):.1f} s and peace-mcf "
+        f"{mk('peace-mcf', 2):.1f} s against hdfs-fair's "
+        f"{mk('hdfs-fair', 2):.1f} s, the rest over the fluid bound "
         "being the decision time charged. At r = 3 disks must be shared (24+ replicas on 17 "
         "disks) and the full 10-chunk timestep moves the most bytes: "
-        f"{aggs[3][('peace', *KEY)]['makespan_s']:.1f} s and "
-        f"{aggs[3][('peace-mcf', *KEY)]['makespan_s']:.1f} s vs "
-        f"{aggs[3][('hdfs-fair', *KEY)]['makespan_s']:.1f} s.")
-    params = {"quick": args.quick, "seeds": seeds, "grid_writers": grid_writers,
-              "grid_sizes_mb": grid_sizes, "grid_policies": list(FIG10_POLICIES),
+        f"{mk('peace', 3):.1f} s and "
+        f"{mk('peace-mcf', 3):.1f} s vs "
+        f"{mk('hdfs-fair', 3):.1f} s.")
+
+
+def write_outputs(plan: Plan, summary: dict[str, Any], rows: list[Any],
+                  aggs: dict[int, Aggs], bounds: dict[int, dict[str, float]],
+                  large: dict[str, Any], timing: dict[str, Any], t_start: float) -> None:
+    """``<out>/peace_fig10.json`` (`_harness.write_result`) and the Figure 10 PNG."""
+    params = {"quick": plan.quick, "seeds": plan.seeds, "grid_writers": plan.grid_writers,
+              "grid_sizes_mb": plan.grid_sizes, "grid_policies": list(FIG10_POLICIES),
               "replications": [3, 2],
               "extra_policies_16x512": list(EXTRA_POLICIES), "snd_up_chunks": 2,
               "dn_rcv_chunks": 2, "calibration": CALIBRATION,
-              "large_writers": big_writers, "large_seeds": big_seeds}
+              "large_writers": plan.big_writers, "large_seeds": plan.big_seeds}
     data = {"grid": [r.to_dict() for r in rows],
             "grid_mean": [{"policy": k[0], "writers": k[1], "size_mb": k[2], "replication": r, **v}
                           for r, a in aggs.items() for k, v in a.items()],
@@ -287,18 +367,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             "large": large, "decision_timing": timing,
             "wall_s": time.perf_counter() - t_start}
     path = _harness.write_result(NAME, summary, data, params)
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    png = args.out / f"{NAME}.png"
+    plt, png = _harness.figure(NAME)
     fig = plot_figure10([r for r in rows if r.policy in FIG10_POLICIES],
                         title="Figure 10 in simulation: 17 servers (9+8), capacity 2 on SND->UP "
-                              f"and DN->RCV, {len(seeds)} seeds; hdfs-fair = HDFS with 2 "
+                              f"and DN->RCV, {len(plan.seeds)} seeds; hdfs-fair = HDFS with 2 "
                               "pipelines per writer (Peace's concurrency)")
     fig.savefig(png, dpi=110)
     plt.close(fig)
     print(f"wrote {path} and {png} in {time.perf_counter() - t_start:.1f}s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; returns 0.
+
+    Parse the plan; run the 17-server grids (Peace and baselines on the same
+    workloads) and the bounds; the 1000-server runs and decision timing; then
+    summarize as ratios and write the JSON and the PNG.
+    """
+    plan = parse_plan(argv)
+    t_start = time.perf_counter()
+    rows, aggs = run_grids(plan)
+    bounds, link_chunks = makespan_bounds()
+    large, timing = run_thousand_servers(plan)
+    summary: dict[str, Any] = {**headline_ratios(aggs, large, timing),
+                               **absolute_times(aggs, bounds)}
+    summary.update(targets_met(summary))
+    summary["makespan_explanation"] = makespan_explanation(aggs, bounds, link_chunks)
+    write_outputs(plan, summary, rows, aggs, bounds, large, timing, t_start)
     for k, v in summary.items():
         print(f"  {k}: {v}")
     return 0

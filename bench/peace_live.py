@@ -266,8 +266,8 @@ def _writer(i: int, partitions: int) -> str:
     return f"svr{1 + i % 2}.{1 + i // 2}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark (or, with ``--worker``, one partition); returns 0."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line: the bench's options, and the hidden ones of a ``--worker``."""
     ap = argparse.ArgumentParser(prog="python -m bench.peace_live", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8 partitions x 16 MB, 1 round")
@@ -291,33 +291,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--warmup-s", type=float, default=0.5, help=argparse.SUPPRESS)
     ap.add_argument("--scheduler", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        args.size_mb = args.size_mb or 16
-        return _worker(args)
-    partitions = args.partitions or (8 if args.quick else 16)
-    size_mb = args.size_mb or (16 if args.quick else 32)
-    rounds = args.rounds or (1 if args.quick else 2)
-    if not 2 <= partitions <= 32 or size_mb < 1 or rounds < 1:
-        ap.error("--partitions must be 2..32, --size-mb and --rounds >= 1")
+    return ap
 
-    import signal
 
-    from ioservice.testing import SeaweedCluster
+def coordinator_topology(args: argparse.Namespace, partitions: int) -> Any:
+    """The coordinator's model of this one-machine cluster (module docstring).
+
+    A writer's capacity is its I/O threads, a receiver's a few chunks; the
+    "inter-rack link" is loopback here, so its capacity and bandwidth are made
+    non-binding, and a receiver of this model is a partition, not a disk (every
+    volume server shares the machine's one disk), so it is as fast as its NIC:
+    the scheduler's rate-aware cut must not hold chunks back for a link or disks
+    that are not there.
+    """
     from peace.model import MB, paper_topology
-    from sguard.scheduling import start_coordinator
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up cluster and coordinator
-    t0 = time.perf_counter()
-    # a writer's capacity is its I/O threads, a receiver's a few chunks; the "inter-rack link"
-    # is loopback here, so its capacity and bandwidth are made non-binding, and a receiver
-    # of this model is a partition, not a disk (every volume server shares the machine's
-    # one disk), so it is as fast as its NIC: the scheduler's rate-aware cut must not hold
-    # chunks back for a link or disks that are not there
-    topo = paper_topology(rack_sizes=((partitions + 1) // 2, max(1, partitions // 2)),
+    return paper_topology(rack_sizes=((partitions + 1) // 2, max(1, partitions // 2)),
                           link_chunks=2 * partitions, link_bytes_per_s=1 << 40,
                           disk_bytes_per_s=125 * MB, snd_up_chunks=args.writer_chunks,
                           dn_rcv_chunks=args.receiver_chunks)
+
+
+def _print_round(res: dict[str, Any]) -> None:
+    """One line per round and mode: times, operator latency, volumes, CPU, load."""
+    print(f"  round {res['round']} {res['mode']:7s} coordinator: response "
+          f"{res['mean_response_s']:6.2f}s"
+          f" makespan {res['makespan_s']:6.2f}s (service {res['mean_service_s']:6.2f}s,"
+          f" max {res['max_service_s']:.2f}) operator p99 during "
+          f"{res['operator_ms_during']['p99']:.1f} ms (before "
+          f"{res['operator_ms_before']['p99']:.1f}) fallbacks {res['fallbacks']}"
+          f" volume MB {[round(b / 1e6) for b in res['volume_bytes']]}"
+          f" CPU s: machine {res['machine_cpu_s']:.1f}, SeaweedFS+coordinator "
+          f"{res['servers_cpu_s']:.1f}, partitions while checkpointing "
+          f"{sum(res['worker_cpu_s']):.1f};"
+          f" load {res['loadavg'][0]:.1f}",
+          flush=True)
+
+
+def measure_rounds(args: argparse.Namespace, topo: Any, partitions: int, size_mb: int,
+                   rounds: int) -> list[dict[str, Any]]:
+    """Each round: the partitions checkpoint at once without and with the coordinator.
+
+    Same cluster, same data, same 4 I/O threads per partition; the order of the
+    two modes alternates between rounds, and both modes' partitions build their
+    state before either runs, so the two runs are seconds apart.
+    """
+    from ioservice.testing import SeaweedCluster
+    from sguard.scheduling import start_coordinator
+
     runs: list[dict[str, Any]] = []
     with SeaweedCluster(racks=("rack1", "rack1", "rack2", "rack2"), replication="010",
                         volume_size_limit_mb=256) as cluster:
@@ -344,25 +364,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                     res["round"] = rnd
                     res["loadavg"] = os.getloadavg()
                     runs.append(res)
-                    print(f"  round {rnd} {mode:7s} coordinator: response {res['mean_response_s']:6.2f}s"
-                          f" makespan {res['makespan_s']:6.2f}s (service {res['mean_service_s']:6.2f}s,"
-                          f" max {res['max_service_s']:.2f}) operator p99 during "
-                          f"{res['operator_ms_during']['p99']:.1f} ms (before "
-                          f"{res['operator_ms_before']['p99']:.1f}) fallbacks {res['fallbacks']}"
-                          f" volume MB {[round(b / 1e6) for b in res['volume_bytes']]}"
-                          f" CPU s: machine {res['machine_cpu_s']:.1f}, SeaweedFS+coordinator "
-                          f"{res['servers_cpu_s']:.1f}, partitions while checkpointing "
-                          f"{sum(res['worker_cpu_s']):.1f};"
-                          f" load {res['loadavg'][0]:.1f}",
-                          flush=True)
+                    _print_round(res)
+    return runs
 
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """With over without the coordinator: means over rounds, and each round's own ratio."""
     def mean(mode: str, key: str) -> float:
         return float(np.mean([r[key] for r in runs if r["mode"] == mode]))
 
     def mean_op(mode: str, key: str, q: str) -> float:
         return float(np.mean([r[key][q] for r in runs if r["mode"] == mode]))
 
-    summary = {
+    def per_round(key: str) -> list[float]:
+        return [a[key] / b[key] for a, b in _pairs(runs)]
+
+    return {
         "response_ratio_with_over_without":
             mean("with", "mean_response_s") / mean("without", "mean_response_s"),
         "makespan_ratio_with_over_without": mean("with", "makespan_s") / mean("without", "makespan_s"),
@@ -376,31 +393,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         "with_makespan_s": mean("with", "makespan_s"),
         "without_makespan_s": mean("without", "makespan_s"),
         "with_fallbacks": sum(r["fallbacks"] for r in runs if r["mode"] == "with"),
-        "spread_service_ratio_per_round": [
-            a["mean_service_s"] / b["mean_service_s"] for a, b in _pairs(runs)],
-        "spread_makespan_ratio_per_round": [
-            a["makespan_s"] / b["makespan_s"] for a, b in _pairs(runs)],
-        "spread_response_ratio_per_round": [
-            a["mean_response_s"] / b["mean_response_s"] for a, b in _pairs(runs)],
+        "spread_service_ratio_per_round": per_round("mean_service_s"),
+        "spread_makespan_ratio_per_round": per_round("makespan_s"),
+        "spread_response_ratio_per_round": per_round("mean_response_s"),
         "caveat": "one machine: all volume servers share one disk and 2 CPUs; loopback network; "
                   "admission only (SeaweedFS's S3 gateway places replicas)",
     }
-    params = {"quick": args.quick, "partitions": partitions, "size_mb": size_mb, "rounds": rounds,
-              "coordinator_model": f"{args.writer_chunks} chunks per writer (its I/O threads), "
-                                   f"{args.receiver_chunks} per receiver, r = 2, "
-                                   "inter-rack link not binding (loopback), receivers as fast "
-                                   "as their NIC (no per-receiver disk on one machine)",
-              "chunk_mb": args.chunk_mb, "writer_chunks": args.writer_chunks,
-              "receiver_chunks": args.receiver_chunks, "work_conserving": not args.barrier, "replication": "010 (2 copies, one per rack)", "page_bytes": PAGE,
-              "batch": BATCH, "coordinator_topology": topo.name, "io_workers": 4}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{NAME}.json"
+
+
+def run_params(args: argparse.Namespace, partitions: int, size_mb: int, rounds: int,
+               topo: Any) -> dict[str, Any]:
+    """The ``params`` of the result: what was run and the coordinator's model."""
+    return {"quick": args.quick, "partitions": partitions, "size_mb": size_mb, "rounds": rounds,
+            "coordinator_model": f"{args.writer_chunks} chunks per writer (its I/O threads), "
+                                 f"{args.receiver_chunks} per receiver, r = 2, "
+                                 "inter-rack link not binding (loopback), receivers as fast "
+                                 "as their NIC (no per-receiver disk on one machine)",
+            "chunk_mb": args.chunk_mb, "writer_chunks": args.writer_chunks,
+            "receiver_chunks": args.receiver_chunks, "work_conserving": not args.barrier,
+            "replication": "010 (2 copies, one per rack)", "page_bytes": PAGE,
+            "batch": BATCH, "coordinator_topology": topo.name, "io_workers": 4}
+
+
+def write_json(out: Path, summary: dict[str, Any], params: dict[str, Any],
+               runs: list[dict[str, Any]], t0: float) -> Path:
+    """``<out>/peace_live.json``: summary, params, the runs, the machine and its load."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{NAME}.json"
     path.write_text(json.dumps({
         "summary": summary, "params": params, "data": {"runs": runs,
                                                        "wall_s": time.perf_counter() - t0},
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "platform": platform.platform(), "loadavg": os.getloadavg()},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2, default=float))
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (or, with ``--worker``, one partition); returns 0.
+
+    Parse; model the cluster for the coordinator; run the rounds without and with
+    it; summarize as ratios; write the JSON and the PNG.
+    """
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.worker:
+        args.size_mb = args.size_mb or 16
+        return _worker(args)
+    partitions = args.partitions or (8 if args.quick else 16)
+    size_mb = args.size_mb or (16 if args.quick else 32)
+    rounds = args.rounds or (1 if args.quick else 2)
+    if not 2 <= partitions <= 32 or size_mb < 1 or rounds < 1:
+        ap.error("--partitions must be 2..32, --size-mb and --rounds >= 1")
+
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up cluster and coordinator
+    t0 = time.perf_counter()
+    topo = coordinator_topology(args, partitions)
+    runs = measure_rounds(args, topo, partitions, size_mb, rounds)
+    summary = summarize(runs)
+    path = write_json(args.out, summary, run_params(args, partitions, size_mb, rounds, topo),
+                      runs, t0)
     _plot(runs, args.out / f"{NAME}.png", partitions, size_mb)
     print(f"wrote {path} in {time.perf_counter() - t0:.1f}s")
     for k, v in summary.items():

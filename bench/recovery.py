@@ -255,7 +255,10 @@ def measure(root: StorageRoot, haunit: str, man_name: str, files: list[str], siz
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+# -- the phases of a run ----------------------------------------------------------------------------
+def parse_plan(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[int], int]:
+    """Parse the command line (module docstring): the arguments, the state sizes in MB and
+    the repeats (their ``--quick`` defaults filled in)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sizes-mb", type=int, nargs="+", default=None,
@@ -269,87 +272,100 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "while it reads: use on a shared machine only briefly)")
     args = parse_args(ap, argv)
     sizes = args.sizes_mb or ([64, 512] if args.quick else [64, 128, 256, 512])
-    repeats = args.repeats or (5 if args.quick else 7)
-    load_before = os.getloadavg()
-    tmp = tempfile.mkdtemp(prefix="sguard-recovery-")
-    rows: list[dict[str, Any]] = []
+    return args, sizes, args.repeats or (5 if args.quick else 7)
+
+
+def measure_config(root: StorageRoot, args: argparse.Namespace, pb: int, size: int,
+                   repeats: int) -> tuple[dict[str, Any], str]:
+    """One page size and state size: checkpoint the state once, then `measure` recovery
+    against reading the same files, repeat by repeat. Returns the row and the priority
+    the timed part ran at."""
+    t = time.perf_counter()
+    pm, n_keys = build(size * MB, pb)
+    state = pm.stats()["used_bytes"]
+    haunit = f"agg-{pb // 1024}k-{size}"
+    with CheckpointManager(pm, root, haunit, n_workers=args.workers) as mgr:
+        man = mgr.checkpoint(full=True).result()  # type: ignore[union-attr]
+    del pm, mgr
+    gc.collect()
+    files = [f.path for f in man.files]
+    fsizes = [f.size_bytes for f in man.files]
+    built = time.perf_counter() - t
+    prio = set_priority(args.priority)  # the reader threads start inside
     try:
-        root = open_root("file://" + tmp)
-        for pb in args.page_bytes:
-            for size in sizes:
-                t = time.perf_counter()
-                pm, n_keys = build(size * MB, pb)
-                state = pm.stats()["used_bytes"]
-                haunit = f"agg-{pb // 1024}k-{size}"
-                with CheckpointManager(pm, root, haunit, n_workers=args.workers) as mgr:
-                    man = mgr.checkpoint(full=True).result()  # type: ignore[union-attr]
-                del pm, mgr
-                gc.collect()
-                files = [f.path for f in man.files]
-                fsizes = [f.size_bytes for f in man.files]
-                built = time.perf_counter() - t
-                prio = set_priority(args.priority)  # the reader threads start inside
-                try:
-                    m = measure(root, haunit, man.name, files, fsizes, n_keys, pb, state,
-                                args.workers, repeats)
-                finally:
-                    set_priority("normal")
-                row = {"page_bytes": pb, "target_mb": size, "state_bytes": state,
-                       "pages": man.n_pages, "keys": n_keys, **m}
-                rows.append(row)
-                root.delete_dir(f"checkpoint/{man.name}", missing_ok=True)
-                print(f"{pb // 1024:>2} KB pages, {state / MB:5.0f} MB ({man.n_pages:6d} pages, "
-                      f"built {built:4.1f} s): rebuild {m['rebuild']['median'] * 1e3:6.1f} ms "
-                      f"(finish {m['finish']['median'] * 1e3:5.1f} + index "
-                      f"{m['index']['median'] * 1e3:5.1f}); recovery/read cold "
-                      f"{m['recovery_over_read_cold']:.2f} ({m['recovery_cold']['median']:.3f} / "
-                      f"{m['read_cold']['median']:.3f} s), warm {m['recovery_over_read_warm']:.2f} "
-                      f"({m['recovery_warm']['median']:.3f} / {m['read_warm']['median']:.3f} s); "
-                      f"CPU time cold {m['recovery_over_read_cpu_cold']:.2f}, warm "
-                      f"{m['recovery_over_read_cpu_warm']:.2f}")
-                print("   passes (median ms): " + ", ".join(
-                    f"{k} {v['median'] * 1e3:.1f}" for k, v in m["passes"].items()))
+        m = measure(root, haunit, man.name, files, fsizes, n_keys, pb, state,
+                    args.workers, repeats)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    big = [r for r in rows if r["target_mb"] == 512]
+        set_priority("normal")
+    row = {"page_bytes": pb, "target_mb": size, "state_bytes": state,
+           "pages": man.n_pages, "keys": n_keys, **m}
+    root.delete_dir(f"checkpoint/{man.name}", missing_ok=True)
+    _print_row(row, built)
+    return row, prio
+
+
+def _print_row(row: dict[str, Any], built: float) -> None:
+    """One configuration's medians and ratios, and its per-pass profile."""
+    m = row
+    print(f"{row['page_bytes'] // 1024:>2} KB pages, {row['state_bytes'] / MB:5.0f} MB "
+          f"({row['pages']:6d} pages, "
+          f"built {built:4.1f} s): rebuild {m['rebuild']['median'] * 1e3:6.1f} ms "
+          f"(finish {m['finish']['median'] * 1e3:5.1f} + index "
+          f"{m['index']['median'] * 1e3:5.1f}); recovery/read cold "
+          f"{m['recovery_over_read_cold']:.2f} ({m['recovery_cold']['median']:.3f} / "
+          f"{m['read_cold']['median']:.3f} s), warm {m['recovery_over_read_warm']:.2f} "
+          f"({m['recovery_warm']['median']:.3f} / {m['read_warm']['median']:.3f} s); "
+          f"CPU time cold {m['recovery_over_read_cpu_cold']:.2f}, warm "
+          f"{m['recovery_over_read_cpu_warm']:.2f}")
+    print("   passes (median ms): " + ", ".join(
+        f"{k} {v['median'] * 1e3:.1f}" for k, v in m["passes"].items()))
+
+
+def summarize_512mb(big: list[dict[str, Any]]) -> dict[str, Any]:
+    """The 512 MB rows' summary: the worse page size first, then each page size's.
+
+    Every ratio is `measure`'s median over repeats of recovery / read measured
+    back to back, warm and cold, in wall and in CPU time.
+    """
     summary: dict[str, Any] = {}
-    if big:
-        worst = max(big, key=lambda r: r["rebuild"]["median"])
-        summary["rebuild_ms_512mb"] = worst["rebuild"]["median"] * 1e3
-        summary["rebuild_ms_512mb_page_bytes"] = worst["page_bytes"]
-        summary["recovery_over_read_512mb"] = max(r["recovery_over_read_warm"] for r in big)
-        summary["recovery_over_read_512mb_cold"] = max(r["recovery_over_read_cold"] for r in big)
-        summary["recovery_over_read_cpu_512mb"] = max(r["recovery_over_read_cpu_warm"]
-                                                      for r in big)
-        summary["recovery_over_read_cpu_512mb_cold"] = max(r["recovery_over_read_cpu_cold"]
-                                                           for r in big)
-        for r in big:
-            k = f"{r['page_bytes'] // 1024}kb"
-            summary[f"rebuild_ms_512mb_{k}"] = r["rebuild"]["median"] * 1e3
-            summary[f"recovery_over_read_512mb_{k}"] = r["recovery_over_read_warm"]
-            summary[f"recovery_over_read_512mb_{k}_cold"] = r["recovery_over_read_cold"]
-            summary[f"recovery_over_read_cpu_512mb_{k}"] = r["recovery_over_read_cpu_warm"]
-            summary[f"recovery_over_read_cpu_512mb_{k}_cold"] = r["recovery_over_read_cpu_cold"]
-            summary[f"recovery_cpu_s_512mb_{k}"] = r["recovery_warm_cpu"]["median"]
-            summary[f"read_cpu_s_512mb_{k}"] = r["read_warm_cpu"]["median"]
-            summary[f"recovery_s_512mb_{k}"] = r["recovery_warm"]["median"]
-            summary[f"read_s_512mb_{k}"] = r["read_warm"]["median"]
-            summary[f"passes_ms_512mb_{k}"] = {p: v["median"] * 1e3
-                                               for p, v in r["passes"].items()}
-    summary["loadavg_1min_before_after"] = [load_before[0], os.getloadavg()[0]]
+    worst = max(big, key=lambda r: r["rebuild"]["median"])
+    summary["rebuild_ms_512mb"] = worst["rebuild"]["median"] * 1e3
+    summary["rebuild_ms_512mb_page_bytes"] = worst["page_bytes"]
+    summary["recovery_over_read_512mb"] = max(r["recovery_over_read_warm"] for r in big)
+    summary["recovery_over_read_512mb_cold"] = max(r["recovery_over_read_cold"] for r in big)
+    summary["recovery_over_read_cpu_512mb"] = max(r["recovery_over_read_cpu_warm"] for r in big)
+    summary["recovery_over_read_cpu_512mb_cold"] = max(r["recovery_over_read_cpu_cold"]
+                                                       for r in big)
+    for r in big:
+        k = f"{r['page_bytes'] // 1024}kb"
+        summary[f"rebuild_ms_512mb_{k}"] = r["rebuild"]["median"] * 1e3
+        summary[f"recovery_over_read_512mb_{k}"] = r["recovery_over_read_warm"]
+        summary[f"recovery_over_read_512mb_{k}_cold"] = r["recovery_over_read_cold"]
+        summary[f"recovery_over_read_cpu_512mb_{k}"] = r["recovery_over_read_cpu_warm"]
+        summary[f"recovery_over_read_cpu_512mb_{k}_cold"] = r["recovery_over_read_cpu_cold"]
+        summary[f"recovery_cpu_s_512mb_{k}"] = r["recovery_warm_cpu"]["median"]
+        summary[f"read_cpu_s_512mb_{k}"] = r["read_warm_cpu"]["median"]
+        summary[f"recovery_s_512mb_{k}"] = r["recovery_warm"]["median"]
+        summary[f"read_s_512mb_{k}"] = r["read_warm"]["median"]
+        summary[f"passes_ms_512mb_{k}"] = {p: v["median"] * 1e3 for p, v in r["passes"].items()}
+    return summary
+
+
+def summarize(rows: list[dict[str, Any]], priority: str, load_before: float
+              ) -> dict[str, Any]:
+    """The summary: the 512 MB fields (when run), then the run's conditions and targets."""
+    big = [r for r in rows if r["target_mb"] == 512]
+    summary: dict[str, Any] = summarize_512mb(big) if big else {}
+    summary["loadavg_1min_before_after"] = [load_before, os.getloadavg()[0]]
     summary["cpus"] = os.cpu_count()
-    summary["priority"] = prio if rows else args.priority
+    summary["priority"] = priority
     summary["targets"] = {"rebuild_ms_512mb": "<= 60", "recovery_over_read_512mb": "<= 1.1",
                           "recovery_over_read_512mb_cold": "<= 1.1"}
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()})
-    params = {"quick": args.quick, "sizes_mb": sizes, "page_bytes": args.page_bytes,
-              "workers": args.workers, "repeats": repeats, "priority": args.priority,
-              "storage": "file:// temporary dir",
-              "page_cache": "posix_fadvise(DONTNEED) on the page files before every read",
-              "summary_ratio": "median over repeats of recovery / read measured back to back "
-                               "(order alternating), the worse page size; warm in "
-                               "recovery_over_read_512mb, cold in ..._cold"}
-    path = write_result("recovery", summary, {"rows": rows}, params)
+    return summary
+
+
+def plot(rows: list[dict[str, Any]], args: argparse.Namespace, json_path: Path) -> int:
+    """``<out>/recovery.png``: rebuild time, and recovery against reading, by state size."""
     plt, png = figure("recovery")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for pb in args.page_bytes:
@@ -370,7 +386,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     a2.set_ylabel("s")
     a2.set_title(f"Whole recovery vs reading the files ({args.workers} threads, warm)")
     a2.legend(fontsize=7)
-    return save_figure(fig, png, path)
+    return save_figure(fig, png, json_path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse; per page size and state size, checkpoint and measure recovery against read;
+    summarize the paired ratios; write the JSON and the PNG. Returns 0."""
+    args, sizes, repeats = parse_plan(argv)
+    load_before = os.getloadavg()
+    tmp = tempfile.mkdtemp(prefix="sguard-recovery-")
+    rows: list[dict[str, Any]] = []
+    prio = args.priority
+    try:
+        root = open_root("file://" + tmp)
+        for pb in args.page_bytes:
+            for size in sizes:
+                row, prio = measure_config(root, args, pb, size, repeats)
+                rows.append(row)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary = summarize(rows, prio, load_before[0])
+    print({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()})
+    params = {"quick": args.quick, "sizes_mb": sizes, "page_bytes": args.page_bytes,
+              "workers": args.workers, "repeats": repeats, "priority": args.priority,
+              "storage": "file:// temporary dir",
+              "page_cache": "posix_fadvise(DONTNEED) on the page files before every read",
+              "summary_ratio": "median over repeats of recovery / read measured back to back "
+                               "(order alternating), the worse page size; warm in "
+                               "recovery_over_read_512mb, cold in ..._cold"}
+    path = write_result("recovery", summary, {"rows": rows}, params)
+    return plot(rows, args, path)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -391,8 +392,21 @@ def driver_memory(uris: Sequence[str], rounds: int) -> dict[str, Any]:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-# -- main ------------------------------------------------------------------------------------------
-def main(argv: Sequence[str] | None = None) -> int:
+# -- the phases of a run --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """The parsed arguments and what ``--quick`` chooses."""
+    args: argparse.Namespace
+    state_mb: int
+    key_groups: int
+    repeats: int
+    replay_rows: int
+    warm: int
+    """Untimed warm-up rounds before the repeats (0 with ``--quick``)."""
+
+
+def parse_plan(argv: Sequence[str] | None) -> Plan:
+    """Parse the command line (module docstring) and fill in the defaults of a `Plan`."""
     ap = argparse.ArgumentParser(prog="python -m bench.rescale", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
                     help="one repeat, fewer replayed rows, a small Spark restart (CI)")
@@ -409,164 +423,242 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="skip the Spark parts (driver memory, restart downtime)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = _harness.parse_args(ap, argv)  # adds --out (default bench/out)
-    state_mb, K = args.state_mb, args.key_groups
-    repeats = args.repeats or (1 if args.quick else 3)
-    replay_rows = args.replay_rows if args.replay_rows is not None else \
-        (1_000_000 if args.quick else 4_000_000)
-    from sguard.rescale import repartition
+    return Plan(args=args, state_mb=args.state_mb, key_groups=args.key_groups,
+                repeats=args.repeats or (1 if args.quick else 3),
+                replay_rows=args.replay_rows if args.replay_rows is not None else
+                (1_000_000 if args.quick else 4_000_000),
+                warm=0 if args.quick else 1)
 
+
+def build_state(plan: Plan, uri: str) -> dict[str, Any]:
+    """The bench's state in 2 partitions (`build`), with the seconds it took."""
+    t = time.perf_counter()
+    info = build(uri, plan.state_mb * MB, 2, plan.key_groups)
+    info = dict(info, seconds=time.perf_counter() - t)
+    print(f"built {info['state_bytes'] / MB:.0f} MB of state ({info['keys']} keys, "
+          f"{info['pages']} pages, K={plan.key_groups}) in {info['seconds']:.1f} s", flush=True)
+    return info
+
+
+def measure_repartition(plan: Plan, uri: str, scratch: str) -> list[dict[str, Any]]:
+    """Repartition 2 -> 4 and 4 -> 2, with and without verify, each against a copy.
+
+    The baseline (`copy_files`) is measured right before each repartition, so
+    every ratio compares two runs moments apart under the same load and page
+    cache. Returns one row per timed repartition (warm-up rounds dropped).
+    """
+    from sguard.rescale import repartition
+    runs: list[dict[str, Any]] = []
+    steps = [(4, True), (2, True), (4, False), (2, False)]
+    for r in range(plan.repeats + plan.warm):  # the first round is a warm-up (not with --quick)
+        for P2, verify in steps:
+            copy_s, nbytes = copy_files(uri, os.path.join(scratch, "copy"))
+            res = repartition(uri, P2, verify=verify)
+            row: dict[str, Any] = {
+                "round": r, "from": res.from_partitions, "to": P2, "verify": verify,
+                "copy_s": copy_s, "copy_bytes": nbytes, "copy_gb_s": nbytes / copy_s / 1e9,
+                "repartition_s": res.seconds, "bytes_read": res.bytes_read,
+                "state_bytes": res.state_bytes, "pages": res.pages,
+                "phases_s": res.phases_s, "ratio_vs_copy": copy_s / res.seconds}
+            if r >= plan.warm:
+                runs.append(row)
+            ph = res.phases_s
+            print(f"round {r} {res.from_partitions}->{P2} verify={verify!s:5}: "
+                  f"{res.seconds:6.3f} s, copy {copy_s:5.2f} s "
+                  f"({row['copy_gb_s']:.2f} GB/s), ratio {row['ratio_vs_copy']:.2f} "
+                  f"[" + " ".join(f"{k[:-2]} {v:.3f}" for k, v in ph.items())
+                  + f"; read {res.bytes_read / MB:.0f} MB]", flush=True)
+    shutil.rmtree(os.path.join(scratch, "copy"), ignore_errors=True)
+    return runs
+
+
+def measure_recovery(plan: Plan, uri: str, n_keys: int) -> dict[str, list[dict[str, Any]]]:
+    """Recovery of the state repartitioned to 1 partition: as 1 process and as 4 pieces.
+
+    Both run in the same warmed pool of 4 processes, with and without replay,
+    alternating within each round; each recovery must restore every key built,
+    and as 1 and as 4 must end with the same keys. Returns the runs per
+    ``as{k}_replay{rows}`` (warm-up rounds dropped).
+    """
+    from sguard.rescale import repartition
+    repartition(uri, 1)
+    rec: dict[str, list[dict[str, Any]]] = {}
+    ctx = mp.get_context("forkserver")
+    with ctx.Manager() as manager, ProcessPoolExecutor(4, mp_context=ctx) as pool:
+        warm_barrier = manager.Barrier(4)
+        pids = set(pool.map(_warm, [warm_barrier] * 4))
+        assert len(pids) == 4, pids  # every pool process warmed
+        for rnd in range(plan.repeats + plan.warm):
+            for replay in (0, plan.replay_rows):
+                for k in (1, 4):
+                    out = recovery(uri, k, replay, n_keys, pool, manager)
+                    print(f"round {rnd} recovery as {k} (replay {replay} rows): restore "
+                          f"{out['restore_s']:.2f} s, total {out['total_s']:.2f} s, keys "
+                          f"{out['keys_restored']} -> {out['keys_after']}; CPU s: sum "
+                          f"{out['cpu_s_sum']:.2f}, slowest piece {out['cpu_s_max']:.2f}"
+                          f" (restore " + " ".join(f"{x:.2f}" for x in
+                                                   out["cpu_restore_s_each"])
+                          + f"); load {os.getloadavg()[0]:.1f}", flush=True)
+                    if out["keys_restored"] != n_keys:
+                        raise AssertionError(f"recovered {out['keys_restored']} keys as "
+                                             f"{k}, built {n_keys}")
+                    if rnd >= plan.warm:
+                        rec.setdefault(f"as{k}_replay{replay}", []).append(out)
+    for key in rec:  # as 1 and as 4 end with the same keys
+        if len({x["keys_after"] for x in rec[key]}
+               | {x["keys_after"] for x in rec[key.replace("as4", "as1")]}) != 1:
+            raise AssertionError(f"recovery {key}: keys differ between as 1 and as 4")
+    return rec
+
+
+def measure_driver_memory(plan: Plan, uri: str, scratch: str, info: dict[str, Any],
+                          data: dict[str, Any]) -> dict[str, Any]:
+    """The driver's memory running `repartition_job` on the bench's state and a small one.
+
+    Both states go through the same fresh driver process (`driver_memory`); equal
+    peaks mean the driver does not hold state. Stores the raw calls in
+    ``data["driver_memory"]``; returns the summary fields.
+    """
+    small = os.path.join(scratch, "small")
+    build(small, plan.args.small_state_mb * MB, 2, plan.key_groups)
+    t = time.perf_counter()
+    data["driver_memory"] = dm = driver_memory([small, uri], 1 if plan.args.quick else 2)
+    print(f"driver memory ({time.perf_counter() - t:.0f} s): " + ", ".join(
+        f"{c['from']}->{c['to']} {c['state_bytes'] / MB:.0f} MB: +"
+        f"{c['rss_growth_mb']:.1f} MB RSS, tracemalloc {c['tracemalloc_peak_mb']:.1f}"
+        f" MB, {c['seconds']:.2f} s" for c in dm["calls"]), flush=True)
+    shutil.rmtree(small, ignore_errors=True)
+    return driver_memory_summary(dm, uri, small, info["state_bytes"])
+
+
+def driver_memory_summary(dm: dict[str, Any], uri: str, small: str, state_bytes: int
+                          ) -> dict[str, Any]:
+    """The summary fields of `driver_memory`'s calls on the bench's state ``uri`` and the
+    small one: the peaks over the calls (after the cold call) and the job's seconds."""
+    calls = dm["calls"]
+
+    def peak(u: str, f: str) -> float:
+        return float(max(c[f] for c in calls if c["uri"] == u))
+    return {
+        "driver_peak_mb": peak(uri, "rss_growth_mb"),
+        "driver_peak_mb_small_state": peak(small, "rss_growth_mb"),
+        "driver_tracemalloc_peak_mb": peak(uri, "tracemalloc_peak_mb"),
+        "driver_tracemalloc_peak_mb_small_state": peak(small, "tracemalloc_peak_mb"),
+        "driver_state_mb": state_bytes / MB,
+        "driver_small_state_mb": float(max(c["state_bytes"] for c in calls
+                                           if c["uri"] == small)) / MB,
+        "repartition_job_s": float(np.median([c["seconds"] for c in calls
+                                              if c["uri"] == uri])),
+        "repartition_job_cold_s": dm["cold_call"]["seconds"],
+    }
+
+
+def measure_spark(plan: Plan, uri: str, scratch: str, info: dict[str, Any],
+                  data: dict[str, Any]) -> dict[str, Any]:
+    """The Spark parts (skipped with ``--no-spark``): driver memory, then restart downtime.
+
+    The restart (`bench._spark_restart`) measures a real query restarted with 4
+    partitions against the same restart without a partition change, in one run.
+    """
+    if plan.args.no_spark:
+        return {}
+    spark_summary = measure_driver_memory(plan, uri, scratch, info, data)
+    from bench import _spark_restart  # a real Spark query restarted with 4 partitions
+    data["spark_restart"] = _spark_restart.run(
+        min(plan.state_mb, plan.args.restart_mb_quick) if plan.args.quick else plan.state_mb,
+        scratch, cycles=1 if plan.args.quick else 3, key_groups=plan.key_groups)
+    spark_summary.update(_spark_restart.summarize(data["spark_restart"]))
+    return spark_summary
+
+
+def repartition_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Repartition against its copy baseline: medians over repeats and both directions."""
+    vr = [x for x in runs if x["verify"]]
+    nv = [x for x in runs if not x["verify"]]
+    ratios = [x["ratio_vs_copy"] for x in vr]
+    return {
+        "repartition_ratio_vs_copy": float(np.median(ratios)),
+        "repartition_ratio_vs_copy_min_max": [float(min(ratios)), float(max(ratios))],
+        "repartition_ratio_vs_copy_no_verify": float(np.median(
+            [x["ratio_vs_copy"] for x in nv])),
+        "repartition_2to4_s": float(np.median([x["repartition_s"] for x in vr
+                                               if x["to"] == 4])),
+        "repartition_4to2_s": float(np.median([x["repartition_s"] for x in vr
+                                               if x["to"] == 2])),
+        "repartition_no_verify_s": float(np.median([x["repartition_s"] for x in nv])),
+        "copy_s": float(np.median([x["copy_s"] for x in vr])),
+        "copy_gb_s": float(np.median([x["copy_gb_s"] for x in vr])),
+        "verify_read_over_state": float(np.median([x["bytes_read"] / x["state_bytes"]
+                                                   for x in vr])),
+        "pages_copied": 0,
+    }
+
+
+def recovery_summary(rec: dict[str, list[dict[str, Any]]], replay_rows: int) -> dict[str, Any]:
+    """Recovery as 4 pieces against as 1: wall-clock speedups and the workers' CPU time."""
+    def med(key: str, field: str) -> float:
+        return float(np.median([x[field] for x in rec[key]]))
+
+    as1, as4 = f"as1_replay{replay_rows}", f"as4_replay{replay_rows}"
+    return {
+        "recovery_speedup_4_over_1": med(as1, "total_s") / med(as4, "total_s"),
+        "recovery_speedup_4_over_1_min_max": _spread(rec, replay_rows),
+        "recovery_speedup_4_over_1_restore_only":
+            med("as1_replay0", "total_s") / med("as4_replay0", "total_s"),
+        # CPU time (process_time of each worker): what the machine's load cannot inflate
+        "recovery_cpu_as1_s": med(as1, "cpu_s_sum"),
+        "recovery_cpu_as4_sum_s": med(as4, "cpu_s_sum"),
+        "recovery_cpu_as4_slowest_piece_s": med(as4, "cpu_s_max"),
+        "recovery_cpu_overhead_4_over_1": med(as4, "cpu_s_sum") / med(as1, "cpu_s_sum"),
+        "recovery_speedup_4_over_1_cpu_bound_2_cores": med(as1, "cpu_s_sum") / max(
+            med(as4, "cpu_s_sum") / 2, med(as4, "cpu_s_max")),
+        "recovery_cpu_restore_as1_s": float(np.median(
+            [x["cpu_restore_s_each"][0] for x in rec[as1]])),
+        "recovery_cpu_restore_as4_sum_s": float(np.median(
+            [sum(x["cpu_restore_s_each"]) for x in rec[as4]])),
+        "recovery_as1_s": med(as1, "total_s"),
+        "recovery_as4_s": med(as4, "total_s"),
+        "replay_rows": replay_rows,
+    }
+
+
+def summarize(plan: Plan, data: dict[str, Any], spark_summary: dict[str, Any]
+              ) -> dict[str, Any]:
+    """The summary: repartition and recovery ratios, the Spark fields, the run's conditions."""
+    return {
+        **repartition_summary(data["runs"]),
+        **recovery_summary(data["recovery"], plan.replay_rows),
+        **spark_summary,
+        "state_mb": data["build"]["state_bytes"] / MB,
+        "key_groups": plan.key_groups,
+        "repeats": plan.repeats,
+        "loadavg_before_after": [list(data["load_before"]), list(os.getloadavg())],
+        "targets": {"repartition_ratio_vs_copy": ">= 1.0 (136 MB and 1 GB)",
+                    "recovery_speedup_4_over_1": ">= 1.6",
+                    "restart_downtime_ratio_vs_unchanged": "<= 1.2",
+                    "driver_peak_mb": "does not grow with the state"},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse; build the state; repartition vs copy; recovery as 4 vs as 1; the Spark
+    parts; summarize; write the JSON and the PNG. Returns 0."""
+    plan = parse_plan(argv)
     _warm()  # numba kernels loaded from their cache before anything is timed
-    scratch = tempfile.mkdtemp(prefix="bench-rescale-", dir=args.dir)
+    scratch = tempfile.mkdtemp(prefix="bench-rescale-", dir=plan.args.dir)
     uri = os.path.join(scratch, "state")
     data: dict[str, Any] = {"runs": [], "load_before": os.getloadavg()}
     try:
-        t = time.perf_counter()
-        info = build(uri, state_mb * MB, 2, K)
-        data["build"] = dict(info, seconds=time.perf_counter() - t)
-        print(f"built {info['state_bytes'] / MB:.0f} MB of state ({info['keys']} keys, "
-              f"{info['pages']} pages, K={K}) in {data['build']['seconds']:.1f} s", flush=True)
-        warm = 0 if args.quick else 1
-        steps = [(4, True), (2, True), (4, False), (2, False)]
-        for r in range(repeats + warm):  # the first round is a warm-up (not with --quick)
-            for P2, verify in steps:
-                copy_s, nbytes = copy_files(uri, os.path.join(scratch, "copy"))
-                res = repartition(uri, P2, verify=verify)
-                row: dict[str, Any] = {
-                    "round": r, "from": res.from_partitions, "to": P2, "verify": verify,
-                    "copy_s": copy_s, "copy_bytes": nbytes, "copy_gb_s": nbytes / copy_s / 1e9,
-                    "repartition_s": res.seconds, "bytes_read": res.bytes_read,
-                    "state_bytes": res.state_bytes, "pages": res.pages,
-                    "phases_s": res.phases_s, "ratio_vs_copy": copy_s / res.seconds}
-                if r >= warm:
-                    data["runs"].append(row)
-                ph = res.phases_s
-                print(f"round {r} {res.from_partitions}->{P2} verify={verify!s:5}: "
-                      f"{res.seconds:6.3f} s, copy {copy_s:5.2f} s "
-                      f"({row['copy_gb_s']:.2f} GB/s), ratio {row['ratio_vs_copy']:.2f} "
-                      f"[" + " ".join(f"{k[:-2]} {v:.3f}" for k, v in ph.items())
-                      + f"; read {res.bytes_read / MB:.0f} MB]", flush=True)
-        shutil.rmtree(os.path.join(scratch, "copy"), ignore_errors=True)
-        res = repartition(uri, 1)
-        rec: dict[str, list[dict[str, Any]]] = {}
-        ctx = mp.get_context("forkserver")
-        with ctx.Manager() as manager, ProcessPoolExecutor(4, mp_context=ctx) as pool:
-            warm_barrier = manager.Barrier(4)
-            pids = set(pool.map(_warm, [warm_barrier] * 4))
-            assert len(pids) == 4, pids  # every pool process warmed
-            for rnd in range(repeats + warm):
-                for replay in (0, replay_rows):
-                    for k in (1, 4):
-                        out = recovery(uri, k, replay, info["keys"], pool, manager)
-                        print(f"round {rnd} recovery as {k} (replay {replay} rows): restore "
-                              f"{out['restore_s']:.2f} s, total {out['total_s']:.2f} s, keys "
-                              f"{out['keys_restored']} -> {out['keys_after']}; CPU s: sum "
-                              f"{out['cpu_s_sum']:.2f}, slowest piece {out['cpu_s_max']:.2f}"
-                              f" (restore " + " ".join(f"{x:.2f}" for x in
-                                                       out["cpu_restore_s_each"])
-                              + f"); load {os.getloadavg()[0]:.1f}", flush=True)
-                        if out["keys_restored"] != info["keys"]:
-                            raise AssertionError(f"recovered {out['keys_restored']} keys as "
-                                                 f"{k}, built {info['keys']}")
-                        if rnd >= warm:
-                            rec.setdefault(f"as{k}_replay{replay}", []).append(out)
-        data["recovery"] = rec
-        for key in rec:  # as 1 and as 4 end with the same keys
-            if len({x["keys_after"] for x in rec[key]}
-                   | {x["keys_after"] for x in rec[key.replace("as4", "as1")]}) != 1:
-                raise AssertionError(f"recovery {key}: keys differ between as 1 and as 4")
-
-        spark_summary: dict[str, Any] = {}
-        if not args.no_spark:
-            small = os.path.join(scratch, "small")
-            build(small, args.small_state_mb * MB, 2, K)
-            t = time.perf_counter()
-            data["driver_memory"] = dm = driver_memory([small, uri], 1 if args.quick else 2)
-            calls = dm["calls"]
-
-            def peak(u: str, f: str) -> float:
-                return float(max(c[f] for c in calls if c["uri"] == u))
-            spark_summary.update({
-                "driver_peak_mb": peak(uri, "rss_growth_mb"),
-                "driver_peak_mb_small_state": peak(small, "rss_growth_mb"),
-                "driver_tracemalloc_peak_mb": peak(uri, "tracemalloc_peak_mb"),
-                "driver_tracemalloc_peak_mb_small_state": peak(small, "tracemalloc_peak_mb"),
-                "driver_state_mb": info["state_bytes"] / MB,
-                "driver_small_state_mb": float(max(c["state_bytes"] for c in calls
-                                                   if c["uri"] == small)) / MB,
-                "repartition_job_s": float(np.median([c["seconds"] for c in calls
-                                                      if c["uri"] == uri])),
-                "repartition_job_cold_s": dm["cold_call"]["seconds"],
-            })
-            print(f"driver memory ({time.perf_counter() - t:.0f} s): " + ", ".join(
-                f"{c['from']}->{c['to']} {c['state_bytes'] / MB:.0f} MB: +"
-                f"{c['rss_growth_mb']:.1f} MB RSS, tracemalloc {c['tracemalloc_peak_mb']:.1f}"
-                f" MB, {c['seconds']:.2f} s" for c in calls), flush=True)
-            shutil.rmtree(small, ignore_errors=True)
-            from bench import _spark_restart  # a real Spark query restarted with 4 partitions
-            data["spark_restart"] = _spark_restart.run(
-                min(state_mb, args.restart_mb_quick) if args.quick else state_mb, scratch,
-                cycles=1 if args.quick else 3, key_groups=K)
-            spark_summary.update(_spark_restart.summarize(data["spark_restart"]))
-
-        def med(key: str, field: str) -> float:
-            return float(np.median([x[field] for x in rec[key]]))
-
-        speed = med(f"as1_replay{replay_rows}", "total_s") / med(f"as4_replay{replay_rows}",
-                                                                  "total_s")
-        speed0 = med("as1_replay0", "total_s") / med("as4_replay0", "total_s")
-        vr = [x for x in data["runs"] if x["verify"]]
-        nv = [x for x in data["runs"] if not x["verify"]]
-        ratios = [x["ratio_vs_copy"] for x in vr]
-        summary = {
-            "repartition_ratio_vs_copy": float(np.median(ratios)),
-            "repartition_ratio_vs_copy_min_max": [float(min(ratios)), float(max(ratios))],
-            "repartition_ratio_vs_copy_no_verify": float(np.median(
-                [x["ratio_vs_copy"] for x in nv])),
-            "repartition_2to4_s": float(np.median([x["repartition_s"] for x in vr
-                                                   if x["to"] == 4])),
-            "repartition_4to2_s": float(np.median([x["repartition_s"] for x in vr
-                                                   if x["to"] == 2])),
-            "repartition_no_verify_s": float(np.median([x["repartition_s"] for x in nv])),
-            "copy_s": float(np.median([x["copy_s"] for x in vr])),
-            "copy_gb_s": float(np.median([x["copy_gb_s"] for x in vr])),
-            "verify_read_over_state": float(np.median([x["bytes_read"] / x["state_bytes"]
-                                                       for x in vr])),
-            "pages_copied": 0,
-            "recovery_speedup_4_over_1": speed,
-            "recovery_speedup_4_over_1_min_max": _spread(rec, replay_rows),
-            "recovery_speedup_4_over_1_restore_only": speed0,
-            # CPU time (process_time of each worker): what the machine's load cannot inflate
-            "recovery_cpu_as1_s": med(f"as1_replay{replay_rows}", "cpu_s_sum"),
-            "recovery_cpu_as4_sum_s": med(f"as4_replay{replay_rows}", "cpu_s_sum"),
-            "recovery_cpu_as4_slowest_piece_s": med(f"as4_replay{replay_rows}", "cpu_s_max"),
-            "recovery_cpu_overhead_4_over_1": med(f"as4_replay{replay_rows}", "cpu_s_sum")
-            / med(f"as1_replay{replay_rows}", "cpu_s_sum"),
-            "recovery_speedup_4_over_1_cpu_bound_2_cores": med(
-                f"as1_replay{replay_rows}", "cpu_s_sum") / max(
-                med(f"as4_replay{replay_rows}", "cpu_s_sum") / 2,
-                med(f"as4_replay{replay_rows}", "cpu_s_max")),
-            "recovery_cpu_restore_as1_s": float(np.median(
-                [x["cpu_restore_s_each"][0] for x in rec[f"as1_replay{replay_rows}"]])),
-            "recovery_cpu_restore_as4_sum_s": float(np.median(
-                [sum(x["cpu_restore_s_each"]) for x in rec[f"as4_replay{replay_rows}"]])),
-            "recovery_as1_s": med(f"as1_replay{replay_rows}", "total_s"),
-            "recovery_as4_s": med(f"as4_replay{replay_rows}", "total_s"),
-            "replay_rows": replay_rows,
-            **spark_summary,
-            "state_mb": info["state_bytes"] / MB,
-            "key_groups": K,
-            "repeats": repeats,
-            "loadavg_before_after": [list(data["load_before"]), list(os.getloadavg())],
-            "targets": {"repartition_ratio_vs_copy": ">= 1.0 (136 MB and 1 GB)",
-                        "recovery_speedup_4_over_1": ">= 1.6",
-                        "restart_downtime_ratio_vs_unchanged": "<= 1.2",
-                        "driver_peak_mb": "does not grow with the state"},
-        }
+        data["build"] = info = build_state(plan, uri)
+        data["runs"] = measure_repartition(plan, uri, scratch)
+        data["recovery"] = measure_recovery(plan, uri, info["keys"])
+        spark_summary = measure_spark(plan, uri, scratch, info, data)
+        summary = summarize(plan, data, spark_summary)
         data["env"] = _env()
         _harness.write_result("rescale", summary, data,
-                              {"state_mb": state_mb, "key_groups": K, "repeats": repeats,
-                               "page_bytes": PAGE, "replay_rows": replay_rows,
-                               "quick": args.quick})
+                              {"state_mb": plan.state_mb, "key_groups": plan.key_groups,
+                               "repeats": plan.repeats, "page_bytes": PAGE,
+                               "replay_rows": plan.replay_rows, "quick": plan.args.quick})
         _plot(data, summary)
         print(json.dumps(summary, indent=1))
     finally:

@@ -647,41 +647,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(a: argparse.Namespace, pl: dict[str, Any], work: Path, t_start: float) -> int:
+def _failed(errors: dict[str, str], key: str, e: BaseException) -> str:
+    """Keep a failed run's error under ``key`` (its first line, 300 characters at most)
+    and return it; with ``SGUARD_BENCH_DEBUG`` set, print the traceback too."""
+    errors[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    if os.environ.get("SGUARD_BENCH_DEBUG"):
+        traceback.print_exc()
+    return errors[key]
+
+
+def _log_run(where: str, rep: int, reps: int, variant: str, r: dict[str, Any],
+             extra: str = "") -> None:
+    """One line for a measured run: its rate and median batch duration."""
+    log(f"{where} rep {rep + 1}/{reps} {variant:8s} {extra}{run_rate(r) / 1e3:8.1f}k rows/s, "
+        f"p50 {np.median([b['duration_ms'] for b in measured(r)]):.0f} ms")
+
+
+def measure_micro(a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The state work without Spark: rollback on mmm, and (with sguard) in the pool file
+    and the per-batch state work, so the Spark numbers can be read against them."""
     from bench import _spark_micro as M
-    from bench import _spark_variants as V
 
     log("rollback on mmm: 1M keys, 50k-row batch ...")
     micro: dict[str, Any] = {"rollback": M.rollback_1m_keys(repeats=5 if a.quick else 15)}
     rb = micro["rollback"]
     log(f"  in memory: rollback {rb['rollback_ms']['median']:.3f} ms + index rebuild "
         f"{rb['first_access_after_ms']['median']:.3f} ms")
-    if "sguard" in a.variants:
-        try:
-            micro["rollback_file"] = M.rollback_file_1m_keys(repeats=3 if a.quick else 7,
-                                                             local_dir=str(work))
-            rf = micro["rollback_file"]
-            log(f"  in the pool file (another worker): {rf['warm']['total_ms']['median']:.3f} ms"
-                f" (file mapped before), {rf['cold']['total_ms']['median']:.3f} ms (first map)")
-            log("sguard state work without Spark (100k keys, one partition) ...")
-            micro["state_direct"] = M.state_work_direct(repeats=3 if a.quick else 7,
-                                                        local_dir=str(work))
-            sd = micro["state_direct"]
-            log(f"  kept {sd['kept_ms']['median']:.1f} ms, re-attached "
-                f"{sd['attach_ms']['median']:.1f} + {sd['apply_after_attach_ms']['median']:.1f} ms")
-        except Exception as e:  # noqa: BLE001 - reported, the Spark runs go on
-            log(f"  FAILED {type(e).__name__}: {e}")
-        if "keys" in a.extras:
-            for kind in ("str", "composite"):
-                log(f"sguard state work without Spark, {kind} keys ...")
-                try:
-                    micro[f"state_direct_{kind}"] = M.state_work_direct(
-                        repeats=3 if a.quick else 7, local_dir=str(work), kind=kind)
-                    log(f"  kept {micro[f'state_direct_{kind}']['kept_ms']['median']:.1f} ms")
-                except Exception as e:  # noqa: BLE001
-                    micro[f"state_direct_{kind}"] = {
-                        "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-                    log(f"  not run: {micro[f'state_direct_{kind}']['error']}")
+    if "sguard" not in a.variants:
+        return micro
+    try:
+        micro["rollback_file"] = M.rollback_file_1m_keys(repeats=3 if a.quick else 7,
+                                                         local_dir=str(work))
+        rf = micro["rollback_file"]
+        log(f"  in the pool file (another worker): {rf['warm']['total_ms']['median']:.3f} ms"
+            f" (file mapped before), {rf['cold']['total_ms']['median']:.3f} ms (first map)")
+        log("sguard state work without Spark (100k keys, one partition) ...")
+        micro["state_direct"] = M.state_work_direct(repeats=3 if a.quick else 7,
+                                                    local_dir=str(work))
+        sd = micro["state_direct"]
+        log(f"  kept {sd['kept_ms']['median']:.1f} ms, re-attached "
+            f"{sd['attach_ms']['median']:.1f} + {sd['apply_after_attach_ms']['median']:.1f} ms")
+    except Exception as e:  # noqa: BLE001 - reported, the Spark runs go on
+        log(f"  FAILED {type(e).__name__}: {e}")
+    if "keys" in a.extras:
+        for kind in ("str", "composite"):
+            log(f"sguard state work without Spark, {kind} keys ...")
+            try:
+                micro[f"state_direct_{kind}"] = M.state_work_direct(
+                    repeats=3 if a.quick else 7, local_dir=str(work), kind=kind)
+                log(f"  kept {micro[f'state_direct_{kind}']['kept_ms']['median']:.1f} ms")
+            except Exception as e:  # noqa: BLE001
+                micro[f"state_direct_{kind}"] = {
+                    "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                log(f"  not run: {micro[f'state_direct_{kind}']['error']}")
+    return micro
+
+
+def write_inputs(a: argparse.Namespace, pl: dict[str, Any], work: Path) -> None:
+    """The parquet input every variant reads: the same files for all sides, written (and
+    any key conversion done) before anything is timed."""
+    from bench import _spark_variants as V
+
     n_files = max(n for v in a.variants for n in pl["batches"][v].values())
     kr, pp = pl["key_runs"], pl["p99"]
     for k in a.keys:
@@ -690,60 +716,72 @@ def _run(a: argparse.Namespace, pl: dict[str, Any], work: Path, t_start: float) 
     if kr is not None:  # the key conversions happen here, untimed, for both sides
         for kind in kr["kinds"]:
             V.write_files(work / "input", kr["keys"], kr["batches"], kind)
-    spark = V.spark_session(work / "spark-local", PARTITIONS)
+
+
+def warm_up(spark: Any, work: Path, a: argparse.Namespace) -> None:
+    """Untimed runs of the SQL and ceiling queries: the JVM and the Python workers warmed
+    before the first measured run, whichever variant comes first."""
     log("warm-up (JVM, Python workers; discarded) ...")
     for v in ("sql", "ceiling"):
         try:
             one_run(spark, work, v, a.keys[0], 2, f"warmup-{v}")
         except Exception as e:  # noqa: BLE001 - the measured runs report failures
             log(f"  warm-up {v} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+
+
+def measure_variants(spark: Any, work: Path, a: argparse.Namespace, pl: dict[str, Any],
+                     errors: dict[str, str]) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    """Every variant at every key count, interleaved: forward on even repetitions and
+    reversed on odd, so sguard and its baselines run next to each other in time on the
+    same session and input. A variant that fails is reported in ``errors`` and skipped."""
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {k: {v: [] for v in a.variants}
                                                          for k in a.keys}
-    errors: dict[str, str] = {}
-    recovery = None
-    keyruns: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    key_note: str | None = None
-    p99runs: dict[str, list[dict[str, Any]]] = {}
-    try:
-        for k in a.keys:
-            max_reps = max(pl["reps"][v].get(k, 0) for v in a.variants)
-            for rep in range(max_reps):
-                order = list(a.variants) if rep % 2 == 0 else list(reversed(a.variants))
-                for v in order:
-                    if rep >= pl["reps"][v].get(k, 0) or f"{v}_{k}" in errors:
-                        continue
-                    tag = f"k{k}-r{rep}-{v}"
-                    try:
-                        r = one_run(spark, work, v, k, pl["batches"][v][k], tag)
-                    except Exception as e:  # noqa: BLE001 - a baseline that fails is reported
-                        errors[f"{v}_{k}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                        log(f"[{k // 1000}k keys] rep {rep + 1} {v}: FAILED {errors[f'{v}_{k}']}")
-                        if os.environ.get("SGUARD_BENCH_DEBUG"):
-                            traceback.print_exc()
-                        continue
-                    runs[k][v].append(r)
-                    log(f"[{k // 1000}k keys] rep {rep + 1}/{pl['reps'][v][k]} {v:8s} "
-                        f"{len(r['batches'])} batches, {run_rate(r) / 1e3:8.1f}k rows/s, "
-                        f"p50 {np.median([b['duration_ms'] for b in measured(r)]):.0f} ms")
-        if kr is not None:
-            keyruns, key_note = _key_phase(spark, work, kr, errors)
-        if pp is not None:
-            p99runs = _p99_phase(spark, work, pp, errors)
-        if "sguard" in a.variants and 100_000 in a.keys:
-            from bench import _spark_sguard as S
+    for k in a.keys:
+        max_reps = max(pl["reps"][v].get(k, 0) for v in a.variants)
+        for rep in range(max_reps):
+            order = list(a.variants) if rep % 2 == 0 else list(reversed(a.variants))
+            for v in order:
+                if rep >= pl["reps"][v].get(k, 0) or f"{v}_{k}" in errors:
+                    continue
+                tag = f"k{k}-r{rep}-{v}"
+                try:
+                    r = one_run(spark, work, v, k, pl["batches"][v][k], tag)
+                except Exception as e:  # noqa: BLE001 - a baseline that fails is reported
+                    log(f"[{k // 1000}k keys] rep {rep + 1} {v}: FAILED "
+                        f"{_failed(errors, f'{v}_{k}', e)}")
+                    continue
+                runs[k][v].append(r)
+                _log_run(f"[{k // 1000}k keys]", rep, pl["reps"][v][k], v, r,
+                         f"{len(r['batches'])} batches, ")
+    return runs
 
-            log("sguard recovery after losing the local state (100k keys) ...")
-            try:
-                recovery = S.recovery(spark, work, 100_000, PARTITIONS)
-                log(f"  recovery {recovery.get('recovery_s')} s, replay "
-                    f"{recovery.get('replay_batches')} batch(es)")
-            except Exception as e:  # noqa: BLE001
-                errors["sguard_recovery"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                log(f"  recovery FAILED {errors['sguard_recovery']}")
-                if os.environ.get("SGUARD_BENCH_DEBUG"):
-                    traceback.print_exc()
-    finally:
-        spark.stop()
+
+def measure_recovery(spark: Any, work: Path, errors: dict[str, str]) -> dict[str, Any] | None:
+    """sguard's recovery after losing the local state (100k keys), on the same session."""
+    from bench import _spark_sguard as S
+
+    log("sguard recovery after losing the local state (100k keys) ...")
+    try:
+        recovery: dict[str, Any] = S.recovery(spark, work, 100_000, PARTITIONS)
+        log(f"  recovery {recovery.get('recovery_s')} s, replay "
+            f"{recovery.get('replay_batches')} batch(es)")
+        return recovery
+    except Exception as e:  # noqa: BLE001
+        log(f"  recovery FAILED {_failed(errors, 'sguard_recovery', e)}")
+        return None
+
+
+def summarize_all(a: argparse.Namespace, kr: dict[str, Any] | None, pp: dict[str, Any] | None,
+                  runs: dict[int, dict[str, list[dict[str, Any]]]], micro: dict[str, Any],
+                  recovery: dict[str, Any] | None,
+                  keyruns: dict[str, dict[str, list[dict[str, Any]]]], key_note: str | None,
+                  p99runs: dict[str, list[dict[str, Any]]]
+                  ) -> tuple[dict[str, Any], dict[int, Any], dict[str, Any] | None, dict[str, Any]]:
+    """Per-variant statistics and the summary: ``(summary, per, keyper, p99per)``.
+
+    Besides `build_summary`'s ratios of medians, sguard over each baseline within
+    the same repetition (adjacent runs), per key count.
+    """
     per = {k: {v: summarize_variant(rs) for v, rs in runs[k].items() if rs} for k in a.keys}
     keyper = ({kind: {v: summarize_variant(rs) for v, rs in vr.items() if rs}
                for kind, vr in keyruns.items()} if kr is not None else None)
@@ -758,6 +796,36 @@ def _run(a: argparse.Namespace, pl: dict[str, Any], work: Path, t_start: float) 
                                                                 runs[k].get(base, []))]
             if pairs:
                 summary[f"ratio_vs_{base}_{k // 1000}k_per_rep"] = pairs
+    return summary, per, keyper, p99per
+
+
+def _run(a: argparse.Namespace, pl: dict[str, Any], work: Path, t_start: float) -> int:
+    """Micro-benchmarks; inputs; warm-up; the variants, key kinds, p99 and recovery phases on
+    one Spark session; then the summary, ``<out>/spark_stateful.json`` and the PNG."""
+    from bench import _spark_variants as V
+
+    micro = measure_micro(a, work)
+    write_inputs(a, pl, work)
+    kr, pp = pl["key_runs"], pl["p99"]
+    spark = V.spark_session(work / "spark-local", PARTITIONS)
+    warm_up(spark, work, a)
+    errors: dict[str, str] = {}
+    recovery = None
+    keyruns: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    key_note: str | None = None
+    p99runs: dict[str, list[dict[str, Any]]] = {}
+    try:
+        runs = measure_variants(spark, work, a, pl, errors)
+        if kr is not None:
+            keyruns, key_note = _key_phase(spark, work, kr, errors)
+        if pp is not None:
+            p99runs = _p99_phase(spark, work, pp, errors)
+        if "sguard" in a.variants and 100_000 in a.keys:
+            recovery = measure_recovery(spark, work, errors)
+    finally:
+        spark.stop()
+    summary, per, keyper, p99per = summarize_all(a, kr, pp, runs, micro, recovery, keyruns,
+                                                 key_note, p99runs)
     summary["errors"] = errors
     doc = {"summary": summary,
            "params": {"quick": a.quick, "master": "local[2]", **pl,
@@ -828,16 +896,11 @@ def _key_phase(spark: Any, work: Path, kr: dict[str, Any], errors: dict[str, str
                     shutil.rmtree(work / "runs" / tag, ignore_errors=True)
                     continue
                 except Exception as e:  # noqa: BLE001
-                    errors[f"{v}_{kind}_{k}"] = (f"{type(e).__name__}: "
-                                                 f"{str(e).splitlines()[0][:300]}")
-                    log(f"[{k // 1000}k {kind} keys] {v}: FAILED {errors[f'{v}_{kind}_{k}']}")
-                    if os.environ.get("SGUARD_BENCH_DEBUG"):
-                        traceback.print_exc()
+                    log(f"[{k // 1000}k {kind} keys] {v}: FAILED "
+                        f"{_failed(errors, f'{v}_{kind}_{k}', e)}")
                     continue
                 out[kind][v].append(r)
-                log(f"[{k // 1000}k {kind} keys] rep {rep + 1}/{kr['reps']} {v:8s} "
-                    f"{run_rate(r) / 1e3:8.1f}k rows/s, "
-                    f"p50 {np.median([b['duration_ms'] for b in measured(r)]):.0f} ms")
+                _log_run(f"[{k // 1000}k {kind} keys]", rep, kr["reps"], v, r)
     if note is not None and len(unsupported) < len(kr["kinds"]):
         note = None  # one kind ran: the other's error says why it did not
     return out, note
@@ -861,10 +924,7 @@ def _p99_phase(spark: Any, work: Path, pp: dict[str, Any], errors: dict[str, str
                 r = one_run(spark, work, "sguard", k, pp["batches"], f"k{k}-p99-r{rep}-{v}",
                             checkpoint_every=every[v])
             except Exception as e:  # noqa: BLE001
-                errors[f"{v}_{k}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                log(f"[{k // 1000}k p99] {v}: FAILED {errors[f'{v}_{k}']}")
-                if os.environ.get("SGUARD_BENCH_DEBUG"):
-                    traceback.print_exc()
+                log(f"[{k // 1000}k p99] {v}: FAILED {_failed(errors, f'{v}_{k}', e)}")
                 continue
             out[v].append(r)
             d = [b["duration_ms"] for b in measured(r)]
