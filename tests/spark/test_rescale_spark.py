@@ -163,7 +163,10 @@ def test_window_aggregate_scaled_with_lagging_checkpoint(
     from where it is."""
     inp, stage = _staged(tmp_path, 10, seed=3)
     op = ss.WindowAggregate(time="ts", window=W, value="v")
-    ck = ss.CheckpointConfig(every_n_batches=4)
+    # keep=8: no checkpoint is retired here, so each new partition's composed checkpoint is
+    # still there to read after its run (how many checkpoints a partition takes depends on
+    # which worker ran each batch: with keep=2 a third one retired it)
+    ck = ss.CheckpointConfig(every_n_batches=4, keep=8)
     root = open_root(str(tmp_path / "state"))
     for upto, p in ((6, 2), (8, 3), (10, 4)):
         _feed(inp, stage, upto)
@@ -195,10 +198,12 @@ def test_window_aggregate_scaled_with_lagging_checkpoint(
         assert failures == 0
         if p == 3:  # the composed checkpoints carry partition 0's and 1's positions
             from ioservice import read_manifest
-            metas = [read_manifest(root, [c for c in list_checkpoints(
-                root, f"window_aggregate.g1.p{q:04d}") if c.has_manifest][0].name).user_meta
-                for q in range(3)]
-            assert any("kg_batches" in m for m in metas), metas
+            metas = [read_manifest(root, c.name).user_meta for q in range(3)
+                     for c in list_checkpoints(root, f"window_aggregate.g1.p{q:04d}")
+                     if c.has_manifest]
+            composed = [m for m in metas if m.get("rescaled_from") == 2]
+            assert sorted(m["partition"] for m in composed) == [0, 1, 2], metas
+            assert any("kg_batches" in m for m in composed), composed
     want_rows, want_state = window_oracle(inp.tables)
     assert _window_rows(rows) == want_rows
     assert _window_rows(state) == want_state
