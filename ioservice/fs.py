@@ -86,6 +86,8 @@ MAX_NAME_CHARS: Final = 200
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._=-]*")
 _TMP_PREFIX: Final = ".tmp-"
+#: listings of a directory that appears meanwhile, before `StorageRoot.list_dir` gives up
+_LIST_TRIES: Final = 5
 _PROBE_PREFIX: Final = ".sguard-probe-"
 _UNREACHABLE_MARKERS: Final = (
     "NETWORK_CONNECTION",
@@ -415,7 +417,7 @@ class StorageRoot:
         path = self.full_path(relpath)
         selector = pafs.FileSelector(path, allow_not_found=allow_not_found, recursive=recursive)
         with self._translating("list", relpath):
-            infos = self.filesystem.get_file_info(selector)
+            infos = self._list(selector)
         entries = [
             FileEntry(
                 relpath=self._relpath_of(info.path),
@@ -427,6 +429,19 @@ class StorageRoot:
         ]
         entries.sort(key=lambda e: e.relpath)
         return entries
+
+    def _list(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        """``get_file_info(selector)``. With ``allow_not_found``, pyarrow's local listing
+        that fails with ENOENT checks whether the directory exists and, if it was created
+        (by another thread or process) in between, raises the listing's ENOENT: a directory
+        that appears while it is listed is listed again (a few times, then it raises)."""
+        for _ in range(_LIST_TRIES - 1):
+            try:
+                return list(self.filesystem.get_file_info(selector))
+            except FileNotFoundError:
+                if not selector.allow_not_found:
+                    raise
+        return list(self.filesystem.get_file_info(selector))
 
     def create_dir(self, relpath: str) -> None:
         """Create directory `relpath` and its parents; no error if it exists.

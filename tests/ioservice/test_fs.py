@@ -546,3 +546,26 @@ def test_cluster_start_retries_after_losing_a_port_race(monkeypatch: pytest.Monk
         with SeaweedCluster() as cluster:
             assert cluster.master is not None and cluster.master.port != squatter.getsockname()[1]
             cluster.create_bucket("race")
+
+
+def test_listing_a_directory_that_appears_meanwhile_never_fails(tmp_path: Any) -> None:
+    """pyarrow's local listing with ``allow_not_found`` raises ENOENT when the directory is
+    created between its failed listing and its existence check (a concurrent fencing
+    claimer creating the claims' directory hit this in a loaded CI run; about 3 in 1000
+    raw listings fail under this churn): `list_dir` lists again."""
+    root = open_root(str(tmp_path))
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            os.mkdir(tmp_path / "d")
+            os.rmdir(tmp_path / "d")
+
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    try:
+        for _ in range(5000):
+            assert root.list_dir("d", allow_not_found=True) == []
+    finally:
+        stop.set()
+        t.join()
