@@ -16,18 +16,21 @@ from typing import Any
 import pytest
 
 import sguard.spark as ss
-from tests.spark.helpers import StreamInput, run_query, running_oracle, task_records
+from tests.spark.helpers import (StreamInput, run_query, running_oracle, task_records,
+                                 wait_until)
 
 pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    t0 = time.monotonic()
-    while not path.exists():
+def _wait_for(path: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until `path` exists; fail at once if the driver exits first."""
+    def there() -> bool | None:
+        if path.exists():
+            return True
         assert proc.poll() is None, f"driver exited ({proc.returncode}) before {path.name}"
-        assert time.monotonic() - t0 < timeout_s, f"{path.name} did not appear"
-        time.sleep(0.1)
+        return None
+    wait_until(there, path.name)
 
 
 def _executor_of(pid: int) -> int:
@@ -53,7 +56,7 @@ def kill_executor_mid_batch(stream_input: StreamInput, tmp_path: Path, batch: in
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         paused = tmp_path / "faults" / f"paused-b{batch}-p{partition}"
-        _wait_for(paused, proc, 600)
+        _wait_for(paused, proc)
         executor = _executor_of(int(paused.read_text()))
         os.kill(executor, signal.SIGKILL)
         assert proc.wait(600) == 0, (tmp_path / "driver.log").read_text()[-3000:]
@@ -86,7 +89,7 @@ def test_driver_sigkilled_mid_batch_and_restarted(stream_input: StreamInput,
         proc = subprocess.Popen(cmd + ["pause:3:1:mid"], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            _wait_for(tmp_path / "faults" / "paused-b3-p1", proc, 600)
+            _wait_for(tmp_path / "faults" / "paused-b3-p1", proc)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from sguard.keygroups import default_key_groups, key_group_range
 from sguard.spark.groupstate import open_state, split_by_partition
 from sguard.spark.reader import available_batches
 from tests.spark.helpers import (StreamInput, every_batch, landed_metrics, make_input,
-                                 running_oracle, stream)
+                                 running_oracle, stream, wait_until)
 
 pytestmark = pytest.mark.timeout(900)
 P = 2
@@ -68,14 +67,6 @@ def _listing(*dirs: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _wait_for(path: Path, what: str, timeout_s: float = 600) -> None:
-    t0 = time.monotonic()
-    while not path.exists():
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"{what} did not happen in {timeout_s} s")
-        time.sleep(0.2)
-
-
 OPS = {
     "running": lambda: ss.RunningAggregate(value="v"),
     "window": lambda: ss.WindowAggregate(time="ts", window=dt.timedelta(seconds=4), value="v",
@@ -101,7 +92,8 @@ def test_read_state_while_the_query_runs(spark: Any, stream_input: StreamInput, 
     q = (out.writeStream.format("parquet").option("path", str(tmp_path / "out"))
          .option("checkpointLocation", str(tmp_path / "ckpt")).start())
     try:
-        _wait_for(tmp_path / "faults" / "paused-b3-p0", "the pause in batch 3")
+        wait_until(lambda: (tmp_path / "faults" / "paused-b3-p0").exists() or None,
+                   "the pause in batch 3")
         # what the tasks so far write in the background has landed: partition 0's records
         # of batches 0-2 and partition 1's of 0-3 (written last, by I/O threads) and every
         # checkpoint they started (its record is written once it is durable, trimmed and
