@@ -101,6 +101,10 @@ class Marker:
         (``batch - 1``), or None when there is no rollback point.
     durable_batch
         The last batch covered by a durable DFS checkpoint (-1: none).
+    started_batch
+        The last batch a checkpoint was started for (>= `durable_batch`; its write may
+        still be in flight in the process that wrote the marker). A worker that attaches
+        counts the checkpoint policy from here, so a move never adds a checkpoint.
     boot_id
         The host's boot id when written.
     epoch, claim
@@ -117,6 +121,11 @@ class Marker:
     boot_id: str
     epoch: int = 0
     claim: str = ""
+    started_batch: int = -1
+
+    def __post_init__(self) -> None:
+        if self.started_batch < self.durable_batch:  # markers written before the field
+            object.__setattr__(self, "started_batch", self.durable_batch)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -127,7 +136,8 @@ class Marker:
         return cls(token=str(d["token"]), status=str(d["status"]), batch=int(d["batch"]),
                    base_batch=None if d["base_batch"] is None else int(d["base_batch"]),
                    durable_batch=int(d["durable_batch"]), boot_id=str(d["boot_id"]),
-                   epoch=int(d.get("epoch", 0)), claim=str(d.get("claim", "")))
+                   epoch=int(d.get("epoch", 0)), claim=str(d.get("claim", "")),
+                   started_batch=int(d.get("started_batch", -1)))
 
 
 def new_token() -> str:

@@ -264,8 +264,9 @@ class _Partition:
     def _write_marker(self, status: str, batch: int, base: int | None) -> None:
         self.token = new_token()
         c = self.claim
+        started = self.ckpt.last_batch if self.ckpt is not None else -1
         self.slot.write_marker(Marker(self.token, status, batch, base, self.durable, boot_id(),
-                                      c.epoch if c else 0, c.token if c else ""))
+                                      c.epoch if c else 0, c.token if c else "", started))
 
     def _restore(self, b: int) -> int:
         """Rebuild "after b-1" from the DFS: the newest checkpoint that the input log can
@@ -348,7 +349,7 @@ class _Partition:
                     if action is Action.ROLLBACK_FILE and base is None:
                         raise LocalStateDamaged("rollback point missing")
                     pm = attach_at(slot.pool_path, cfg.page_bytes, base)
-                    self._bind(pm, marker.durable_batch, marker.durable_batch)
+                    self._bind(pm, marker.durable_batch, marker.started_batch)
                 except (LocalStateDamaged, PoolFileError) as exc:
                     action, reason = Action.RESTORE, f"{reason}; local state unusable ({exc})"
                     self._drop()

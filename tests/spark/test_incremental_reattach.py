@@ -172,3 +172,20 @@ def test_durable_state_reads_checkpoints_of_any_page_size(tmp_path: Path) -> Non
     assert batches == {0: len(tables) - 1}
     assert np.array_equal(g.column("k").to_numpy(), np.arange(200_000))
     assert np.array_equal(g.column("sum_v").to_numpy(), want)
+
+
+def test_a_worker_that_attaches_counts_from_the_checkpoint_last_started(tmp_path: Path) -> None:
+    """The partition moves to another worker after every batch, while the checkpoint the
+    last worker started may not be durable yet (the marker is written before it lands):
+    the checkpoints are taken after the same batches as without moves, none extra."""
+    import dataclasses
+    tables = _batches(11)
+
+    def batches(move: bool) -> list[int]:
+        cfg = _config(tmp_path / f"move{move}", every=4)
+        cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, keep=100))
+        _run(cfg, tables, move)
+        return sorted(int(m.user_meta["batch_id"]) for m in _manifests(cfg))
+
+    assert batches(move=False) == [3, 7]
+    assert batches(move=True) == [3, 7]
