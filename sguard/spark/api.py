@@ -211,16 +211,20 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
     if existing is not None:
         _check_layout(existing, layout, root.uri)
         if num_partitions != existing.num_partitions:
+            # the repartition swept the old generation itself, from the file lists its
+            # tasks returned (no manifest read on the driver)
             existing = _repartition(df.sparkSession, root, existing, num_partitions,
                                     local_dir=local_dir or default_local_dir(),
                                     storage_options=opts, lock_timeout_s=lock_timeout_s)
-        elif explicit_p is None and (pending := pending_repartition(root)) is not None:
-            logger.warning("state at %s: a repartition to %d partitions was interrupted; the "
-                           "query runs with the committed %d (pass num_partitions=%d to "
-                           "complete it)", root.uri, pending, existing.num_partitions, pending)
+        else:
+            if explicit_p is None and (pending := pending_repartition(root)) is not None:
+                logger.warning("state at %s: a repartition to %d partitions was interrupted; "
+                               "the query runs with the committed %d (pass num_partitions=%d "
+                               "to complete it)", root.uri, pending, existing.num_partitions,
+                               pending)
+            if existing.generation > 0:  # what an earlier sweep could not delete
+                _sweep(root)
         layout = existing
-        if layout.generation > 0:
-            _sweep(root)
     else:
         write_layout(root, layout)
     cfg = RuntimeConfig(state_uri=state_uri, state_key=root_key(root), layout=layout, operator=operator, key=key,
