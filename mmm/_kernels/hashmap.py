@@ -85,10 +85,10 @@ def _mix(x: Any) -> Any:
 
 @_scalar
 def _bucket(h: Any, nbk: Any, lvl: Any) -> Any:
+    """Linear hashing's bucket of hash ``h`` among ``nbk`` buckets at level ``lvl``
+    (branch-free: whether a hash falls past the split pointer is a coin toss)."""
     b = np.int64(h & np.uint64((1 << (lvl + 1)) - 1))
-    if b >= nbk:
-        b -= np.int64(1) << lvl
-    return b
+    return b - (np.int64(b >= nbk) << lvl)
 
 
 @_scalar
