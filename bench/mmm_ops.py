@@ -10,8 +10,9 @@ aggregate also measures its hardware floor in the same run: a dense
 count + min + max with ``ufunc.at``); a second reference, the *hash floor*, is
 the same aggregate in a minimal compiled open-addressing table (one flat array
 of 32-byte records, linear probing, sized up front: what any hash map pays for
-a key's random cache line); and the cold start of the first operator call in a
-fresh process, with and without a warm numba cache.
+a key's random cache line), and the same table *growing* from 16 slots by doubling (what
+a map that does not know the number of groups pays, as the dict does); and the cold
+start of the first operator call in a fresh process, with and without a warm numba cache.
 
 The join's batch variant keeps both windows in `PagedDeque` pages and joins each
 batch in one compiled pass (`_join_batch`); its *floor* is that same compiled
@@ -23,6 +24,9 @@ Run: ``python -m bench.mmm_ops [--quick] [--parts agg,join,structures] [--out DI
 Writes ``DIR/mmm_ops.json`` (default ``bench/out``; summary: ``agg_batch_speedup_vs_dict``,
 ``agg_batch_speedup_vs_dict_1m``, ``agg_ns_per_tuple``, ``agg_ns_per_tuple_over_floor``,
 ``agg_hash_floor_ns_per_tuple``, ``agg_ns_per_tuple_over_hash_floor`` (and ``_1m``),
+``agg_ns_per_tuple_over_growing_hash_floor``, ``agg_hash_floor_speedup_vs_dict``,
+``agg_growing_hash_floor_speedup_vs_dict`` (each also ``_1m``: the floors' own speedups
+over the dict bound the batch speedup any hash map can reach),
 ``agg_record_slowdown_vs_dict_by_groups``, ``agg_cpu_time_by_groups`` (the batch and
 per-record ratios in process CPU time, for a loaded machine),
 ``agg_cold_start_s``, ``agg_record_slowdown_vs_dict``, ``join_batch_speedup_vs_list``,
@@ -149,6 +153,62 @@ def _hash_table_agg(keys: Any, ts: Any, cap: int) -> Any:
     return tab
 
 
+@jit
+def _doubled(tab: Any) -> Any:
+    """`_hash_table_agg`'s table rehashed into twice the slots."""
+    cap = 2 * tab.shape[0]
+    out = np.zeros((cap, 4), np.int64)
+    for s in range(tab.shape[0]):
+        k = tab[s, 0]
+        if k != 0:
+            h = (np.uint64(k) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+            j = np.int64(h) & (cap - 1)
+            while out[j, 0] != 0:
+                j = (j + 1) & (cap - 1)
+            out[j, :] = tab[s, :]
+    return out
+
+
+@jit
+def _hash_table_agg_growing(keys: Any, ts: Any) -> Any:
+    """`_hash_table_agg` without knowing the number of groups: from 16 slots, doubled
+    (`_doubled`, every record rehashed into fresh memory) when it would be more than half
+    full, as any map of unknown final size grows (a Python dict too)."""
+    tab = np.zeros((16, 4), np.int64)
+    used = 0
+    for i in range(keys.shape[0]):
+        if 2 * (used + 1) > tab.shape[0]:
+            tab = _doubled(tab)
+        mask = tab.shape[0] - 1
+        k = np.int64(keys[i]) + 1
+        t = ts[i]
+        j = np.int64((np.uint64(k) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+        while True:
+            if tab[j, 0] == k:
+                tab[j, 1] += 1
+                if t < tab[j, 2]:
+                    tab[j, 2] = t
+                if t > tab[j, 3]:
+                    tab[j, 3] = t
+                break
+            if tab[j, 0] == 0:
+                tab[j, 0] = k
+                tab[j, 1] = 1
+                tab[j, 2] = t
+                tab[j, 3] = t
+                used += 1
+                break
+            j = (j + 1) & mask
+    return tab
+
+
+def growing_hash_floor(keys: np.ndarray, ts: np.ndarray) -> tuple[float, np.ndarray]:
+    """Seconds for `_hash_table_agg_growing` over the whole stream."""
+    t = time.perf_counter()
+    tab = _hash_table_agg_growing(keys, ts)
+    return time.perf_counter() - t, tab
+
+
 def hash_floor(keys: np.ndarray, ts: np.ndarray, groups: int) -> tuple[float, np.ndarray]:
     """Seconds for `_hash_table_agg` over the whole stream (table at most half full)."""
     cap = 1 << max(4, int(2 * groups - 1).bit_length())
@@ -163,9 +223,11 @@ def bench_aggregate(n: int, groups: int, batch: int, repeats: int) -> dict[str, 
     ts = rng.permutation(n).astype(np.int64)
     times: dict[str, list[float]] = {"dict": [], "mmm_record": [], "mmm_batch": [],
                                      "floor_add_at": [], "floor_count_min_max": [],
-                                     "floor_hash_table": [], "conversion": []}
+                                     "floor_hash_table": [], "floor_hash_table_growing": [],
+                                     "conversion": []}
     cpu: dict[str, list[float]] = {"dict": [], "mmm_record": [], "mmm_batch": []}
     hash_floor(keys[:100], ts[:100], 100)  # compile (or load from the cache) untimed
+    growing_hash_floor(keys[:100], ts[:100])
     for _ in range(repeats):
         # A Python operator receives Python values: the numpy -> list conversion is timed
         # on its own (``conversion``), outside every variant's timed region, as
@@ -190,11 +252,14 @@ def bench_aggregate(n: int, groups: int, batch: int, repeats: int) -> dict[str, 
         times["floor_count_min_max"].append(fc)
         fh, tab = hash_floor(keys, ts, groups)
         times["floor_hash_table"].append(fh)
+        fg, gtab = growing_hash_floor(keys, ts)
+        times["floor_hash_table_growing"].append(fg)
         check_agg(d, r)
         check_agg(d, b)
-        used = tab[tab[:, 0] != 0]
-        assert len(used) == len(d) and int(used[:, 1].sum()) == n
-        assert all(d[int(k) - 1] == [c, lo, hi] for k, c, lo, hi in used[:100].tolist())
+        for t_ in (tab, gtab):
+            used = t_[t_[:, 0] != 0]
+            assert len(used) == len(d) and int(used[:, 1].sum()) == n
+            assert all(d[int(k) - 1] == [c, lo, hi] for k, c, lo, hi in used[:100].tolist())
         del d, r, b, kl, tl
     out: dict[str, Any] = {name: stats(v) for name, v in times.items()}
     out["conversion_ms"] = out["conversion"]["min"] * 1e3
@@ -205,6 +270,12 @@ def bench_aggregate(n: int, groups: int, batch: int, repeats: int) -> dict[str, 
     out["batch_over_count_min_max_floor"] = (out["mmm_batch"]["min"]
                                              / out["floor_count_min_max"]["min"])
     out["batch_over_hash_floor"] = out["mmm_batch"]["min"] / out["floor_hash_table"]["min"]
+    out["batch_over_growing_hash_floor"] = (out["mmm_batch"]["min"]
+                                            / out["floor_hash_table_growing"]["min"])
+    # what the dict ratio could be at best: a map sized up front / one that grows
+    out["hash_floor_speedup_vs_dict"] = out["dict"]["min"] / out["floor_hash_table"]["min"]
+    out["growing_hash_floor_speedup_vs_dict"] = (out["dict"]["min"]
+                                                 / out["floor_hash_table_growing"]["min"])
     # the same ratios in process CPU time (user + system): on a shared, loaded machine they
     # do not count the time the process waited for a core
     cmin = {name: min(v) for name, v in cpu.items()}
@@ -556,7 +627,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"dict ({a['ns_per_tuple']['mmm_batch']:.0f} ns/tuple, "
               f"{a['batch_over_floor']:.1f}x the np.add.at floor of "
               f"{a['ns_per_tuple']['floor_add_at']:.1f} ns; {a['batch_over_hash_floor']:.1f}x "
-              f"a minimal hash table's {a['ns_per_tuple']['floor_hash_table']:.1f} ns), per-record "
+              f"a minimal hash table's {a['ns_per_tuple']['floor_hash_table']:.1f} ns, "
+              f"{a['batch_over_growing_hash_floor']:.1f}x the same table grown from empty: "
+              f"{a['ns_per_tuple']['floor_hash_table_growing']:.1f} ns), per-record "
               f"{a['record_slowdown_vs_dict']:.2f}x the dict time; in CPU time "
               f"{a['cpu_time']['batch_speedup_vs_dict']:.2f}x and "
               f"{a['cpu_time']['record_slowdown_vs_dict']:.2f}x; tolist() of the input "
@@ -593,6 +666,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "agg_hash_floor_ns_per_tuple": agg["100000"]["ns_per_tuple"]["floor_hash_table"],
             "agg_ns_per_tuple_over_hash_floor": agg["100000"]["batch_over_hash_floor"],
             "agg_ns_per_tuple_over_hash_floor_1m": agg["1000000"]["batch_over_hash_floor"],
+            # the same floor without knowing the groups up front (it grows by doubling), and
+            # both floors' speedups over the dict: the bound of the batch speedup targets
+            "agg_ns_per_tuple_over_growing_hash_floor":
+                agg["100000"]["batch_over_growing_hash_floor"],
+            "agg_ns_per_tuple_over_growing_hash_floor_1m":
+                agg["1000000"]["batch_over_growing_hash_floor"],
+            "agg_hash_floor_speedup_vs_dict": agg["100000"]["hash_floor_speedup_vs_dict"],
+            "agg_hash_floor_speedup_vs_dict_1m": agg["1000000"]["hash_floor_speedup_vs_dict"],
+            "agg_growing_hash_floor_speedup_vs_dict":
+                agg["100000"]["growing_hash_floor_speedup_vs_dict"],
+            "agg_growing_hash_floor_speedup_vs_dict_1m":
+                agg["1000000"]["growing_hash_floor_speedup_vs_dict"],
             "agg_record_slowdown_vs_dict_by_groups": {
                 g: a["record_slowdown_vs_dict"] for g, a in agg.items()},
             "agg_cpu_time_by_groups": {g: a["cpu_time"] for g, a in agg.items()},

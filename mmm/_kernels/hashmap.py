@@ -85,10 +85,10 @@ def _mix(x: Any) -> Any:
 
 @_scalar
 def _bucket(h: Any, nbk: Any, lvl: Any) -> Any:
+    """Linear hashing's bucket of hash ``h`` among ``nbk`` buckets at level ``lvl``
+    (branch-free: whether a hash falls past the split pointer is a coin toss)."""
     b = np.int64(h & np.uint64((1 << (lvl + 1)) - 1))
-    if b >= nbk:
-        b -= np.int64(1) << lvl
-    return b
+    return b - (np.int64(b >= nbk) << lvl)
 
 
 @_scalar
@@ -301,14 +301,11 @@ def _next_group(g: Any, step: Any, h: Any, nb: Any) -> Any:
 def _group_match(cg: Any, tag: Any) -> Any:
     """The offset of the first ctrl byte equal to ``tag`` in the 16-byte group at address
     ``cg``, or -1."""
-    rep = np.uint64(tag) * ONES
-    m = _zero_bytes(_ld_u64(cg) ^ rep)
-    if m != 0:
-        return np.int64(trailing_zeros(m)) >> 3
-    m = _zero_bytes(_ld_u64(cg + 8) ^ rep)
-    if m != 0:
-        return 8 + (np.int64(trailing_zeros(m)) >> 3)
-    return np.int64(-1)
+    rep = np.uint64(tag) * ONES  # branch-free: which half matches is a coin toss
+    t0 = np.int64(trailing_zeros(_zero_bytes(_ld_u64(cg) ^ rep)))  # 64: no match
+    t1 = np.int64(trailing_zeros(_zero_bytes(_ld_u64(cg + 8) ^ rep)))
+    j = (t0 >> 3) if t0 < 64 else 8 + (t1 >> 3)
+    return j if j < 16 else np.int64(-1)
 
 
 @_scalar
@@ -709,13 +706,13 @@ def _combine_i8(op: Any, off: Any, xs: Any, xst: Any, c0: Any, kn: Any, SC: Any,
             _st_i64(a, x if _i64(_sc(SC, SC_NEW, k), 0) != 0 else _ld_i64(a) + x)
             if O != 0:
                 _st_i64(O + (c0 + k) * ost + off, _ld_i64(a))
-    elif op == MIN or op == MAX:
+    elif op == MIN or op == MAX:  # branch-free: whether a row moves the bound is random
         for k in range(kn):
             a = _i64(_sc(SC, SC_VALUE, k), 0) + off
             x = _ld_i64(xs + (c0 + k) * xst)
-            if (_i64(_sc(SC, SC_NEW, k), 0) != 0 or (op == MIN and x < _ld_i64(a))
-                    or (op == MAX and x > _ld_i64(a))):
-                _st_i64(a, x)
+            old = _ld_i64(a)
+            v = min(x, old) if op == MIN else max(x, old)
+            _st_i64(a, x if _i64(_sc(SC, SC_NEW, k), 0) != 0 else v)
             if O != 0:
                 _st_i64(O + (c0 + k) * ost + off, _ld_i64(a))
     else:  # LAST, FIRST
