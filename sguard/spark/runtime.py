@@ -11,7 +11,8 @@
    pages this process holds, re-attach the pool file another worker left,
    roll back a wholly or partly applied ``b`` (in memory or in the file), or
    restore from the DFS checkpoint and replay the input log
-   (`sguard.spark.recovery`);
+   (`sguard.spark.recovery`), after composing the partition's first checkpoint
+   when a start-up repartition left that to it (`sguard.rescale.compose_if_pending`);
 3. starts a checkpoint of that state when the policy says so (the prepare
    pause only; `sguard.spark.checkpointing`);
 4. takes the rollback point (a snapshot, recorded in ``base.npy``) and marks
@@ -51,6 +52,7 @@ from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
 from sguard.spark.columns import KG_COLUMN
 from sguard.spark.groupstate import add_key_groups, open_state
+from sguard.rescale import compose_if_pending
 from sguard.spark.recovery import rebuild_partition
 from sguard.spark.operators import Operator, OperatorState
 from sguard.spark.placement import Marker, PartitionSlot, boot_id, new_token, state_id
@@ -275,6 +277,11 @@ class _Partition:
         cfg = self.cfg
         self._drop()
         self.slot.wipe()
+        # a repartition committed lazily (`sguard.spark.rescaling`): the partition's first
+        # task composes its first checkpoint from the sources' pages, then restores it
+        compose_if_pending(self.rt.root, cfg.layout, self.p,
+                           storage_options=cfg.storage_options,
+                           io_workers=cfg.checkpoint.io_workers)
         pm = PageManager(cfg.page_bytes, cfg.capacity_bytes, path=self.slot.pool_path)
         self._bind(pm, -1, -1)
         assert self.ckpt is not None
