@@ -306,6 +306,10 @@ def test_lazy_repartition_keeps_sources_until_every_partition_composed(tmp_path:
     assert not [p for p in tree_digest(uri) if ".g1." in p]  # nothing composed, no job
     assert rescale.sweep_old_generations(uri) == 0 and _checkpoint_files(uri, 0) == sources
     assert q.durable() == original  # every partition read through its sources
+    from sguard.spark.reader import PARTITION_COLUMN, available_batches, read_partition_at
+    assert available_batches(uri)[1] == 3  # `sguard state show`'s reader, too
+    assert rows_of([read_partition_at(root, lay, t, 3).drop([PARTITION_COLUMN])
+                    for t in range(3)]) == original
 
     def pieces(t: int) -> list[Any]:
         out = []
