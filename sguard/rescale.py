@@ -57,7 +57,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -66,7 +66,7 @@ import numpy.typing as npt
 
 from ioservice import (IOService, Manifest, ManifestHeader, StorageRoot, list_checkpoints,
                        list_haunits, open_root, read_manifest, read_manifest_header)
-from ioservice.errors import IOServiceError, StorageNotFoundError
+from ioservice.errors import CheckpointDamagedError, IOServiceError, StorageNotFoundError
 from sguard.statelayout import (LAYOUT_FILE, PSID_SHIFT, LayoutError, OperatorLayout,
                                 key_group_psids, parse_haunit_name, read_layout, write_layout)
 
@@ -187,6 +187,11 @@ class TargetTask:
     older: tuple[tuple[str, ...], ...] = ()
     """By source partition, its older checkpoints (newest first): used when the planned
     one's manifest does not parse in full."""
+    fallback: bool = False
+    """Also fall back to an older source checkpoint when verifying the planned one's pages
+    finds one damaged (a lazily committed repartition, where the layout is committed
+    already: an older checkpoint plus a longer replay of the log is then the state, as in
+    a recovery; a repartition job fails instead, and the old generation stays)."""
 
 
 # -- kill points (tests) --------------------------------------------------------------------------
@@ -322,13 +327,11 @@ def _positions(layout: OperatorLayout, p: int, man: Manifest | None) -> KeyGroup
 
 
 # -- one target (a thread or a Spark task) ---------------------------------------------------------------
-def _source_manifest(root: StorageRoot, old: OperatorLayout, p: int, name: str,
-                     older: Sequence[str]) -> Manifest | None:
-    """Source partition `p`'s planned checkpoint `name`, parsed and validated in full
-    (page table included; the driver read only its header), or the newest of `older`
-    that parses if it does not; checked to be partition `p`'s of the old generation."""
-    if not name:
-        return None
+def _source_candidates(root: StorageRoot, old: OperatorLayout, p: int, name: str,
+                       older: Sequence[str]) -> Iterator[Manifest]:
+    """Source partition `p`'s planned checkpoint `name`, then each of `older`, those whose
+    manifest parses and validates in full (page table included; the driver read only a
+    header), each checked to be partition `p`'s of the old generation."""
     for cand in (name, *older):
         try:
             man = read_manifest(root, cand)
@@ -336,8 +339,30 @@ def _source_manifest(root: StorageRoot, old: OperatorLayout, p: int, name: str,
             logger.warning("skipping checkpoint %s: %s", cand, exc)
             continue
         _check_source(old, p, man)
-        return man
-    raise RescaleError(f"no checkpoint of source partition {p} parses ({name} and "
+        yield man
+
+
+def _source_manifest(root: StorageRoot, old: OperatorLayout, p: int, name: str,
+                     older: Sequence[str], verify: Callable[[Manifest], int] | None = None,
+                     fallback: bool = False) -> tuple[Manifest | None, int]:
+    """Source partition `p`'s checkpoint to compose from (None: it has none) and the bytes
+    `verify` read: the planned one, or the newest of `older` that parses (and, with
+    `fallback`, whose pages `verify` finds undamaged)."""
+    from mmm.errors import PageFormatError
+    if not name:
+        return None, 0
+    for man in _source_candidates(root, old, p, name, older):
+        if verify is None:
+            return man, 0
+        try:
+            return man, verify(man)
+        except (CheckpointDamagedError, PageFormatError, StorageNotFoundError) as exc:
+            if not fallback:
+                raise
+            logger.warning("source checkpoint %s is damaged, trying an older one: %s",
+                           man.name, exc)
+    raise RescaleError(f"no checkpoint of source partition {p} "
+                       f"{'is undamaged' if verify and fallback else 'parses'} ({name} and "
                        f"{len(older)} older)")
 
 
@@ -358,15 +383,20 @@ def _target_parts(task: TargetTask, root: StorageRoot, io: IOService
         a, b = max(lo, old.key_group_range(p)[0]), min(hi, old.key_group_range(p)[1])
         if a >= b:
             continue  # no key group of t was in p
-        man = _source_manifest(root, old, p, name, task.older[p] if p < len(task.older) else ())
+        ranges = psid_ranges(a, b)
+
+        def verify(man: Manifest, ranges: list[tuple[int, int]] = ranges) -> int:
+            sel = man.select_psids(ranges)  # read and checksum exactly the pages taken
+            io.read_pages(root, sel, lambda pages: None)
+            return sel.n_pages * sel.page_bytes
+
+        man, nread = _source_manifest(root, old, p, name,
+                                      task.older[p] if p < len(task.older) else (),
+                                      verify if task.verify else None, task.fallback)
+        read += nread
         kg_batches.extend(_positions(old, p, man).restrict(a, b).ranges)
         if man is None:
             continue
-        ranges = psid_ranges(a, b)
-        if task.verify:  # read and checksum exactly the pages taken
-            sel = man.select_psids(ranges)
-            io.read_pages(root, sel, lambda pages: None)
-            read += sel.n_pages * sel.page_bytes
         parts.append((man, ranges))
         page_bytes = man.page_bytes
     positions = KeyGroupPositions(tuple(sorted(kg_batches)))
@@ -504,7 +534,7 @@ def pending_task(layout: OperatorLayout, target: int, uri: str,
                            f"{layout.name!r}: {exc}") from None
     return TargetTask(uri, tuple(sorted((storage_options or {}).items())),
                       _without_pending(layout).to_json().decode(), sources, target,
-                      bool(doc.get("verify", True)), io_workers, older)
+                      bool(doc.get("verify", True)), io_workers, older, fallback=True)
 
 
 def _has_checkpoint(root: StorageRoot, haunit: str) -> bool:

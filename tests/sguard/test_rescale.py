@@ -275,6 +275,26 @@ def test_damaged_source_page_fails_a_verified_repartition_and_a_rerun_completes(
     assert q.durable() == ref.durable()
 
 
+def test_lazy_compose_falls_back_past_a_damaged_source_page(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A flipped byte in a page of a source's newest checkpoint, found only after a lazy
+    commit (the layout is the new one already): the first task composing that page's
+    key groups falls back to the source's older checkpoint and replays the longer log,
+    and the query equals one that never rescaled."""
+    import logging
+    q, tables = _made(tmp_path / "s", 2, n_batches=4)
+    ref, _ = _made(tmp_path / "ref", 2, n_batches=4)
+    _flip_a_page_byte(q.uri, 0)
+    repartition(q.uri, 3, lazy=True)
+    with caplog.at_level(logging.WARNING, logger="sguard.rescale"):
+        for b in range(4, 7):
+            assert q.batch(b, tables[b]) == ref.batch(b, tables[b])
+    assert "damaged, trying an older one" in caplog.text
+    q.stop()
+    ref.stop()
+    assert q.durable() == ref.durable()
+
+
 # -- lazy commit (a query's start-up) ----------------------------------------------------------------
 def test_lazy_repartition_keeps_sources_until_every_partition_composed(tmp_path: Path) -> None:
     """``repartition(lazy=True)`` commits 2 -> 3 with no composition: the old generation
