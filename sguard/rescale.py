@@ -34,6 +34,20 @@ partitions of generation ``g + 1`` never reads a row:
 Old generations' checkpoint directories stay as long as a live manifest
 references them; `sweep_old_generations` deletes the rest.
 
+Committed lazily (a query's start-up)
+-------------------------------------
+``repartition(..., lazy=True)`` skips step 3: the commit writes the new layout
+with the sources record of step 1 in ``extra["compose_from"]``
+(`pending_sources`: each source partition's planned checkpoint and its older
+ones). The first task of each new partition that finds no checkpoint in its HA
+unit composes it there (`compose_if_pending`: the same `compose_target`, falling
+back to an older source checkpoint past a damaged page, since the old layout is
+no longer there to go back to), then restores it. So no Spark job runs before
+the query starts. Until every new partition has composed, the sweep deletes
+nothing (`uncomposed`), readers build the missing composition in memory
+(`pending_manifest`, `restore_piece`), and a further repartition composes the
+missing partitions first (`complete_pending`).
+
 Replay positions move with the key groups
 -----------------------------------------
 Source partitions may have been checkpointed after different batches. A

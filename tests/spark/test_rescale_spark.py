@@ -299,6 +299,52 @@ def test_first_task_killed_while_composing_is_retried_exactly_once(spark: Any, t
     assert [tuple(r.values()) for r in durable.to_pylist()] == state
 
 
+@pytest.mark.parametrize("point", ["compose", "composed"])
+def test_repartition_job_survives_sigkilled_task_workers(spark: Any, tmp_path: Path,
+                                                         point: str) -> None:
+    """The offline repartition job (``sguard state repartition``'s, `repartition_job`, with
+    the query stopped): its tasks are SIGKILLed (their Python worker process) in their
+    first attempt, before or after writing their composed checkpoint: Spark retries them,
+    the retry composes (or finds its checkpoint), and the query continues exactly once on
+    the new partitioning."""
+    from sguard import rescale
+    from sguard.spark.rescaling import repartition_job
+    inp, stage = _staged(tmp_path, 5, rows=800, keys=120)
+    op = ss.RunningAggregate(value="v")
+    _feed(inp, stage, 3)
+    run_query(spark, inp, tmp_path, op, partitions=2, key_groups=16,
+              checkpoint=ss.CheckpointConfig(every_n_batches=1))
+    root = open_root(str(tmp_path / "state"))
+    sc = spark.sparkContext
+    sc.setJobGroup(f"rescale-kill-{point}", "repartition with killed task workers")
+    sc.environment[rescale.KILL_ENV] = f"{point}@first-attempt"
+    try:
+        res = repartition_job(spark, root, 3)
+    finally:
+        del sc.environment[rescale.KILL_ENV]
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert res.changed and res.pages > 0
+    tracker = sc.statusTracker()
+    failed = 0
+    for job in tracker.getJobIdsForGroup(f"rescale-kill-{point}"):
+        info = tracker.getJobInfo(job)
+        for sid in (info.stageIds if info is not None else []):
+            st = tracker.getStageInfo(sid)
+            if st is not None and st.name and "collect" in st.name:
+                failed += st.numFailedTasks
+    assert failed >= 3, failed  # each of the 3 targets' first attempt died
+    lay = read_layout(root)
+    assert lay is not None and (lay.generation, lay.num_partitions) == (1, 3)
+    assert rescale.pending_sources(lay) is None  # composed before the commit
+    assert not root.exists(rescale.MARKER_FILE)
+    for q in range(3):  # one composed checkpoint per target, whichever attempt wrote it
+        assert len([c for c in list_checkpoints(root, lay.haunit(q)) if c.has_manifest]) == 1
+    _feed(inp, stage, 5)
+    rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=3)
+    assert failures == 0
+    assert (rows, state) == running_oracle(inp.tables)
+
+
 def test_uncomposed_partitions_are_read_through_their_sources(spark: Any, tmp_path: Path
                                                               ) -> None:
     """The query is stopped right after a start-up repartition 2 -> 3 committed (before
