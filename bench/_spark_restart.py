@@ -216,6 +216,7 @@ def measure_restart(qry: _Query, q: Any, P: int, P2: int, rescales: list[Any]
            "first_batch": b,
            "recovery": sorted({r["recovery"] for r in recs}),
            "recovery_ms_max": max((r["recovery_ms"] for r in recs), default=0.0),
+           "compose_ms_max": max((r.get("compose_ms", 0.0) for r in recs), default=0.0),
            "replayed_batches_max": max((r["replayed_batches"] for r in recs), default=0),
            "task_ms_max": max((r["total_ms"] for r in recs), default=0.0)}
     return q, row
@@ -226,7 +227,8 @@ def _log_restart(log: Callable[[str], None], row: dict[str, Any]) -> None:
         f"{row['stop_s']:.2f}, stateful {row['stateful_s']:.2f} of which repartition "
         f"{row['repartition_s']:.2f}, start to commit "
         f"{row['start_to_commit_s']:.2f}; first batch {row['recovery']}, recovery "
-        f"{row['recovery_ms_max']:.0f} ms, {row['replayed_batches_max']} batch(es) "
+        f"{row['recovery_ms_max']:.0f} ms (compose {row['compose_ms_max']:.0f}), "
+        f"{row['replayed_batches_max']} batch(es) "
         f"replayed; CPU {row['cpu_s']:.2f} s, load {row['load1']:.1f})")
 
 
@@ -298,6 +300,8 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
         "restart_first_batch_task_ms": med(2, 4, "task_ms_max"),
         "restart_first_batch_task_ms_same_p": med(2, 2, "task_ms_max"),
         "restart_recovery_ms": med(2, 4, "recovery_ms_max"),
+        "restart_compose_ms": med(2, 4, "compose_ms_max"),
+        "restart_start_to_commit_4to4_s": med(4, 4, "start_to_commit_s"),
         "spark_trivial_job_s": data.get("spark_trivial_job_s"),
     }
     out["restart_downtime_4to4_s"] = med(4, 4, "downtime_s")

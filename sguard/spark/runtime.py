@@ -205,6 +205,7 @@ class _Partition:
         self._mu = threading.Lock()
         self._task = False
         self._pending_metrics: list[cf.Future[None]] = []
+        self.compose_ms = 0.0
 
     # -- lock bookkeeping ------------------------------------------------------------------
     def _maybe_release(self) -> None:
@@ -279,9 +280,11 @@ class _Partition:
         self.slot.wipe()
         # a repartition committed lazily (`sguard.spark.rescaling`): the partition's first
         # task composes its first checkpoint from the sources' pages, then restores it
-        compose_if_pending(self.rt.root, cfg.layout, self.p,
-                           storage_options=cfg.storage_options,
-                           io_workers=cfg.checkpoint.io_workers)
+        t = time.perf_counter()
+        if compose_if_pending(self.rt.root, cfg.layout, self.p,
+                              storage_options=cfg.storage_options,
+                              io_workers=cfg.checkpoint.io_workers):
+            self.compose_ms = (time.perf_counter() - t) * 1e3
         pm = PageManager(cfg.page_bytes, cfg.capacity_bytes, path=self.slot.pool_path)
         self._bind(pm, -1, -1)
         assert self.ckpt is not None
@@ -342,6 +345,7 @@ class _Partition:
                            slot.has_pool(), self.snap is not None)
                 action, reason = d.action, d.reason
             replayed = 0
+            self.compose_ms = 0.0  # of recovery_ms: composing the first checkpoint
             t_rec = time.perf_counter()
             if action is Action.ROLLBACK_CACHED:
                 assert self.pm is not None and self.snap is not None
@@ -430,6 +434,7 @@ class _Partition:
                     "checkpoint_lag": (b - self.durable), "durable_batch": self.durable,
                     "recovery": action.value, "reason": reason, "recovery_ms": recovery_ms,
                     "replayed_batches": replayed, "lock_wait_ms": waited * 1e3,
+                    "compose_ms": self.compose_ms,
                     "pid": os.getpid()})
             return out
         finally:
