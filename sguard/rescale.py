@@ -87,7 +87,7 @@ from sguard.statelayout import (LAYOUT_FILE, PSID_SHIFT, LayoutError, OperatorLa
 logger = logging.getLogger(__name__)
 
 __all__ = ["MARKER_FILE", "PENDING_KEY", "KILL_ENV", "pending_sources", "pending_task",
-           "uncomposed", "compose_if_pending", "complete_pending", "pending_manifest",
+           "uncomposed", "compose_if_pending", "compose_loaded", "complete_pending", "pending_manifest",
            "load_manifest", "RescaleError", "RescaleResult",
            "KeyGroupPositions", "TargetTask", "SourcePlan", "check", "plan", "compose_target",
            "repartition", "restore_piece", "psid_ranges", "sweep_old_generations",
@@ -578,6 +578,51 @@ def compose_if_pending(root: StorageRoot, layout: OperatorLayout, target: int, *
     compose_target(pending_task(layout, target, root.uri, storage_options,
                                 io_workers=io_workers))
     return True
+
+
+def compose_loaded(mgr: Any, root: StorageRoot, layout: OperatorLayout, target: int, *,
+                   storage_options: Mapping[str, Any] | None = None,
+                   io: IOService | None = None) -> tuple[bool, Manifest | None]:
+    """`compose_if_pending` for the query's task that then restores the partition, reading
+    each page once: the composition is built in memory (the sources' manifests only),
+    its pages are loaded into ``mgr``'s page manager and checksummed (`load_manifest`),
+    and only then is its manifest written, through ``mgr`` (`CheckpointManager.compose`:
+    the task's own manager, so the owner's fencing check guards it, and it becomes the
+    base of the next checkpoint). Killed anywhere, a retry finds either no manifest
+    (and composes again) or the composition (and restores it).
+
+    Returns ``(composed, loaded)``: whether the partition was pending, and the composed
+    checkpoint when its pages are in the page manager now (None: restore it as usual;
+    after a damaged page the sources were verified one by one and the composition
+    written past the damage, `compose_target`, but not loaded).
+    """
+    from ioservice import composed_manifest
+    from mmm.errors import PageFormatError
+    if pending_sources(layout) is None or _has_checkpoint(root, layout.haunit(target)):
+        return False, None
+    task = pending_task(layout, target, root.uri, storage_options)
+    own = io is None
+    io = io or IOService(task.io_workers)
+    try:
+        parts, meta, _, _ = _target_parts(replace(task, verify=False), root, io)
+        if parts:
+            man = composed_manifest(parts, mgr.pm.page_bytes, layout.haunit(target),
+                                    user_meta=meta)
+            try:
+                load_manifest(mgr.pm, root, man, io=io)
+            except (CheckpointDamagedError, PageFormatError, StorageNotFoundError) as exc:
+                logger.warning("partition %d: composing from damaged sources (%s); verifying "
+                               "them one by one", target, exc)
+            else:
+                _kill_point("compose")
+                got = mgr.compose(parts, user_meta=meta)
+                _kill_point("composed")
+                return True, got
+    finally:
+        if own:
+            io.shutdown()
+    compose_target(task)  # no page to take (an empty checkpoint), or past the damage
+    return True, None
 
 
 def complete_pending(root: StorageRoot | str, *,

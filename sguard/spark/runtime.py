@@ -12,7 +12,7 @@
    roll back a wholly or partly applied ``b`` (in memory or in the file), or
    restore from the DFS checkpoint and replay the input log
    (`sguard.spark.recovery`), after composing the partition's first checkpoint
-   when a start-up repartition left that to it (`sguard.rescale.compose_if_pending`);
+   when a start-up repartition left that to it (`sguard.rescale.compose_loaded`);
 3. starts a checkpoint of that state when the policy says so (the prepare
    pause only; `sguard.spark.checkpointing`);
 4. takes the rollback point (a snapshot, recorded in ``base.npy``) and marks
@@ -52,7 +52,7 @@ from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
 from sguard.spark.columns import KG_COLUMN
 from sguard.spark.groupstate import add_key_groups, open_state
-from sguard.rescale import compose_if_pending
+from sguard.rescale import compose_loaded
 from sguard.spark.recovery import rebuild_partition
 from sguard.spark.operators import Operator, OperatorState
 from sguard.spark.placement import Marker, PartitionSlot, boot_id, new_token, state_id
@@ -278,20 +278,29 @@ class _Partition:
         cfg = self.cfg
         self._drop()
         self.slot.wipe()
-        # a repartition committed lazily (`sguard.spark.rescaling`): the partition's first
-        # task composes its first checkpoint from the sources' pages, then restores it
-        t = time.perf_counter()
-        if compose_if_pending(self.rt.root, cfg.layout, self.p,
-                              storage_options=cfg.storage_options,
-                              io_workers=cfg.checkpoint.io_workers):
-            self.compose_ms = (time.perf_counter() - t) * 1e3
         pm = PageManager(cfg.page_bytes, cfg.capacity_bytes, path=self.slot.pool_path)
         self._bind(pm, -1, -1)
-        assert self.ckpt is not None
+        ckpt = self.ckpt
+        assert ckpt is not None
         fence = fencing.read_claims(self.rt.root, self.haunit)
         try:
+            # a repartition committed lazily (`sguard.spark.rescaling`): the partition's
+            # first task composes its first checkpoint from the sources' pages, loading
+            # them as it goes (each page read once), then replays as after any restore
+            t = time.perf_counter()
+            composed, loaded = compose_loaded(ckpt.mgr, self.rt.root, cfg.layout, self.p,
+                                              storage_options=cfg.storage_options,
+                                              io=_io(cfg.checkpoint.io_workers))
+            if composed:
+                self.compose_ms = (time.perf_counter() - t) * 1e3
+            restore = ckpt.restore
+            if loaded is not None:
+                first = [loaded]
+
+                def restore(before: int | None) -> Manifest | None:
+                    return first.pop() if before is None and first else ckpt.restore(before)
             got = rebuild_partition(pm, self.rt.root, cfg.layout, self.p, cfg.operator,
-                                    cfg.input_schema, b - 1, self.ckpt.restore, fence)
+                                    cfg.input_schema, b - 1, restore, fence)
         except BaseException:
             self._drop()
             self.slot.wipe()
