@@ -293,12 +293,11 @@ class _Partition:
                                               io=_io(cfg.checkpoint.io_workers))
             if composed:
                 self.compose_ms = (time.perf_counter() - t) * 1e3
-            restore = ckpt.restore
-            if loaded is not None:
-                first = [loaded]
+            first = [] if loaded is None else [loaded]
 
-                def restore(before: int | None) -> Manifest | None:
-                    return first.pop() if before is None and first else ckpt.restore(before)
+            def restore(before: int | None) -> Manifest | None:
+                """The composition just loaded first, then as usual."""
+                return first.pop() if before is None and first else ckpt.restore(before)
             got = rebuild_partition(pm, self.rt.root, cfg.layout, self.p, cfg.operator,
                                     cfg.input_schema, b - 1, restore, fence)
         except BaseException:
@@ -306,7 +305,7 @@ class _Partition:
             self.slot.wipe()
             raise
         self.state = got.state
-        self.ckpt.restored(got.manifest, got.checkpoint_batch)
+        ckpt.restored(got.manifest, got.checkpoint_batch)
         self.durable = got.checkpoint_batch
         self._flush()
         self._write_marker("applied", b - 1, None)
