@@ -209,7 +209,8 @@ def measure_restart(qry: _Query, q: Any, P: int, P2: int, rescales: list[Any]
     b = int(q.lastProgress["batchId"])
     recs = qry.first_batch_metrics(b, P2)
     row = {"from": P, "to": P2, "downtime_s": (t3 - t0) - (t2 - t1),
-           "cpu_s": cpu_s, "load1": os.getloadavg()[0], "stop_s": t1 - t0, "stateful_s": api_s, "start_to_commit_s": t3 - t2 - api_s,
+           "cpu_s": cpu_s, "load1": os.getloadavg()[0], "stop_s": t1 - t0,
+           "stateful_s": api_s, "start_to_commit_s": t3 - t2 - api_s,
            "repartition_s": sum(r.seconds for r in rescales),
            "repartition_parts_s": [{"wait_s": r.wait_s, "job_s": r.repartition_s,
                                     **r.phases_s} for r in rescales],
@@ -246,7 +247,7 @@ def run(state_mb: float, scratch: str, cycles: int = 1,
             q = qry.build()
             data["build_s"] = time.perf_counter() - t
             data["spark_trivial_job_s"] = _trivial_jobs(qry.spark, 4)
-            log(f"a trivial 4-task Spark job (what a start-up repartition job would cost at least): "
+            log(f"a trivial 4-task Spark job (a start-up repartition job's least cost): "
                 f"{data['spark_trivial_job_s']:.2f} s (median of 3)")
             P = 2
             plan = [2, 4] + ([4, 2] if cycles > 1 else [4]) + [2, 4, 4, 2] * max(0, cycles - 2)

@@ -87,8 +87,8 @@ from sguard.statelayout import (LAYOUT_FILE, PSID_SHIFT, LayoutError, OperatorLa
 logger = logging.getLogger(__name__)
 
 __all__ = ["MARKER_FILE", "PENDING_KEY", "KILL_ENV", "pending_sources", "pending_task",
-           "uncomposed", "compose_if_pending", "compose_loaded", "complete_pending", "pending_manifest",
-           "load_manifest", "RescaleError", "RescaleResult",
+           "uncomposed", "compose_if_pending", "compose_loaded", "complete_pending",
+           "pending_manifest", "load_manifest", "RescaleError", "RescaleResult",
            "KeyGroupPositions", "TargetTask", "SourcePlan", "check", "plan", "compose_target",
            "repartition", "restore_piece", "psid_ranges", "sweep_old_generations",
            "piece_range"]

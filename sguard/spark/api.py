@@ -123,11 +123,12 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
     num_partitions : int, optional
         State partitions P (default: the existing state's, else
         ``spark.sql.shuffle.partitions``). When it differs from the existing
-        state's, the state is repartitioned, whole key groups at a time: the driver commits
-        the new layout before the query starts and each new partition's first task
-        composes its first checkpoint from the old one's pages (`sguard.spark.rescaling`; one log line says so), and the
-        query continues exactly once. An interrupted repartition is completed
-        by calling again with the same value.
+        state's, the state is repartitioned, whole key groups at a time: the driver
+        commits the new layout before the query starts and each new partition's first
+        task composes its first checkpoint from the old one's pages
+        (`sguard.spark.rescaling`; one log line says so), and the query continues
+        exactly once. An interrupted repartition is completed by calling again with
+        the same value.
     name : str, optional
         The operator's name (default: its kind).
     checkpoint : CheckpointConfig, optional

@@ -295,7 +295,7 @@ def test_lazy_compose_falls_back_past_a_damaged_source_page(
     assert q.durable() == ref.durable()
 
 
-# -- lazy commit (a query's start-up) ----------------------------------------------------------------
+# -- lazy commit (a query's start-up) ----------------------------------------------------------
 def test_lazy_repartition_keeps_sources_until_every_partition_composed(tmp_path: Path) -> None:
     """``repartition(lazy=True)`` commits 2 -> 3 with no composition: the old generation
     survives every sweep while a new partition has not composed; readers (the durable
