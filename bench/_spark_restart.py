@@ -8,21 +8,22 @@ restarted, one new small file waiting each time, in this order per cycle:
 
 * 2 -> 2: the baseline, the same restart without a partition change (the
   partitions re-attach their local state);
-* 2 -> 4: scale out; `sguard.spark.stateful` repartitions the durable state
-  before the query starts, as a Spark job (`sguard.spark.rescaling`: one task
-  per new partition composes its first checkpoint from references to its key
-  groups' pages, after reading them once to verify; the driver writes only the
-  layout), then the new partitions restore their key groups' pages from the DFS
-  checkpoints and replay the logged rows their key groups missed;
+* 2 -> 4: scale out; `sguard.spark.stateful` commits the new layout before the
+  query starts (`sguard.spark.rescaling`: the driver reads the sources' manifest
+  headers and writes the layout with a record of the sources; no Spark job),
+  then each new partition's first task composes its first checkpoint from
+  references to its key groups' pages (after reading them once to verify),
+  restores those pages and replays the logged rows its key groups missed;
 * 4 -> 4 and 4 -> 2: the same at 4 partitions, and scale in (one cycle: 4 -> 4
   only, the baseline at the new count: ``restart_downtime_ratio_vs_unchanged_at_4``).
 
 Downtime = from ``query.stop()`` to the first batch committed after the restart
 (``processAllAvailable`` returns). Reported per restart with its parts: the
-stop, the ``stateful`` call (which includes the start-up repartition job; its
+stop, the ``stateful`` call (which includes the start-up repartition; its
 own seconds in ``repartition_s``, its parts in ``repartition_parts_s``: the wait for
-the old partitions' local locks, the job, and its plan / compose / commit), and start to
-commit (query start, the tasks' restore + replay + the batch). Between two
+the old partitions' local locks, the repartition, and its plan / compose (none left to
+the driver: 0) / commit), and start to commit (query start, the tasks' compose +
+restore + replay + the batch). Between two
 restarts three more small batches run, so every generation has checkpoints.
 """
 from __future__ import annotations
@@ -160,6 +161,32 @@ def _startup_repartitions() -> Iterator[list[Any]]:
         api.repartition_at_startup = startup
 
 
+def _tree_cpu_s() -> float:
+    """CPU seconds (user + system, reaped children included) of this process and all its
+    descendants (the JVM, PySpark's daemon and Python workers): from ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the name: state ppid ...; utime stime cutime cstime are 14-17 (1-based)
+        stats[int(d)] = (int(rest[1]), sum(int(x) for x in rest[11:15]) / tick)
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        kids.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0.0))[1]
+        todo.extend(kids.get(pid, []))
+    return total
+
+
 def measure_restart(qry: _Query, q: Any, P: int, P2: int, rescales: list[Any]
                     ) -> tuple[Any, dict[str, Any]]:
     """Stop the running query ``q`` (at ``P``) and restart it at ``P2``: (new query, row).
@@ -168,6 +195,7 @@ def measure_restart(qry: _Query, q: Any, P: int, P2: int, rescales: list[Any]
     untimed write of that batch's input file; with its parts (stop, the `stateful`
     call and its start-up repartition, start to commit) and the first batch's tasks.
     """
+    c0 = _tree_cpu_s()
     t0 = time.perf_counter()
     q.stop()
     t1 = time.perf_counter()
@@ -177,16 +205,19 @@ def measure_restart(qry: _Query, q: Any, P: int, P2: int, rescales: list[Any]
     q, api_s = qry.start(P2)
     q.processAllAvailable()
     t3 = time.perf_counter()
+    cpu_s = _tree_cpu_s() - c0  # the input file's write included (small, the same each time)
     b = int(q.lastProgress["batchId"])
     recs = qry.first_batch_metrics(b, P2)
     row = {"from": P, "to": P2, "downtime_s": (t3 - t0) - (t2 - t1),
-           "stop_s": t1 - t0, "stateful_s": api_s, "start_to_commit_s": t3 - t2 - api_s,
+           "cpu_s": cpu_s, "load1": os.getloadavg()[0], "stop_s": t1 - t0,
+           "stateful_s": api_s, "start_to_commit_s": t3 - t2 - api_s,
            "repartition_s": sum(r.seconds for r in rescales),
            "repartition_parts_s": [{"wait_s": r.wait_s, "job_s": r.repartition_s,
                                     **r.phases_s} for r in rescales],
            "first_batch": b,
            "recovery": sorted({r["recovery"] for r in recs}),
            "recovery_ms_max": max((r["recovery_ms"] for r in recs), default=0.0),
+           "compose_ms_max": max((r.get("compose_ms", 0.0) for r in recs), default=0.0),
            "replayed_batches_max": max((r["replayed_batches"] for r in recs), default=0),
            "task_ms_max": max((r["total_ms"] for r in recs), default=0.0)}
     return q, row
@@ -194,11 +225,12 @@ def measure_restart(qry: _Query, q: Any, P: int, P2: int, rescales: list[Any]
 
 def _log_restart(log: Callable[[str], None], row: dict[str, Any]) -> None:
     log(f"spark restart {row['from']} -> {row['to']}: downtime {row['downtime_s']:.2f} s (stop "
-        f"{row['stop_s']:.2f}, stateful {row['stateful_s']:.2f} of which repartition job "
+        f"{row['stop_s']:.2f}, stateful {row['stateful_s']:.2f} of which repartition "
         f"{row['repartition_s']:.2f}, start to commit "
         f"{row['start_to_commit_s']:.2f}; first batch {row['recovery']}, recovery "
-        f"{row['recovery_ms_max']:.0f} ms, {row['replayed_batches_max']} batch(es) "
-        f"replayed)")
+        f"{row['recovery_ms_max']:.0f} ms (compose {row['compose_ms_max']:.0f}), "
+        f"{row['replayed_batches_max']} batch(es) "
+        f"replayed; CPU {row['cpu_s']:.2f} s, load {row['load1']:.1f})")
 
 
 def run(state_mb: float, scratch: str, cycles: int = 1,
@@ -215,7 +247,7 @@ def run(state_mb: float, scratch: str, cycles: int = 1,
             q = qry.build()
             data["build_s"] = time.perf_counter() - t
             data["spark_trivial_job_s"] = _trivial_jobs(qry.spark, 4)
-            log(f"a trivial 4-task Spark job (the floor of any repartition job here): "
+            log(f"a trivial 4-task Spark job (a start-up repartition job's least cost): "
                 f"{data['spark_trivial_job_s']:.2f} s (median of 3)")
             P = 2
             plan = [2, 4] + ([4, 2] if cycles > 1 else [4]) + [2, 4, 4, 2] * max(0, cycles - 2)
@@ -261,11 +293,16 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
         "restart_start_to_commit_s": med(2, 4, "start_to_commit_s"),
         "restart_start_to_commit_same_p_s": med(2, 2, "start_to_commit_s"),
         "restart_downtime_same_p_s": med(2, 2, "downtime_s"),
+        "restart_cpu_s": med(2, 4, "cpu_s"),
+        "restart_cpu_same_p_s": med(2, 2, "cpu_s"),
+        "restart_cpu_4to4_s": med(4, 4, "cpu_s"),
         "restart_downtime_4to2_s": med(4, 2, "downtime_s"),
         "restart_state_mb": data.get("state_bytes", 0) / MB,
         "restart_first_batch_task_ms": med(2, 4, "task_ms_max"),
         "restart_first_batch_task_ms_same_p": med(2, 2, "task_ms_max"),
         "restart_recovery_ms": med(2, 4, "recovery_ms_max"),
+        "restart_compose_ms": med(2, 4, "compose_ms_max"),
+        "restart_start_to_commit_4to4_s": med(4, 4, "start_to_commit_s"),
         "spark_trivial_job_s": data.get("spark_trivial_job_s"),
     }
     out["restart_downtime_4to4_s"] = med(4, 4, "downtime_s")
@@ -274,6 +311,9 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
         # from what running 4 partitions in 2 waves on 2 cores costs every batch
         out["restart_downtime_ratio_vs_unchanged_at_4"] = (out["restart_downtime_s"]
                                                            / out["restart_downtime_4to4_s"])
+    if out["restart_cpu_s"] and out["restart_cpu_same_p_s"]:
+        # the CPU the restarts cost (process tree): less sensitive to the machine's load
+        out["restart_cpu_ratio_vs_unchanged"] = out["restart_cpu_s"] / out["restart_cpu_same_p_s"]
     if out["restart_downtime_s"] and out["restart_downtime_same_p_s"]:
         out["restart_downtime_ratio_vs_unchanged"] = (out["restart_downtime_s"]
                                                       / out["restart_downtime_same_p_s"])

@@ -55,14 +55,17 @@ its HA unit with the ``user_meta`` the runtime writes (``key_groups``,
 * **restart downtime** (`bench._spark_restart`): a real Spark streaming query
   with ``--state-mb`` of state (at most ``--restart-mb-quick`` with
   ``--quick``) stopped and restarted with 4 partitions instead of 2 (the
-  start-up repartition a Spark job), from ``stop()`` to the first batch
-  committed after the restart, against the same restart without a partition
-  change: ``restart_downtime_s``, ``restart_downtime_ratio_vs_unchanged``;
-  with its parts (``restart_repartition_s``: the start-up job;
+  start-up repartition commits the layout on the driver and each new
+  partition's first task composes its checkpoint: no Spark job), from
+  ``stop()`` to the first batch committed after the restart, against the same
+  restart without a partition change: ``restart_downtime_s``,
+  ``restart_downtime_ratio_vs_unchanged``; with its parts
+  (``restart_repartition_s``: the driver's commit;
   ``restart_first_batch_task_ms`` against ``..._same_p``: the first batch's
-  slowest task, restore and replay included) and ``spark_trivial_job_s``, a job
-  of 4 SQL Python tasks that do nothing on the same warm session: the floor
-  of any separate repartition job there.
+  slowest task, compose, restore and replay included) and
+  ``spark_trivial_job_s``, a job of 4 SQL Python tasks that do nothing on the
+  same warm session: what a separate start-up repartition job would cost at
+  least.
 
 Run: ``python -m bench.rescale [--quick] [--state-mb N] [--out DIR]``; writes
 ``DIR/rescale.json`` (``summary``) and ``DIR/rescale.png``.

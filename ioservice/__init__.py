@@ -82,7 +82,7 @@ from ioservice.errors import (
 from ioservice.format import FORMAT_VERSION, Manifest, ManifestHeader, PageFile, PageTable
 from ioservice.fs import FileEntry, StorageRoot, open_root, validate_name
 from ioservice.manager import (CheckpointManager, CheckpointPolicy, CheckpointState,
-                               PendingCheckpoint, sweep_unreferenced)
+                               PendingCheckpoint, composed_manifest, sweep_unreferenced)
 from ioservice.recovery import (CheckpointInfo, list_checkpoints, list_haunits, read_manifest,
                                 read_manifest_header, restore, verify_checkpoint)
 from ioservice.service import IOService, ReadResult, WriteResult
@@ -100,6 +100,7 @@ __all__ = [
     "CheckpointWriteError",
     "CompositionConflictError",
     "CompositionError",
+    "composed_manifest",
     "DamagedCheckpointWarning",
     "DuplicatePagesError",
     "OverlappingRangesError",

@@ -1082,6 +1082,24 @@ def _haunit_of(checkpoint: str) -> str | None:
     return parsed[0] if parsed is not None else None
 
 
+def composed_manifest(parts: Sequence[tuple[Manifest, Sequence[tuple[int, int]]]],
+                      page_bytes: int, haunit: str, *, seq: int = 0,
+                      user_meta: Mapping[str, Any] | None = None) -> Manifest:
+    """The manifest `CheckpointManager.compose` would write for `parts`, built in memory
+    and never written: a reader that must see a composition not made yet loads its pages
+    with `IOService.read_pages`. Raises what `compose` raises for bad `parts`; touches no
+    storage."""
+    meta = dict(user_meta or {})
+    _check_json(meta, f"composition into {haunit!r}")
+    table, files, structures, sources, depth, snapshot_id = _compose_rows(parts, page_bytes,
+                                                                          haunit)
+    man = Manifest(haunit=haunit, seq=seq, snapshot_id=snapshot_id, page_bytes=page_bytes,
+                   full=False, depth=depth, base=None, files=files, pages=table,
+                   structures=structures, user_meta=meta, composed_from=sources)
+    man.validate(f"composition {man.name}")
+    return man
+
+
 def _compose_rows(parts: Sequence[tuple[Manifest, Sequence[tuple[int, int]]]], page_bytes: int,
                   haunit: str) -> tuple[PageTable, tuple[PageFile, ...], dict[str, int],
                                         tuple[str, ...], int, int]:

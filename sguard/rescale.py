@@ -34,6 +34,20 @@ partitions of generation ``g + 1`` never reads a row:
 Old generations' checkpoint directories stay as long as a live manifest
 references them; `sweep_old_generations` deletes the rest.
 
+Committed lazily (a query's start-up)
+-------------------------------------
+``repartition(..., lazy=True)`` skips step 3: the commit writes the new layout
+with the sources record of step 1 in ``extra["compose_from"]``
+(`pending_sources`: each source partition's planned checkpoint and its older
+ones). The first task of each new partition that finds no checkpoint in its HA
+unit composes it there (`compose_if_pending`: the same `compose_target`, falling
+back to an older source checkpoint past a damaged page, since the old layout is
+no longer there to go back to), then restores it. So no Spark job runs before
+the query starts. Until every new partition has composed, the sweep deletes
+nothing (`uncomposed`), readers build the missing composition in memory
+(`pending_manifest`, `restore_piece`), and a further repartition composes the
+missing partitions first (`complete_pending`).
+
 Replay positions move with the key groups
 -----------------------------------------
 Source partitions may have been checkpointed after different batches. A
@@ -57,7 +71,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -66,18 +80,22 @@ import numpy.typing as npt
 
 from ioservice import (IOService, Manifest, ManifestHeader, StorageRoot, list_checkpoints,
                        list_haunits, open_root, read_manifest, read_manifest_header)
-from ioservice.errors import IOServiceError, StorageNotFoundError
+from ioservice.errors import CheckpointDamagedError, IOServiceError, StorageNotFoundError
 from sguard.statelayout import (LAYOUT_FILE, PSID_SHIFT, LayoutError, OperatorLayout,
                                 key_group_psids, parse_haunit_name, read_layout, write_layout)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MARKER_FILE", "KILL_ENV", "RescaleError", "RescaleResult",
+__all__ = ["MARKER_FILE", "PENDING_KEY", "KILL_ENV", "pending_sources", "pending_task",
+           "uncomposed", "compose_if_pending", "compose_loaded", "complete_pending",
+           "pending_manifest", "load_manifest", "RescaleError", "RescaleResult",
            "KeyGroupPositions", "TargetTask", "SourcePlan", "check", "plan", "compose_target",
            "repartition", "restore_piece", "psid_ranges", "sweep_old_generations",
            "piece_range"]
 
 MARKER_FILE: Final = "rescale-pending.json"
+PENDING_KEY: Final = "compose_from"
+"""The layout's ``extra`` key of a lazily committed repartition's sources (`pending_sources`)."""
 KILL_ENV: Final = "SGUARD_RESCALE_KILL_AT"
 """Test hook: ``<point>[:<n>]`` SIGKILLs the process the n-th time it passes `point`;
 ``<point>[:<n>]@first-attempt`` only in a Spark task's first attempt (its retry lives)."""
@@ -183,6 +201,11 @@ class TargetTask:
     older: tuple[tuple[str, ...], ...] = ()
     """By source partition, its older checkpoints (newest first): used when the planned
     one's manifest does not parse in full."""
+    fallback: bool = False
+    """Also fall back to an older source checkpoint when verifying the planned one's pages
+    finds one damaged (a lazily committed repartition, where the layout is committed
+    already: an older checkpoint plus a longer replay of the log is then the state, as in
+    a recovery; a repartition job fails instead, and the old generation stays)."""
 
 
 # -- kill points (tests) --------------------------------------------------------------------------
@@ -318,13 +341,11 @@ def _positions(layout: OperatorLayout, p: int, man: Manifest | None) -> KeyGroup
 
 
 # -- one target (a thread or a Spark task) ---------------------------------------------------------------
-def _source_manifest(root: StorageRoot, old: OperatorLayout, p: int, name: str,
-                     older: Sequence[str]) -> Manifest | None:
-    """Source partition `p`'s planned checkpoint `name`, parsed and validated in full
-    (page table included; the driver read only its header), or the newest of `older`
-    that parses if it does not; checked to be partition `p`'s of the old generation."""
-    if not name:
-        return None
+def _source_candidates(root: StorageRoot, old: OperatorLayout, p: int, name: str,
+                       older: Sequence[str]) -> Iterator[Manifest]:
+    """Source partition `p`'s planned checkpoint `name`, then each of `older`, those whose
+    manifest parses and validates in full (page table included; the driver read only a
+    header), each checked to be partition `p`'s of the old generation."""
     for cand in (name, *older):
         try:
             man = read_manifest(root, cand)
@@ -332,22 +353,39 @@ def _source_manifest(root: StorageRoot, old: OperatorLayout, p: int, name: str,
             logger.warning("skipping checkpoint %s: %s", cand, exc)
             continue
         _check_source(old, p, man)
-        return man
-    raise RescaleError(f"no checkpoint of source partition {p} parses ({name} and "
+        yield man
+
+
+def _source_manifest(root: StorageRoot, old: OperatorLayout, p: int, name: str,
+                     older: Sequence[str], verify: Callable[[Manifest], int] | None = None,
+                     fallback: bool = False) -> tuple[Manifest | None, int]:
+    """Source partition `p`'s checkpoint to compose from (None: it has none) and the bytes
+    `verify` read: the planned one, or the newest of `older` that parses (and, with
+    `fallback`, whose pages `verify` finds undamaged)."""
+    from mmm.errors import PageFormatError
+    if not name:
+        return None, 0
+    for man in _source_candidates(root, old, p, name, older):
+        if verify is None:
+            return man, 0
+        try:
+            return man, verify(man)
+        except (CheckpointDamagedError, PageFormatError, StorageNotFoundError) as exc:
+            if not fallback:
+                raise
+            logger.warning("source checkpoint %s is damaged, trying an older one: %s",
+                           man.name, exc)
+    raise RescaleError(f"no checkpoint of source partition {p} "
+                       f"{'is undamaged' if verify and fallback else 'parses'} ({name} and "
                        f"{len(older)} older)")
 
 
-def compose_target(task: TargetTask) -> dict[str, Any]:
-    """Write target partition ``task.target``'s first checkpoint (module docstring, step 3).
-
-    Idempotent: a rerun (a retried Spark task) finds its composed checkpoint and
-    returns. Returns ``{"pages", "state_bytes", "bytes_read", "files"}`` (counters, and
-    the paths of the page files the checkpoint references: O(files), for the sweep).
-    """
-    from ioservice import CheckpointManager
-    from mmm import PageManager
-
-    root = open_root(task.uri, create=False, **dict(task.storage_options))
+def _target_parts(task: TargetTask, root: StorageRoot, io: IOService
+                  ) -> tuple[list[tuple[Manifest, list[tuple[int, int]]]], dict[str, Any],
+                             int | None, int]:
+    """Target ``task.target``'s composition, nothing written: ``(parts, user_meta,
+    page_bytes, bytes read to verify)`` (the sources' manifests parsed in full; with
+    ``verify`` the pages taken read and checksummed)."""
     new = OperatorLayout.from_json(task.layout.encode())
     old = replace(new, generation=new.generation - 1, num_partitions=len(task.sources))
     t = task.target
@@ -355,31 +393,54 @@ def compose_target(task: TargetTask) -> dict[str, Any]:
     parts: list[tuple[Manifest, list[tuple[int, int]]]] = []
     kg_batches: list[tuple[int, int, int]] = []
     read, page_bytes = 0, None
+    for p, name in enumerate(task.sources):
+        a, b = max(lo, old.key_group_range(p)[0]), min(hi, old.key_group_range(p)[1])
+        if a >= b:
+            continue  # no key group of t was in p
+        ranges = psid_ranges(a, b)
+
+        def verify(man: Manifest, ranges: list[tuple[int, int]] = ranges) -> int:
+            sel = man.select_psids(ranges)  # read and checksum exactly the pages taken
+            io.read_pages(root, sel, lambda pages: None)
+            return sel.n_pages * sel.page_bytes
+
+        man, nread = _source_manifest(root, old, p, name,
+                                      task.older[p] if p < len(task.older) else (),
+                                      verify if task.verify else None, task.fallback)
+        read += nread
+        kg_batches.extend(_positions(old, p, man).restrict(a, b).ranges)
+        if man is None:
+            continue
+        parts.append((man, ranges))
+        page_bytes = man.page_bytes
+    positions = KeyGroupPositions(tuple(sorted(kg_batches)))
+    meta = {"operator": new.operator, "name": new.name, "generation": new.generation,
+            "partition": t, "num_partitions": new.num_partitions, "key_groups": [lo, hi],
+            "psid_shift": PSID_SHIFT, "batch_id": positions.min_batch_id,
+            "rescaled_from": old.num_partitions}
+    if not positions.uniform():
+        meta["kg_batches"] = positions.to_json()
+    return parts, meta, page_bytes, read
+
+
+def compose_target(task: TargetTask) -> dict[str, Any]:
+    """Write target partition ``task.target``'s first checkpoint (module docstring, step 3).
+
+    Idempotent: a rerun (a retried Spark task) finds its composed checkpoint and
+    returns; a run killed before the manifest was written left nothing a rerun
+    trips on (the manifest is written last, create-only). Returns ``{"pages",
+    "state_bytes", "bytes_read", "files"}`` (counters, and the paths of the page files
+    the checkpoint references: O(files), for the sweep).
+    """
+    from ioservice import CheckpointManager
+    from mmm import PageManager
+
+    root = open_root(task.uri, create=False, **dict(task.storage_options))
+    new = OperatorLayout.from_json(task.layout.encode())
+    t = task.target
     io = IOService(task.io_workers)
     try:
-        for p, name in enumerate(task.sources):
-            a, b = max(lo, old.key_group_range(p)[0]), min(hi, old.key_group_range(p)[1])
-            if a >= b:
-                continue  # no key group of t was in p
-            man = _source_manifest(root, old, p, name,
-                                   task.older[p] if p < len(task.older) else ())
-            kg_batches.extend(_positions(old, p, man).restrict(a, b).ranges)
-            if man is None:
-                continue
-            ranges = psid_ranges(a, b)
-            if task.verify:  # read and checksum exactly the pages taken
-                sel = man.select_psids(ranges)
-                io.read_pages(root, sel, lambda pages: None)
-                read += sel.n_pages * sel.page_bytes
-            parts.append((man, ranges))
-            page_bytes = man.page_bytes
-        positions = KeyGroupPositions(tuple(sorted(kg_batches)))
-        meta = {"operator": new.operator, "name": new.name, "generation": new.generation,
-                "partition": t, "num_partitions": new.num_partitions, "key_groups": [lo, hi],
-                "psid_shift": PSID_SHIFT, "batch_id": positions.min_batch_id,
-                "rescaled_from": old.num_partitions}
-        if not positions.uniform():
-            meta["kg_batches"] = positions.to_json()
+        parts, meta, page_bytes, read = _target_parts(task, root, io)
         _kill_point("compose")
         pm = PageManager(page_bytes or (1 << 16), 1 << 20)
         mgr = CheckpointManager(pm, root, new.haunit(t), io=io, check_root=False,
@@ -438,12 +499,15 @@ def _delete_generation(root: StorageRoot, name: str, generation: int) -> int:
 def sweep_old_generations(root: StorageRoot | str, *,
                           live_files: Sequence[str] | None = None) -> int:
     """Delete the checkpoint directories of generations older than the layout's that no
-    live checkpoint references any more; returns how many were deleted. `live_files`:
+    live checkpoint references any more; returns how many were deleted (none while a
+    partition of a lazily committed layout has not composed yet). `live_files`:
     every file the layout's generation's checkpoints reference, when known (then no
     manifest is read; see `ioservice.sweep_unreferenced`)."""
     from ioservice import sweep_unreferenced
     sroot = _open(root)
     layout = _layout(sroot)
+    if uncomposed(sroot, layout):  # a lazily committed layout: the sources are still needed
+        return 0
     dead: list[str] = []
     live: list[str] = []
     for hu in list_haunits(sroot):
@@ -453,6 +517,167 @@ def sweep_old_generations(root: StorageRoot | str, *,
         (live if parsed[1] == layout.generation else dead if parsed[1] < layout.generation
          else []).append(hu)
     return len(sweep_unreferenced(sroot, dead, live, live_files=live_files)) if dead else 0
+
+
+# -- a repartition committed before its composition (lazy) ---------------------------------------
+def pending_sources(layout: OperatorLayout) -> dict[str, Any] | None:
+    """The sources record of a repartition committed lazily (``repartition(lazy=True)``),
+    or None: ``{"from_partitions", "sources", "older", "verify"}``, what the
+    `TargetTask` of every new partition needs."""
+    doc = layout.extra.get(PENDING_KEY)
+    return doc if isinstance(doc, dict) else None
+
+
+def _without_pending(layout: OperatorLayout) -> OperatorLayout:
+    return replace(layout, extra={k: v for k, v in layout.extra.items() if k != PENDING_KEY})
+
+
+def pending_task(layout: OperatorLayout, target: int, uri: str,
+                 storage_options: Mapping[str, Any] | None = None, *,
+                 io_workers: int = 4) -> TargetTask:
+    """The `TargetTask` that composes partition `target` of a lazily committed layout."""
+    doc = pending_sources(layout)
+    if doc is None:
+        raise RescaleError(f"generation {layout.generation} of {layout.name!r} has no "
+                           f"pending composition")
+    try:
+        sources = tuple(str(x) for x in doc["sources"])
+        older = tuple(tuple(str(y) for y in x) for x in doc.get("older", ()))
+    except (KeyError, TypeError) as exc:
+        raise RescaleError(f"damaged {PENDING_KEY} record in the layout of "
+                           f"{layout.name!r}: {exc}") from None
+    return TargetTask(uri, tuple(sorted((storage_options or {}).items())),
+                      _without_pending(layout).to_json().decode(), sources, target,
+                      bool(doc.get("verify", True)), io_workers, older, fallback=True)
+
+
+def _has_checkpoint(root: StorageRoot, haunit: str) -> bool:
+    return any(c.has_manifest for c in list_checkpoints(root, haunit))
+
+
+def uncomposed(root: StorageRoot | str, layout: OperatorLayout | None = None) -> list[int]:
+    """The partitions of a lazily committed layout that have not composed their first
+    checkpoint yet (none for any other layout): one listing per partition."""
+    sroot = _open(root)
+    layout = layout or _layout(sroot)
+    if pending_sources(layout) is None:
+        return []
+    return [t for t in range(layout.num_partitions)
+            if not _has_checkpoint(sroot, layout.haunit(t))]
+
+
+def compose_if_pending(root: StorageRoot, layout: OperatorLayout, target: int, *,
+                       storage_options: Mapping[str, Any] | None = None,
+                       io_workers: int = 4) -> bool:
+    """Compose partition `target`'s first checkpoint if its layout was committed lazily
+    and its HA unit has no checkpoint yet (what a query's first task of the partition
+    does before restoring); True if it composed. Safe to repeat and to race: the
+    composition is deterministic and its manifest is created, never replaced."""
+    if pending_sources(layout) is None or _has_checkpoint(root, layout.haunit(target)):
+        return False
+    compose_target(pending_task(layout, target, root.uri, storage_options,
+                                io_workers=io_workers))
+    return True
+
+
+def compose_loaded(mgr: Any, root: StorageRoot, layout: OperatorLayout, target: int, *,
+                   storage_options: Mapping[str, Any] | None = None,
+                   io: IOService | None = None) -> tuple[bool, Manifest | None]:
+    """`compose_if_pending` for the query's task that then restores the partition, reading
+    each page once: the composition is built in memory (the sources' manifests only),
+    its pages are loaded into ``mgr``'s page manager and checksummed (`load_manifest`),
+    and only then is its manifest written, through ``mgr`` (`CheckpointManager.compose`:
+    the task's own manager, so the owner's fencing check guards it, and it becomes the
+    base of the next checkpoint). Killed anywhere, a retry finds either no manifest
+    (and composes again) or the composition (and restores it).
+
+    Returns ``(composed, loaded)``: whether the partition was pending, and the composed
+    checkpoint when its pages are in the page manager now (None: restore it as usual;
+    after a damaged page the sources were verified one by one and the composition
+    written past the damage, `compose_target`, but not loaded).
+    """
+    from ioservice import composed_manifest
+    from mmm.errors import PageFormatError
+    if pending_sources(layout) is None or _has_checkpoint(root, layout.haunit(target)):
+        return False, None
+    task = pending_task(layout, target, root.uri, storage_options)
+    own = io is None
+    io = io or IOService(task.io_workers)
+    try:
+        parts, meta, _, _ = _target_parts(replace(task, verify=False), root, io)
+        if parts:
+            man = composed_manifest(parts, mgr.pm.page_bytes, layout.haunit(target),
+                                    user_meta=meta)
+            try:
+                load_manifest(mgr.pm, root, man, io=io)
+            except (CheckpointDamagedError, PageFormatError, StorageNotFoundError) as exc:
+                logger.warning("partition %d: composing from damaged sources (%s); verifying "
+                               "them one by one", target, exc)
+            else:
+                _kill_point("compose")
+                got = mgr.compose(parts, user_meta=meta)
+                _kill_point("composed")
+                return True, got
+    finally:
+        if own:
+            io.shutdown()
+    compose_target(task)  # no page to take (an empty checkpoint), or past the damage
+    return True, None
+
+
+def complete_pending(root: StorageRoot | str, *,
+                     run: Callable[[Sequence[TargetTask]], list[dict[str, Any]]] | None = None,
+                     storage_options: Mapping[str, Any] | None = None) -> list[int]:
+    """Compose every partition of a lazily committed layout that has not composed yet
+    (``run``: as in `repartition`); returns which were."""
+    sroot = _open(root)
+    layout = _layout(sroot)
+    todo = uncomposed(sroot, layout)
+    if todo:
+        (run or _run_threads)([pending_task(layout, t, sroot.uri, storage_options)
+                               for t in todo])
+    return todo
+
+
+def pending_manifest(root: StorageRoot, layout: OperatorLayout, target: int
+                     ) -> Manifest | None:
+    """The composition partition `target` of a lazily committed layout would write,
+    built in memory (nothing written, no page read), or None when the partition is not
+    pending (not lazily committed, or composed already). For readers: load it with
+    `load_manifest`."""
+    from ioservice import composed_manifest
+    if pending_sources(layout) is None or _has_checkpoint(root, layout.haunit(target)):
+        return None
+    task = replace(pending_task(layout, target, root.uri), verify=False)
+    io = IOService(1)
+    try:
+        parts, meta, page_bytes, _ = _target_parts(task, root, io)
+    finally:
+        io.shutdown()
+    if not parts:  # composed at commit time (`repartition`); vanished: nothing to read
+        return None
+    return composed_manifest(parts, page_bytes or (1 << 16), layout.haunit(target),
+                             user_meta=meta)
+
+
+def load_manifest(pm: Any, root: StorageRoot, man: Manifest, *,
+                  io: IOService | None = None) -> Manifest:
+    """Load the pages of `man` (e.g. a `pending_manifest`) into `pm`, replacing its state;
+    the pages are checksummed. Raises what `IOService.read_pages` raises (`pm` then
+    empty)."""
+    own = io is None
+    io = io or IOService()
+    loader = pm.begin_load()
+    try:
+        io.read_pages(root, man, loader.add)
+        loader.finish()
+    except BaseException:
+        loader.abort()
+        raise
+    finally:
+        if own:
+            io.shutdown()
+    return man
 
 
 # -- refusals (nothing written) --------------------------------------------------------------------
@@ -504,7 +729,8 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
                 verify: bool = True, io_workers: int = 4,
                 run: Callable[[Sequence[TargetTask]], list[dict[str, Any]]] | None = None,
                 storage_options: Mapping[str, Any] | None = None,
-                on_progress: Callable[[str], None] | None = None) -> RescaleResult:
+                on_progress: Callable[[str], None] | None = None,
+                lazy: bool = False) -> RescaleResult:
     """Repartition the operator state under `root` into `num_partitions` partitions by
     moving whole key groups (module docstring).
 
@@ -527,6 +753,15 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
         `ioservice.open_root` options the tasks open the state URI with.
     on_progress : callable, optional
         Called with a short message per phase.
+    lazy : bool
+        Commit the new layout with the sources record (`pending_sources`) instead of
+        composing first: each new partition composes its first checkpoint when it
+        first needs it (`compose_if_pending`, in the query's first task; readers see
+        it through `pending_manifest`). Only targets that would take no page are
+        composed here (an empty checkpoint each). The old generation is not swept:
+        `sweep_old_generations` keeps it while a partition has not composed.
+        Without it, a layout committed lazily before is completed first (`run`), so
+        a repartition never reads a partition that has no checkpoint yet as empty.
 
     Raises
     ------
@@ -544,6 +779,9 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     if isinstance(root, str) and not sroot.exists(""):
         raise RescaleError(f"state URI {root}: does not exist")
     say = on_progress or (lambda msg: None)
+    done = complete_pending(sroot, run=run, storage_options=storage_options)
+    if done:  # an earlier lazy repartition's partitions that never ran: their sources
+        say(f"composed {len(done)} partition(s) of the committed generation first")
     layout, sources = plan(sroot)
     g, P, K = layout.generation, layout.num_partitions, layout.key_groups
     _check_target(sroot, layout, num_partitions)
@@ -557,7 +795,7 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     leftovers = _generation_haunits(sroot, layout.name, g + 1)
     if leftovers and marker is None:
         raise _foreign(sroot, g + 1, leftovers)
-    new = replace(layout, generation=g + 1, num_partitions=num_partitions)
+    new = replace(_without_pending(layout), generation=g + 1, num_partitions=num_partitions)
     phases = {"plan_s": time.perf_counter() - t0}
     _kill_point("validated")
     say(f"planned {P} -> {num_partitions} partitions over {K} key groups")
@@ -574,15 +812,33 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     tasks = [TargetTask(sroot.uri, opts, new.to_json().decode(),
                         tuple(s.name for s in sources), t, verify, io_workers,
                         tuple(s.older for s in sources)) for t in range(num_partitions)]
-    results = (run or _run_threads)(tasks)
+    if lazy:  # compose now only the targets that take no page (no reads: an empty checkpoint)
+        old = replace(layout, num_partitions=P)
+        empty = [tk for tk in tasks if not any(
+            s.name and max(new.key_group_range(tk.target)[0], old.key_group_range(p)[0])
+            < min(new.key_group_range(tk.target)[1], old.key_group_range(p)[1])
+            for p, s in enumerate(sources))]
+        results = _run_threads(empty) if empty else []
+        new = replace(new, extra={**new.extra, PENDING_KEY: {
+            "from_partitions": P, "sources": [s.name for s in sources],
+            "older": [list(s.older) for s in sources], "verify": verify}})
+    else:
+        results = (run or _run_threads)(tasks)
     phases["compose_s"] = time.perf_counter() - t1
-    say(f"composed {num_partitions} partition(s) of generation {g + 1}")
+    say(f"composed {len(results)} partition(s) of generation {g + 1}")
     _kill_point("before_commit")
     t2 = time.perf_counter()
     write_layout(sroot, new)
     _kill_point("committed")
     sroot.delete_file(MARKER_FILE, missing_ok=True)
     phases["commit_s"] = time.perf_counter() - t2
+    if lazy:  # the sources stay until every new partition has composed (the sweep checks)
+        logger.info("repartitioned %s: %d -> %d partitions (generation %d), composed lazily",
+                    sroot.uri, P, num_partitions, g + 1)
+        return RescaleResult(g, g + 1, P, num_partitions,
+                             tuple(new.haunit(t) for t in range(num_partitions)),
+                             sum(r["pages"] for r in results), 0, 0,
+                             time.perf_counter() - t0, phases)
     try:  # the old generation's checkpoints that no new one references
         # the new generation's checkpoints are the ones the tasks just composed: their file
         # lists came back with the results, so the driver reads no manifest here
@@ -630,7 +886,12 @@ def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: i
         raise RescaleError(f"piece {piece!r} of {pieces!r}: need pieces >= 1 and "
                            f"0 <= piece < pieces")
     lo, hi = piece_range(layout.key_group_range(partition), pieces, piece)
-    man = restore(pm, sroot, layout.haunit(partition), io=io, psid_ranges=psid_ranges(lo, hi))
+    pend = pending_manifest(sroot, layout, partition)
+    if pend is not None:  # not composed yet: its pages where they lie in the sources
+        man = load_manifest(pm, sroot, pend.select_psids(psid_ranges(lo, hi)), io=io)
+    else:
+        man = restore(pm, sroot, layout.haunit(partition), io=io,
+                      psid_ranges=psid_ranges(lo, hi))
     return (lo, hi), _positions(layout, partition, man).restrict(lo, hi)
 
 

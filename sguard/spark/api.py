@@ -72,14 +72,15 @@ def _check_layout(old: OperatorLayout, new: OperatorLayout, uri: str) -> None:
 
 def _repartition(spark: Any, root: StorageRoot, layout: OperatorLayout, num_partitions: int,
                  **kw: Any) -> OperatorLayout:
-    """Repartition the state at start-up as a Spark job (`sguard.spark.rescaling`); one log
-    line."""
+    """Repartition the state at start-up (`sguard.spark.rescaling`: the layout is committed,
+    each new partition's first task composes its checkpoint); one log line."""
     res = repartition_at_startup(spark, root, layout, num_partitions, state_key=root_key(root),
                                  **kw)
     new = read_layout(root)
     assert new is not None and new.num_partitions == num_partitions
     logger.warning("state at %s repartitioned from %d to %d partitions at start-up "
-                   "(generation %d, whole key groups moved) in %.2f s", root.uri,
+                   "(generation %d, whole key groups moved; each new partition composes "
+                   "its first checkpoint in its first task) in %.2f s", root.uri,
                    res.from_partitions, res.num_partitions, res.generation, res.seconds)
     return new
 
@@ -122,10 +123,12 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
     num_partitions : int, optional
         State partitions P (default: the existing state's, else
         ``spark.sql.shuffle.partitions``). When it differs from the existing
-        state's, the state is repartitioned as a Spark job, whole key groups at a time, before the
-        query starts (`sguard.spark.rescaling`; one log line says so), and the
-        query continues exactly once. An interrupted repartition is completed
-        by calling again with the same value.
+        state's, the state is repartitioned, whole key groups at a time: the driver
+        commits the new layout before the query starts and each new partition's first
+        task composes its first checkpoint from the old one's pages
+        (`sguard.spark.rescaling`; one log line says so), and the query continues
+        exactly once. An interrupted repartition is completed by calling again with
+        the same value.
     name : str, optional
         The operator's name (default: its kind).
     checkpoint : CheckpointConfig, optional
@@ -211,8 +214,8 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
     if existing is not None:
         _check_layout(existing, layout, root.uri)
         if num_partitions != existing.num_partitions:
-            # the repartition swept the old generation itself, from the file lists its
-            # tasks returned (no manifest read on the driver)
+            # no sweep: the old generation holds the sources until every new partition
+            # has composed (a later start-up's sweep deletes what is left then)
             existing = _repartition(df.sparkSession, root, existing, num_partitions,
                                     local_dir=local_dir or default_local_dir(),
                                     storage_options=opts, lock_timeout_s=lock_timeout_s)

@@ -20,7 +20,9 @@ included) and ``versions_ms``, and ``checkpoint_base``, how its base was found),
 (rollback point), ``log_ms`` (input log write), ``total_ms``,
 ``checkpoint_lag`` (batches since the last durable checkpoint),
 ``recovery`` (the `sguard.spark.versions.Action` value) with
-``recovery_ms``, ``replayed_batches``, ``lock_wait_ms``, ``pid``, ``time``.
+``recovery_ms`` (of which ``compose_ms``: composing the partition's first
+checkpoint after a start-up repartition), ``replayed_batches``, ``lock_wait_ms``,
+``pid``, ``time``.
 Checkpoint records: ``checkpoint_seq``, ``batch``, ``written_bytes``,
 ``pages``, ``full``.
 """

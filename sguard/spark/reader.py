@@ -68,8 +68,17 @@ class _Point:
     """The checkpoint's sequence number; None for the empty state before batch 0."""
 
 
+_PENDING_SEQ = -1
+"""The `_Point.seq` of a partition's composition a lazy repartition left to its first task
+(`sguard.rescale.pending_manifest`), read through the sources."""
+
+
 def _points(root: StorageRoot, layout: OperatorLayout, partition: int) -> list[_Point]:
     """Restorable starting points of a partition, oldest first."""
+    from sguard.rescale import pending_manifest
+    pend = pending_manifest(root, layout, partition)
+    if pend is not None:  # no checkpoint of its own yet: its sources are its one point
+        return [_Point(int(pend.user_meta.get("batch_id", -1)), _PENDING_SEQ)]
     out = [] if layout.generation > 0 else [_Point(-1, None)]
     for c in list_checkpoints(root, layout.haunit(partition)):
         if not c.has_manifest:
@@ -211,9 +220,19 @@ def _read_once(root: StorageRoot, layout: OperatorLayout, partition: int, batch:
         raise BatchNotAvailableError(
             f"batch {batch}: partition {partition} has no checkpoint at or below it in "
             f"{root.uri} (older checkpoints were deleted)")
-    pm = PageManager(_page_bytes(root, pts[-1].seq, layout, partition), 1 << 30)
+    pend = None
+    if pts[-1].seq == _PENDING_SEQ:
+        from sguard.rescale import pending_manifest
+        pend = pending_manifest(root, layout, partition)
+        if pend is None:  # composed meanwhile: list again
+            raise FileNotFoundError(f"partition {partition} composed while being read")
+    pm = PageManager(pend.page_bytes if pend is not None else
+                     _page_bytes(root, pts[-1].seq, layout, partition), 1 << 30)
 
     def restore_fn(before: int | None) -> Any:
+        if pend is not None:
+            from sguard.rescale import load_manifest
+            return load_manifest(pm, root, pend) if before is None else None
         if not any(c.has_manifest and (before is None or c.seq < before)
                    for c in list_checkpoints(root, hu)):
             return None

@@ -8,21 +8,30 @@ stored state's. Two steps, each restartable:
    generation's partitions (local mode, or an executor on the driver's host)
    are taken, so a checkpoint that a stopped query's Python worker still has
    in flight lands before its HA unit is read;
-2. **repartition** (`sguard.rescale.repartition`) as a Spark job: one task per
-   target partition (`spark_runner`) composes that partition's first
-   checkpoint from the pages of its key groups in the sources' newest
-   checkpoints, reading (to verify) only those pages; the driver only writes
-   the marker and then the layout document, which commits it. The sources may
-   be at different batches: each key group's position travels in the new
-   checkpoint, and the new partitions replay exactly the logged rows their key
-   groups missed (`sguard.rescale.KeyGroupPositions`).
+2. **commit lazily** (`sguard.rescale.repartition` with ``lazy=True``): the
+   driver validates the sources' newest checkpoints (their manifest headers) and
+   commits the new layout (generation ``g + 1``, ``P'`` partitions) with a
+   record of the sources (``extra["compose_from"]``: each old partition's newest
+   checkpoint and its older fallbacks). No Spark job runs: the first task of each
+   new partition, finding no checkpoint in its HA unit, composes its first
+   checkpoint from its key groups' pages in those sources, reading (to verify)
+   only them (`sguard.rescale.compose_if_pending`, the same `compose_target` a
+   repartition job's task runs), then restores it as after any failure. The
+   sources may be at different batches: each key group's position travels in
+   the new checkpoint, and the new partitions replay exactly the logged rows
+   their key groups missed (`sguard.rescale.KeyGroupPositions`). A task killed
+   while composing is retried and composes again (composing is idempotent: the
+   manifest is written last, create-only, and deterministic). The old generation
+   is swept only once every new partition has composed; readers see an
+   uncomposed partition through its sources (`sguard.rescale.pending_manifest`);
+   a later repartition composes the missing partitions first (a Spark job).
 
-``sguard state repartition`` runs step 2 the same way (a local Spark session
-unless told otherwise).
+``sguard state repartition`` composes every target as a Spark job before it
+commits (`repartition_job`: one task per target partition, `spark_runner`).
 
-A crash anywhere leaves the old generation the state (step 2 commits last),
-so rerunning the query with the same ``num_partitions`` completes the work.
-Afterwards the old generation's local files on this host are deleted.
+A crash before the commit leaves the old generation the state, so rerunning the
+query with the same ``num_partitions`` completes the work. Afterwards the old
+generation's local files on this host are deleted.
 """
 from __future__ import annotations
 
@@ -159,8 +168,12 @@ def repartition_at_startup(spark: Any, root: StorageRoot, layout: OperatorLayout
         for s in slots:  # a stopped query's worker may still be writing a checkpoint
             s.acquire(lock_timeout_s)
         t1 = time.perf_counter()
-        res = repartition_job(spark, root, num_partitions, storage_options=storage_options,
-                              say=say)
+        # committed lazily: no Spark job here, each new partition's first task composes
+        # its first checkpoint (`sguard.rescale.compose_if_pending`); partitions an
+        # earlier lazy repartition left uncomposed are composed first, as a Spark job
+        from sguard import rescale
+        res = rescale.repartition(root, num_partitions, run=spark_runner(spark),
+                                  storage_options=storage_options, on_progress=say, lazy=True)
         t2 = time.perf_counter()
         for s in slots:  # the old generation's local state is dead now
             s.wipe()

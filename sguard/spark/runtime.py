@@ -11,7 +11,8 @@
    pages this process holds, re-attach the pool file another worker left,
    roll back a wholly or partly applied ``b`` (in memory or in the file), or
    restore from the DFS checkpoint and replay the input log
-   (`sguard.spark.recovery`);
+   (`sguard.spark.recovery`), after composing the partition's first checkpoint
+   when a start-up repartition left that to it (`sguard.rescale.compose_loaded`);
 3. starts a checkpoint of that state when the policy says so (the prepare
    pause only; `sguard.spark.checkpointing`);
 4. takes the rollback point (a snapshot, recorded in ``base.npy``) and marks
@@ -51,6 +52,7 @@ from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
 from sguard.spark.columns import KG_COLUMN
 from sguard.spark.groupstate import add_key_groups, open_state
+from sguard.rescale import compose_loaded
 from sguard.spark.recovery import rebuild_partition
 from sguard.spark.operators import Operator, OperatorState
 from sguard.spark.placement import Marker, PartitionSlot, boot_id, new_token, state_id
@@ -203,6 +205,7 @@ class _Partition:
         self._mu = threading.Lock()
         self._task = False
         self._pending_metrics: list[cf.Future[None]] = []
+        self.compose_ms = 0.0
 
     # -- lock bookkeeping ------------------------------------------------------------------
     def _maybe_release(self) -> None:
@@ -277,17 +280,32 @@ class _Partition:
         self.slot.wipe()
         pm = PageManager(cfg.page_bytes, cfg.capacity_bytes, path=self.slot.pool_path)
         self._bind(pm, -1, -1)
-        assert self.ckpt is not None
+        ckpt = self.ckpt
+        assert ckpt is not None
         fence = fencing.read_claims(self.rt.root, self.haunit)
         try:
+            # a repartition committed lazily (`sguard.spark.rescaling`): the partition's
+            # first task composes its first checkpoint from the sources' pages, loading
+            # them as it goes (each page read once), then replays as after any restore
+            t = time.perf_counter()
+            composed, loaded = compose_loaded(ckpt.mgr, self.rt.root, cfg.layout, self.p,
+                                              storage_options=cfg.storage_options,
+                                              io=_io(cfg.checkpoint.io_workers))
+            if composed:
+                self.compose_ms = (time.perf_counter() - t) * 1e3
+            first = [] if loaded is None else [loaded]
+
+            def restore(before: int | None) -> Manifest | None:
+                """The composition just loaded first, then as usual."""
+                return first.pop() if before is None and first else ckpt.restore(before)
             got = rebuild_partition(pm, self.rt.root, cfg.layout, self.p, cfg.operator,
-                                    cfg.input_schema, b - 1, self.ckpt.restore, fence)
+                                    cfg.input_schema, b - 1, restore, fence)
         except BaseException:
             self._drop()
             self.slot.wipe()
             raise
         self.state = got.state
-        self.ckpt.restored(got.manifest, got.checkpoint_batch)
+        ckpt.restored(got.manifest, got.checkpoint_batch)
         self.durable = got.checkpoint_batch
         self._flush()
         self._write_marker("applied", b - 1, None)
@@ -335,6 +353,7 @@ class _Partition:
                            slot.has_pool(), self.snap is not None)
                 action, reason = d.action, d.reason
             replayed = 0
+            self.compose_ms = 0.0  # of recovery_ms: composing the first checkpoint
             t_rec = time.perf_counter()
             if action is Action.ROLLBACK_CACHED:
                 assert self.pm is not None and self.snap is not None
@@ -423,6 +442,7 @@ class _Partition:
                     "checkpoint_lag": (b - self.durable), "durable_batch": self.durable,
                     "recovery": action.value, "reason": reason, "recovery_ms": recovery_ms,
                     "replayed_batches": replayed, "lock_wait_ms": waited * 1e3,
+                    "compose_ms": self.compose_ms,
                     "pid": os.getpid()})
             return out
         finally:

@@ -133,6 +133,7 @@ def read_partition_state(root: StorageRoot, layout: OperatorLayout, partition: i
         If no checkpoint and log rebuild it.
     """
     from ioservice import restore
+    from sguard.rescale import load_manifest, pending_manifest
     op = operator_from_params(layout.operator, layout.schema["params"])
     schema = schema_from_layout(layout)
     hu = layout.haunit(partition)
@@ -144,9 +145,14 @@ def read_partition_state(root: StorageRoot, layout: OperatorLayout, partition: i
             upto = max(upto, inputlog.newest_older_generation_batch(root, layout.generation))
     else:
         upto = upto_batch
-    pm = PageManager(_checkpoint_page_bytes(root, hu), 1 << 30)
+    # a partition a lazy repartition left uncomposed: its composition, read where it lies
+    pend = pending_manifest(root, layout, partition)
+    pm = PageManager(pend.page_bytes if pend is not None else _checkpoint_page_bytes(root, hu),
+                     1 << 30)
 
     def restore_fn(before: int | None) -> Any:
+        if pend is not None:
+            return load_manifest(pm, root, pend) if before is None else None
         if not any(c.has_manifest and (before is None or c.seq < before)
                    for c in list_checkpoints(root, hu)):
             return None

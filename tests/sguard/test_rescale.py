@@ -48,6 +48,20 @@ def test_random_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path, see
     after losing some partitions' newest checkpoints (sources at different batches, so
     the composed checkpoints carry per-key-group positions): every batch's output and the
     final durable state equal those of a run with one partition count throughout."""
+    _random_run(tmp_path, seed, lazy_p=0.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_lazy_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path,
+                                                                  seed: int) -> None:
+    """The same with most repartitions committed lazily (``lazy=True``, as at a query's
+    start-up): each new partition's first task composes its checkpoint, a repartition
+    right after a lazy one composes the missing partitions first, and a final lazy one is
+    read through its sources (`read_durable_state`)."""
+    _random_run(tmp_path, 50 + seed, lazy_p=0.7)
+
+
+def _random_run(tmp_path: Path, seed: int, lazy_p: float) -> None:
     name = list(OPS)[seed % len(OPS)]
     make, key, join = OPS[name]
     rng = np.random.default_rng(100 + seed)
@@ -73,7 +87,8 @@ def test_random_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path, see
                 # (a running query's own partitions never lose one behind its back)
                 q.stop()
                 q.lag(rng)
-            res = q.repartition(x, force=force, verify=bool(rng.random() < 0.5))
+            lazy = bool(lazy_p and rng.random() < lazy_p)
+            res = q.repartition(x, force=force, verify=bool(rng.random() < 0.5), lazy=lazy)
             after = q.layout
             if res.changed:
                 assert (after.generation, after.num_partitions) == (before.generation + 1, x)
@@ -81,11 +96,15 @@ def test_random_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path, see
             else:
                 assert x == before.num_partitions and after == before
             assert not (Path(q.uri) / MARKER_FILE).exists()
-            history.append(x)
+            if res.changed and lazy:
+                assert rescale.pending_sources(after) is not None
+            history.append(x if not (res.changed and lazy) else f"{x}lazy")
     assert len(got) == n_batches
     q.stop()
     assert q.durable() == ref.durable(), (name, history)
     assert len(set(history)) > 1
+    if lazy_p:
+        assert any(isinstance(h, str) for h in history), history
 
 
 def _made(tmp: Path, P: int, n_batches: int = 4, name: str = "window", every: int = 1,
@@ -254,6 +273,106 @@ def test_damaged_source_page_fails_a_verified_repartition_and_a_rerun_completes(
     q.stop()
     ref.stop()
     assert q.durable() == ref.durable()
+
+
+def test_lazy_compose_falls_back_past_a_damaged_source_page(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A flipped byte in a page of a source's newest checkpoint, found only after a lazy
+    commit (the layout is the new one already): the first task composing that page's
+    key groups falls back to the source's older checkpoint and replays the longer log,
+    and the query equals one that never rescaled."""
+    import logging
+    q, tables = _made(tmp_path / "s", 2, n_batches=4)
+    ref, _ = _made(tmp_path / "ref", 2, n_batches=4)
+    _flip_a_page_byte(q.uri, 0)
+    repartition(q.uri, 3, lazy=True)
+    with caplog.at_level(logging.WARNING, logger="sguard.rescale"):
+        for b in range(4, 7):
+            assert q.batch(b, tables[b]) == ref.batch(b, tables[b])
+    assert "damaged, trying an older one" in caplog.text
+    q.stop()
+    ref.stop()
+    assert q.durable() == ref.durable()
+
+
+# -- lazy commit (a query's start-up) ----------------------------------------------------------
+def test_lazy_repartition_keeps_sources_until_every_partition_composed(tmp_path: Path) -> None:
+    """``repartition(lazy=True)`` commits 2 -> 3 with no composition: the old generation
+    survives every sweep while a new partition has not composed; readers (the durable
+    state, `restore_piece`) see an uncomposed partition through its sources, the same
+    state as once composed; each partition's first task composes (once), the batches
+    equal a run that never rescaled, and only then does the sweep delete what no composed
+    checkpoint references."""
+    from mmm import PageManager
+    from sguard.spark.groupstate import open_state
+    from tests.sguard.rescale_helpers import rows_of
+    make, key, join = OPS["running_int"]
+    tables = make_batches(11, 7, key, join)
+    ref = Query(tmp_path / "ref", make(), key, tables[0].schema, 2, K, every=1)
+    want = [ref.batch(b, t) for b, t in enumerate(tables)]
+    ref.stop()
+    q = Query(tmp_path / "s", make(), key, tables[0].schema, 2, K, every=1)
+    for b in range(4):
+        assert q.batch(b, tables[b]) == want[b]
+    q.stop()
+    uri, root = q.uri, open_root(q.uri)
+    original = q.durable()
+    sources = _checkpoint_files(uri, 0)
+    res = repartition(uri, 3, lazy=True)
+    lay = q.layout
+    assert res.changed and (lay.generation, lay.num_partitions) == (1, 3)
+    assert rescale.pending_sources(lay) is not None
+    assert rescale.uncomposed(uri) == [0, 1, 2]
+    assert not [p for p in tree_digest(uri) if ".g1." in p]  # nothing composed, no job
+    assert rescale.sweep_old_generations(uri) == 0 and _checkpoint_files(uri, 0) == sources
+    assert q.durable() == original  # every partition read through its sources
+    from sguard.spark.reader import PARTITION_COLUMN, available_batches, read_partition_at
+    assert available_batches(uri)[1] == 3  # `sguard state show`'s reader, too
+    assert rows_of([read_partition_at(root, lay, t, 3).drop([PARTITION_COLUMN])
+                    for t in range(3)]) == original
+
+    def pieces(t: int) -> list[Any]:
+        out = []
+        for j in range(2):
+            pm = PageManager(1 << 16, 1 << 26)
+            (lo, hi), pos = rescale.restore_piece(uri, t, 2, j, pm)
+            assert pos.ranges and all(lo <= a < b <= hi for a, b, _ in pos.ranges)
+            out.append(open_state(q.op, pm, q.schema, q.key, (lo, hi)).dump())
+        return rows_of(out)
+
+    through_sources = pieces(1)
+    assert through_sources
+    assert rescale.compose_if_pending(root, lay, 1)  # partition 1's first task
+    assert not rescale.compose_if_pending(root, lay, 1)  # once
+    assert rescale.uncomposed(uri) == [0, 2]
+    assert pieces(1) == through_sources  # the same state, now from its own checkpoint
+    assert rescale.sweep_old_generations(uri) == 0 and _checkpoint_files(uri, 0) == sources
+    assert q.durable() == original  # one composed, two through their sources
+    for b in range(4, 7):  # the query runs on: each partition composes in its first task
+        assert q.batch(b, tables[b]) == want[b]
+        assert rescale.uncomposed(uri) == []
+    q.stop()
+    assert q.durable() == ref.durable()
+    assert rescale.sweep_old_generations(uri) > 0  # now the old generation may go
+    _sources_kept(uri, sources)
+
+
+def test_repartition_after_a_lazy_one_composes_the_missing_partitions_first(
+        tmp_path: Path) -> None:
+    """A lazily committed 2 -> 3 that never ran is repartitioned again (3 -> 2): the
+    uncomposed partitions are composed from their sources first, so nothing is read as
+    empty, and the state is the same."""
+    q, _ = _made(tmp_path / "s", 2, n_batches=4, name="running_str")
+    original = q.durable()
+    repartition(q.uri, 3, lazy=True)
+    assert rescale.uncomposed(q.uri) == [0, 1, 2]
+    res = repartition(q.uri, 2)
+    lay = q.layout
+    assert res.changed and (lay.generation, lay.num_partitions) == (2, 2)
+    assert rescale.pending_sources(lay) is None
+    assert q.durable() == original
+    repartition(q.uri, 4, lazy=True)  # and lazily again, read through its sources
+    assert q.durable() == original
 
 
 # -- parallel recovery -------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """Scale out and in at start-up on real Spark (``local[2,4]``): a streaming query that is
 stopped (or whose driver is SIGKILLed) and restarted with another ``num_partitions``
-repartitions its state before it starts, as a Spark job that moves whole key groups
-(`sguard.spark.rescaling`), and its sink rows and final state equal a run that never
-changed its partition count (the numpy oracles), for the running aggregate and the
-tumbling-window aggregate; the repartition job survives its tasks' Python workers being
-SIGKILLed (Spark retries them; composing is idempotent)."""
+repartitions its state before it starts, moving whole key groups (`sguard.spark.rescaling`:
+the driver commits the layout, each new partition's first task composes its first
+checkpoint), and its sink rows and final state equal a run that never changed its
+partition count (the numpy oracles), for the running aggregate and the tumbling-window
+aggregate; a first task SIGKILLed while composing is retried (composing is idempotent)."""
 from __future__ import annotations
 
 import logging
@@ -231,8 +231,8 @@ repartition_at_startup(spark, root, read_layout(root), 3, state_key=root_key(roo
 def test_killed_start_up_repartition_completes_on_rerun(spark: Any, tmp_path: Path,
                                                         point: str) -> None:
     """The driver is SIGKILLed inside the start-up repartition (a real process with its own
-    Spark session, killed at `point`: after the marker, or after the job composed every
-    target but before the commit): the old partitioning is still the state, and the query
+    Spark session, killed at `point`: after the marker, or right before the commit): the
+    old partitioning is still the state, and the query
     started again with the same count completes the repartition and continues exactly
     once."""
     from sguard import rescale
@@ -250,8 +250,8 @@ def test_killed_start_up_repartition_completes_on_rerun(spark: Any, tmp_path: Pa
     lay = read_layout(root)
     assert lay is not None and (lay.generation, lay.num_partitions) == (0, 2)
     assert root.exists(rescale.MARKER_FILE)
-    if point == "before_commit":  # every target was composed, none committed
-        assert len([h for h in __import__("ioservice").list_haunits(root) if ".g1." in h]) == 3
+    if point == "before_commit":  # nothing composed: each new partition's first task does
+        assert not [h for h in __import__("ioservice").list_haunits(root) if ".g1." in h]
     _feed(inp, stage, 4)
     rows, state, _ = run_query(spark, inp, tmp_path, op, partitions=3)
     assert (rows, state) == running_oracle(inp.tables)
@@ -261,12 +261,14 @@ def test_killed_start_up_repartition_completes_on_rerun(spark: Any, tmp_path: Pa
 
 
 @pytest.mark.parametrize("point", ["compose", "composed"])
-def test_repartition_job_survives_sigkilled_task_workers(spark: Any, tmp_path: Path,
-                                                         point: str) -> None:
-    """The start-up repartition job's tasks are SIGKILLed (their Python worker process) in
-    their first attempt, before or after writing their composed checkpoint: Spark retries
-    them, the retry composes (or finds its checkpoint), and the query continues exactly
-    once on the new partitioning."""
+def test_first_task_killed_while_composing_is_retried_exactly_once(spark: Any, tmp_path: Path,
+                                                                   point: str) -> None:
+    """The query is restarted 2 -> 3: the start-up repartition only commits the layout (no
+    Spark job, nothing composed), and each new partition's first task composes its first
+    checkpoint. That task's Python worker is SIGKILLed in its first attempt, before or
+    after writing the composed manifest: Spark retries the task, the retry composes again
+    (or finds the checkpoint), and the output and state equal the oracle."""
+    from ioservice import read_manifest
     from sguard import rescale
     inp, stage = _staged(tmp_path, 5, rows=800, keys=120)
     op = ss.RunningAggregate(value="v")
@@ -275,15 +277,53 @@ def test_repartition_job_survives_sigkilled_task_workers(spark: Any, tmp_path: P
               checkpoint=ss.CheckpointConfig(every_n_batches=1))
     sc = spark.sparkContext
     _feed(inp, stage, 5)
-    sc.setJobGroup(f"rescale-kill-{point}", "repartition with killed task workers")
     sc.environment[rescale.KILL_ENV] = f"{point}@first-attempt"
     try:
         rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=3)
     finally:
         del sc.environment[rescale.KILL_ENV]
-        sc.setLocalProperty("spark.jobGroup.id", None)
-    assert failures == 0
+    assert failures == 0  # the tasks were retried, the query never failed
     assert (rows, state) == running_oracle(inp.tables)
+    root = open_root(str(tmp_path / "state"))
+    lay = read_layout(root)
+    assert lay is not None and (lay.generation, lay.num_partitions) == (1, 3)
+    assert rescale.pending_sources(lay) is not None and rescale.uncomposed(root) == []
+    recs = task_records(root, {(3, q) for q in range(3)})
+    for q in range(3):
+        first = [c for c in list_checkpoints(root, lay.haunit(q)) if c.has_manifest][0]
+        assert read_manifest(root, first.name).composed  # composed by the query's task
+        # its first attempt claimed epoch 1 and died; the retry claimed epoch 2
+        assert recs[(3, q)]["recovery"] == "restored"
+        assert "(epoch 2," in recs[(3, q)]["reason"], recs[(3, q)]["reason"]
+    durable, _ = read_durable_state(str(tmp_path / "state"))
+    assert [tuple(r.values()) for r in durable.to_pylist()] == state
+
+
+@pytest.mark.parametrize("point", ["compose", "composed"])
+def test_repartition_job_survives_sigkilled_task_workers(spark: Any, tmp_path: Path,
+                                                         point: str) -> None:
+    """The offline repartition job (``sguard state repartition``'s, `repartition_job`, with
+    the query stopped): its tasks are SIGKILLed (their Python worker process) in their
+    first attempt, before or after writing their composed checkpoint: Spark retries them,
+    the retry composes (or finds its checkpoint), and the query continues exactly once on
+    the new partitioning."""
+    from sguard import rescale
+    from sguard.spark.rescaling import repartition_job
+    inp, stage = _staged(tmp_path, 5, rows=800, keys=120)
+    op = ss.RunningAggregate(value="v")
+    _feed(inp, stage, 3)
+    run_query(spark, inp, tmp_path, op, partitions=2, key_groups=16,
+              checkpoint=ss.CheckpointConfig(every_n_batches=1))
+    root = open_root(str(tmp_path / "state"))
+    sc = spark.sparkContext
+    sc.setJobGroup(f"rescale-kill-{point}", "repartition with killed task workers")
+    sc.environment[rescale.KILL_ENV] = f"{point}@first-attempt"
+    try:
+        res = repartition_job(spark, root, 3)
+    finally:
+        del sc.environment[rescale.KILL_ENV]
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert res.changed and res.pages > 0
     tracker = sc.statusTracker()
     failed = 0
     for job in tracker.getJobIdsForGroup(f"rescale-kill-{point}"):
@@ -293,13 +333,50 @@ def test_repartition_job_survives_sigkilled_task_workers(spark: Any, tmp_path: P
             if st is not None and st.name and "collect" in st.name:
                 failed += st.numFailedTasks
     assert failed >= 3, failed  # each of the 3 targets' first attempt died
-    root = open_root(str(tmp_path / "state"))
     lay = read_layout(root)
     assert lay is not None and (lay.generation, lay.num_partitions) == (1, 3)
+    assert rescale.pending_sources(lay) is None  # composed before the commit
     assert not root.exists(rescale.MARKER_FILE)
     for q in range(3):  # one composed checkpoint per target, whichever attempt wrote it
-        first = [c for c in list_checkpoints(root, lay.haunit(q)) if c.has_manifest][0]
-        assert first.name.endswith("-1")
+        assert len([c for c in list_checkpoints(root, lay.haunit(q)) if c.has_manifest]) == 1
+    _feed(inp, stage, 5)
+    rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=3)
+    assert failures == 0
+    assert (rows, state) == running_oracle(inp.tables)
+
+
+def test_uncomposed_partitions_are_read_through_their_sources(spark: Any, tmp_path: Path
+                                                              ) -> None:
+    """The query is stopped right after a start-up repartition 2 -> 3 committed (before
+    any batch ran): `read_state` and `read_durable_state` read every partition through its
+    sources; a restart with the same count sweeps nothing; the query then continues
+    exactly once."""
+    from sguard import rescale
+    from sguard.spark.api import _repartition, _sweep
+    from sguard.spark.reader import read_state
+    inp, stage = _staged(tmp_path, 5, rows=600, keys=90, seed=13)
+    op = ss.RunningAggregate(value="v")
+    _feed(inp, stage, 3)
+    _, before, _ = run_query(spark, inp, tmp_path, op, partitions=2,
+                             checkpoint=ss.CheckpointConfig(every_n_batches=1))
+    root = open_root(str(tmp_path / "state"))
+    old = read_layout(root)
+    assert old is not None
+    _repartition(spark, root, old, 3, local_dir=str(tmp_path / "local"))  # what stateful does
+    assert rescale.uncomposed(root) == [0, 1, 2]
+    olds = [h for h in __import__("ioservice").list_haunits(root) if ".g0." in h]
+    n_old = sum(len(list_checkpoints(root, h)) for h in olds)
+    durable, _ = read_durable_state(str(tmp_path / "state"))
+    assert sorted(tuple(r.values()) for r in durable.to_pylist()) == before
+    got = read_state(spark, str(tmp_path / "state"), 2)
+    assert sorted(tuple(r)[:-1] for r in got.collect()) == before
+    _sweep(root)  # what `stateful` runs when restarted with the same count
+    assert sum(len(list_checkpoints(root, h)) for h in olds) == n_old  # nothing swept
+    _feed(inp, stage, 5)
+    rows, state, failures = run_query(spark, inp, tmp_path, op, partitions=3)
+    assert failures == 0
+    assert (rows, state) == running_oracle(inp.tables)
+    assert rescale.uncomposed(root) == []
 
 
 def test_read_input_takes_one_generation(tmp_path: Path) -> None:
