@@ -40,9 +40,10 @@ Committed lazily (a query's start-up)
 with the sources record of step 1 in ``extra["compose_from"]``
 (`pending_sources`: each source partition's planned checkpoint and its older
 ones). The first task of each new partition that finds no checkpoint in its HA
-unit composes it there (`compose_if_pending`: the same `compose_target`, falling
-back to an older source checkpoint past a damaged page, since the old layout is
-no longer there to go back to), then restores it. So no Spark job runs before
+unit composes it there (`compose_loaded`, which loads the pages as it verifies
+them; `compose_if_pending` only composes; both as `compose_target`, falling back
+to an older source checkpoint past a damaged page, since the old layout is no
+longer there to go back to), then restores it. So no Spark job runs before
 the query starts. Until every new partition has composed, the sweep deletes
 nothing (`uncomposed`), readers build the missing composition in memory
 (`pending_manifest`, `restore_piece`), and a further repartition composes the

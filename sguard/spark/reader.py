@@ -44,7 +44,7 @@ from mmm import PageManager
 from sguard.spark import fencing, inputlog
 from sguard.spark.errors import InputLogGapError, SparkStateError
 from sguard.spark.operators import operator_from_params
-from sguard.spark.recovery import rebuild_partition
+from sguard.spark.recovery import checkpoint_restorer, rebuild_partition
 from sguard.spark.state import load_layout
 from sguard.statelayout import OperatorLayout, schema_from_layout
 
@@ -213,7 +213,7 @@ def _read_once(root: StorageRoot, layout: OperatorLayout, partition: int, batch:
     """The newest checkpoint at or below `batch` that loads and whose log reaches it, plus
     the replay (`sguard.spark.recovery`, as the runtime recovers; a stale owner's files
     are ignored)."""
-    from ioservice import DamagedCheckpointWarning, restore
+    from ioservice import DamagedCheckpointWarning
     hu = layout.haunit(partition)
     pts = [pt for pt in _points(root, layout, partition) if pt.batch <= batch]
     if not pts:
@@ -229,14 +229,7 @@ def _read_once(root: StorageRoot, layout: OperatorLayout, partition: int, batch:
     pm = PageManager(pend.page_bytes if pend is not None else
                      _page_bytes(root, pts[-1].seq, layout, partition), 1 << 30)
 
-    def restore_fn(before: int | None) -> Any:
-        if pend is not None:
-            from sguard.rescale import load_manifest
-            return load_manifest(pm, root, pend) if before is None else None
-        if not any(c.has_manifest and (before is None or c.seq < before)
-                   for c in list_checkpoints(root, hu)):
-            return None
-        return restore(pm, root, hu, before_seq=before)
+    restore_fn = checkpoint_restorer(pm, root, hu, pend)
 
     op = operator_from_params(layout.operator, layout.schema["params"])
     with warnings.catch_warnings():

@@ -34,7 +34,7 @@ from sguard.statelayout import OperatorLayout
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Rebuilt", "rebuild_partition"]
+__all__ = ["Rebuilt", "checkpoint_restorer", "rebuild_partition"]
 
 #: ``restore(before_seq)`` loads the newest restorable checkpoint with a smaller sequence
 #: number (all when None) into the page manager and returns it, or returns None when there
@@ -60,6 +60,25 @@ class Rebuilt:
     @property
     def replayed(self) -> int:
         return self.last_batch - self.checkpoint_batch
+
+
+def checkpoint_restorer(pm: PageManager, root: StorageRoot, haunit: str,
+                        pending: Manifest | None = None) -> RestoreFn:
+    """The ``restore_fn`` of `rebuild_partition` for a reader: the newest checkpoint of
+    `haunit` below a sequence number (None: there is none), or, for a partition a lazy
+    repartition left uncomposed, its `pending` composition read where its pages lie
+    (nothing older)."""
+    from ioservice import list_checkpoints, restore
+    from sguard.rescale import load_manifest
+
+    def restore_fn(before: int | None) -> Manifest | None:
+        if pending is not None:
+            return load_manifest(pm, root, pending) if before is None else None
+        if not any(c.has_manifest and (before is None or c.seq < before)
+                   for c in list_checkpoints(root, haunit)):
+            return None
+        return restore(pm, root, haunit, before_seq=before)
+    return restore_fn
 
 
 def rebuild_partition(pm: PageManager, root: StorageRoot, layout: OperatorLayout,

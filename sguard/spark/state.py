@@ -23,7 +23,7 @@ from sguard.spark.checkpointing import latest_checkpoint_batch
 from sguard.spark.groupstate import open_state
 from sguard.spark.operators import operator_from_params
 from sguard.spark.placement import PartitionSlot, default_local_dir, root_key, state_id
-from sguard.spark.recovery import rebuild_partition
+from sguard.spark.recovery import checkpoint_restorer, rebuild_partition
 from sguard.spark.versions import _RollbackPool
 from sguard.statelayout import OperatorLayout, read_layout, schema_from_layout
 
@@ -132,8 +132,7 @@ def read_partition_state(root: StorageRoot, layout: OperatorLayout, partition: i
     UnrecoverableStateError
         If no checkpoint and log rebuild it.
     """
-    from ioservice import restore
-    from sguard.rescale import load_manifest, pending_manifest
+    from sguard.rescale import pending_manifest
     op = operator_from_params(layout.operator, layout.schema["params"])
     schema = schema_from_layout(layout)
     hu = layout.haunit(partition)
@@ -150,13 +149,7 @@ def read_partition_state(root: StorageRoot, layout: OperatorLayout, partition: i
     pm = PageManager(pend.page_bytes if pend is not None else _checkpoint_page_bytes(root, hu),
                      1 << 30)
 
-    def restore_fn(before: int | None) -> Any:
-        if pend is not None:
-            return load_manifest(pm, root, pend) if before is None else None
-        if not any(c.has_manifest and (before is None or c.seq < before)
-                   for c in list_checkpoints(root, hu)):
-            return None
-        return restore(pm, root, hu, before_seq=before)
+    restore_fn = checkpoint_restorer(pm, root, hu, pend)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DamagedCheckpointWarning)  # logged by ioservice
