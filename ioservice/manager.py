@@ -132,6 +132,12 @@ class CheckpointPolicy:
         writes them in place instead of cloning them; the I/O threads write
         from that buffer. 0 turns it off. Extra memory: at most this much per
         checkpoint in flight, until it is written.
+    in_place : bool
+        Freeze with ``PageManager.chkpt(in_place=True)``: until a page is staged
+        or written, the operator updates a value of a key already in it in place,
+        logging the value's old bytes, instead of cloning the whole page; the
+        writers read the frozen bytes all the same (`mmm.snapshot`). False: every
+        write to a frozen page clones it.
     """
 
     interval_s: float | None = None
@@ -140,8 +146,11 @@ class CheckpointPolicy:
     full_every: int = 8
     keep: int | None = 3
     stage_mb: float = 256.0
+    in_place: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.in_place, bool):
+            raise ValueError(f"in_place must be a bool, got {self.in_place!r}")
         if (isinstance(self.stage_mb, bool) or not isinstance(self.stage_mb, (int, float))
                 or not self.stage_mb >= 0):
             raise ValueError(f"stage_mb must be a number >= 0, got {self.stage_mb!r}")
@@ -747,7 +756,7 @@ class CheckpointManager:
             t0 = time.perf_counter()
             self._last_start = self._clock()
             self._tuples = 0
-            snap = self.pm.chkpt()                 # step 2
+            snap = self.pm.chkpt(in_place=self.policy.in_place)  # step 2
             base = self._base
             if (self.policy.skip_unchanged and full is not True and base is not None
                     and not self._base_partial and snap.n_changed == 0 and np.array_equal(snap.page_ids, base.pages.page_id)

@@ -526,12 +526,19 @@ class PageManager:
 
     # -- snapshots ----------------------------------------------------------------------------------
     def chkpt(self, psids: Iterable[int] | None = None,
-              names: Iterable[str] | None = None) -> Snapshot:
+              names: Iterable[str] | None = None, *, in_place: bool = False) -> Snapshot:
         """Freeze the pages of the chosen page sets (all by default) and return a `Snapshot`.
 
         No page bytes are copied or serialized: the page tables are copied and
         the frames pinned; later writes clone pinned pages (copy-on-write).
         Runtime complexity: O(pages). Pages copied: 0.
+
+        With ``in_place`` the frames are pinned softly: the compiled kernels then
+        update a record of a frozen page in place after logging its old bytes,
+        instead of cloning the page, and the snapshot's readers see the frozen
+        bytes (`mmm.snapshot`). Such a snapshot is for writing out, not a
+        rollback point (`rollback` refuses it), and its frames are not stable
+        bytes for anyone reading them directly.
 
         A checkpoint's writer may stage pages (`Snapshot.plan_staging`): copy them
         out in a background thread and release their frames early.
@@ -562,9 +569,11 @@ class PageManager:
         page_ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
         fr = np.concatenate(frames) if frames else np.zeros(0, np.int64)
         ch = np.concatenate(changed) if changed else np.zeros(0, bool)
-        self.pool.pin(fr)
+        log0 = self.pool.reset_undo() if not self._active else int(self.pool.undo[0])
         snap = Snapshot(self, self.epoch, tuple(order), page_ids, fr, ch,
-                        {self._sets[p].name: p for p in order})
+                        {self._sets[p].name: p for p in order}, in_place=bool(in_place),
+                        log_start=log0)
+        self.pool.pin(fr, snap._weight)
         snap.covers_all = chosen == set(self._sets)
         self._active.add(snap.snapshot_id)
         self.epoch += 1
@@ -611,6 +620,10 @@ class PageManager:
         if snap._pm is not self:
             raise SnapshotStateError(f"snapshot {snap.snapshot_id} belongs to another manager")
         snap._require_active("roll back")
+        if snap.in_place:
+            raise SnapshotStateError(
+                f"snapshot {snap.snapshot_id} was taken in place (chkpt(in_place=True)): its "
+                f"frames may have been updated, so it is not a rollback point")
         if snap.n_staged:
             raise SnapshotStateError(
                 f"snapshot {snap.snapshot_id}: {snap.n_staged} page(s) were already staged "

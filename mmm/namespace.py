@@ -244,12 +244,13 @@ class Namespace:
 
     # -- snapshots ------------------------------------------------------------------------------
     def chkpt(self, psids: Iterable[int] | None = None,
-              names: Iterable[str] | None = None) -> Snapshot:
+              names: Iterable[str] | None = None, *, in_place: bool = False) -> Snapshot:
         """Freeze page sets of this namespace (all of them by default; ``names``
         unqualified). `PageManager.chkpt` of `manager` freezes every namespace.
 
         The snapshot never covers structures outside the namespace: rolling it
-        back (`rollback`, or `PageManager.rollback`) leaves them alone.
+        back (`rollback`, or `PageManager.rollback`) leaves them alone. ``in_place``:
+        as `PageManager.chkpt`.
 
         Raises
         ------
@@ -261,7 +262,7 @@ class Namespace:
         else:
             chosen = [self._own(int(p)).psid for p in (psids or ())]
             chosen += [self.recover(n) for n in (names or ())]
-        snap = self.manager.chkpt(psids=chosen)
+        snap = self.manager.chkpt(psids=chosen, in_place=in_place)
         snap.covers_all = False  # also when the namespace's page sets are all there are
         if psids is None and names is None:
             setattr(snap, "_namespace", self.prefix)  # see `rollback`

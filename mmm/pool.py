@@ -26,6 +26,22 @@ Invariants (checked by `_check`):
 Thread safety: allocation, freeing and unpinning take one lock, so I/O
 threads may unpin (and thereby free) frames while the operator thread
 allocates. Only the operator thread pins.
+
+Pins come in two weights. A *hard* pin (`HARD_PIN`, the default) freezes a
+frame's bytes: every writer clones the page first. A *soft* pin (1) only
+promises the snapshot the bytes it froze: a compiled kernel may update a record
+of a soft-pinned frame in place after appending the record's old bytes to the
+pool's *undo log* (`undo`, `undo_data`), and the snapshot's readers overlay the
+logged before-images on what they copy (`mmm.Snapshot`). A frame with any hard
+pin is never written in place.
+
+The undo log: ``undo[0]`` entries, ``undo[1]`` bytes of ``undo_data`` used,
+``undo[2]`` / ``undo[3]`` their capacities, then 4 int64 per entry (frame,
+offset in the frame, length, offset in ``undo_data``). Only the operator thread
+appends (entry and bytes first, then the count: readers that read the count after
+copying a frame see every entry whose write their copy may hold); it is emptied
+when a snapshot is taken while none is active (`reset_undo`). When it is full the
+kernels clone the page instead.
 """
 from __future__ import annotations
 
@@ -39,7 +55,7 @@ from mmm.errors import PageSizeError, PoolExhaustedError, PoolFileError
 from mmm.page import (DEFAULT_PAGE_BYTES, HEADER_BYTES, HEADER_DTYPE, MAX_PAGE_BYTES,
                       MIN_PAGE_BYTES)
 
-__all__ = ["PagePool", "FREE", "LIVE", "ORPHAN"]
+__all__ = ["PagePool", "FREE", "LIVE", "ORPHAN", "HARD_PIN", "UNDO_ENTRIES", "UNDO_BYTES"]
 
 FREE, LIVE, ORPHAN = 0, 1, 2
 _POOL_MAGIC = b"SGUARDPOOL\x00\x01"
@@ -47,6 +63,12 @@ _FORMAT_VERSION = 1
 _POOL_HEADER = np.dtype([("magic", "S12"), ("format_version", "<u4"), ("page_bytes", "<u8"),
                          ("n_frames", "<u8")])
 DEFAULT_CAPACITY_BYTES = 1 << 30
+HARD_PIN = 1 << 16
+"""The pin weight of a snapshot whose frames no one may write (see the module docstring)."""
+UNDO_ENTRIES = 1 << 16
+"""Capacity of the undo log in records (a full log makes the kernels clone instead)."""
+UNDO_BYTES = 1 << 23
+"""Capacity of the undo log's before-image bytes."""
 
 
 def check_page_bytes(page_bytes: int) -> int:
@@ -112,6 +134,11 @@ class PagePool:
             hdr[0] = (_POOL_MAGIC, _FORMAT_VERSION, self.page_bytes, n_frames)
         self._bind_views()
         self.pins = np.zeros(self.n_frames, dtype=np.int32)
+        # the undo log of in-place writes to soft-pinned frames (module docstring); the
+        # OS commits its memory only as it is written
+        self.undo = np.zeros(4 + 4 * UNDO_ENTRIES, dtype=np.int64)
+        self.undo[2], self.undo[3] = UNDO_ENTRIES, UNDO_BYTES
+        self.undo_data = np.zeros(UNDO_BYTES, dtype=np.uint8)
         self._free: list[int] = []
         self._watermark = 0
         # frames >= _dirty_end were never handed out: zero. An attached file's
@@ -302,18 +329,28 @@ class PagePool:
             self.state[frames[pinned]] = ORPHAN
             self._release_locked(frames[~pinned])
 
-    def pin(self, frames: np.ndarray) -> None:
-        """Pin distinct frames for a snapshot (operator thread only)."""
+    def pin(self, frames: np.ndarray, weight: int = HARD_PIN) -> None:
+        """Pin distinct frames for a snapshot (operator thread only): ``weight``
+        `HARD_PIN` freezes their bytes, 1 lets kernels write them in place through the
+        undo log (module docstring)."""
         with self._lock:
-            self.pins[frames] += 1
+            self.pins[frames] += weight
 
-    def unpin(self, frames: np.ndarray) -> None:
-        """Drop one pin from each of distinct frames; orphans whose last pin goes are freed."""
+    def unpin(self, frames: np.ndarray, weight: int = HARD_PIN) -> None:
+        """Drop one pin of ``weight`` from each of distinct frames; orphans whose last
+        pin goes are freed."""
         frames = np.asarray(frames, dtype=np.int64).reshape(-1)
         with self._lock:
-            self.pins[frames] -= 1
+            self.pins[frames] -= weight
             done = frames[(self.pins[frames] == 0) & (self.state[frames] == ORPHAN)]
             self._release_locked(np.unique(done))
+
+    def reset_undo(self) -> int:
+        """Empty the undo log (operator thread, when no snapshot is active: no reader
+        needs an entry); returns the log's position, where a new snapshot starts."""
+        self.undo[0] = 0
+        self.undo[1] = 0
+        return 0
 
     def reset_if_empty(self) -> bool:
         """When no frame is in use, forget the free list: later allocations are

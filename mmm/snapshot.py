@@ -17,6 +17,14 @@ read a staged page from the buffer, and wait for a planned page until it is
 staged; so no reader ever holds a frame the copier may unpin. A staged page is
 no longer a rollback point.
 
+In-place snapshots (``PageManager.chkpt(in_place=True)``, what a checkpoint
+writer takes): the frames are pinned softly, so the compiled kernels update a
+record of such a frame in place after logging its old bytes (`mmm.pool`'s undo
+log) instead of cloning the whole page. The readers copy a frame and then lay
+the before-images logged since the freeze over the copy (`apply_undo`), so they
+see the frozen bytes; `page` returns such a copy and `pages_view` declines
+unstaged pages. An in-place snapshot is not a rollback point.
+
 Lifecycle (`SnapshotState`): ACTIVE -> COMPLETED (`complete`: the checkpoint
 is durable, e.g. its manifest is written; pages not yet marked persisted, such
 as unchanged pages an incremental checkpoint references, are unpinned), CANCELLED (`cancel`: a failed checkpoint), RELEASED
@@ -33,9 +41,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from mmm._kernels.pages import gather_frames
+from mmm._kernels.pages import apply_undo, gather_frames
 from mmm.errors import SnapshotStateError
-from mmm.pool import PagePool
+from mmm.pool import HARD_PIN, PagePool
 
 __all__ = ["Snapshot", "SnapshotState", "SnapshotOwner"]
 
@@ -82,12 +90,20 @@ class Snapshot:
         The page sets the snapshot covers.
     structures : dict
         ``name -> psid`` of the structures it covers.
+    in_place : bool
+        Whether kernels may update its frames in place through the undo log
+        (module docstring); the frames are then pinned with weight 1, else
+        `mmm.pool.HARD_PIN`.
     """
 
     def __init__(self, pm: SnapshotOwner, snapshot_id: int, psids: tuple[int, ...],
                  page_ids: npt.NDArray[np.uint64], frames: npt.NDArray[np.int64],
-                 changed: npt.NDArray[np.bool_], structures: dict[str, int]) -> None:
+                 changed: npt.NDArray[np.bool_], structures: dict[str, int],
+                 in_place: bool = False, log_start: int = 0) -> None:
         self._pm = pm
+        self.in_place = in_place
+        self._weight = 1 if in_place else HARD_PIN
+        self._log0 = log_start  # the undo log's entries from here on are this snapshot's
         self.snapshot_id = snapshot_id
         self.page_bytes = pm.page_bytes
         self.psids = psids
@@ -161,8 +177,12 @@ class Snapshot:
                 f"snapshot {self.snapshot_id}: page {int(self.page_ids[i]):#x} was already "
                 f"persisted and released")
         row = int(self._row[i])
-        src = self._staged[row] if row >= 0 and self._staged is not None \
-            else self._pm.pool.frames[self._frames[i]]
+        if row >= 0 and self._staged is not None:
+            src = self._staged[row]
+        elif self.in_place:
+            src = self.copy_pages([i])[0]
+        else:
+            src = self._pm.pool.frames[self._frames[i]]
         view: npt.NDArray[np.uint8] = src.view()
         view.flags.writeable = False
         return view
@@ -189,9 +209,11 @@ class Snapshot:
         rows = self._row[idx]
         if rows[0] >= 0 and self._staged is not None:  # staged: consecutive rows?
             src, fr = self._staged, rows
+            if (rows < 0).any():
+                return None
         else:
             src, fr = self._pm.pool.frames, self._frames[idx]
-            if (rows >= 0).any():
+            if (rows >= 0).any() or self.in_place:  # in place: frames may change
                 return None
         f0 = int(fr[0])
         if int(fr[-1]) - f0 != len(fr) - 1 or (len(fr) > 2 and not np.all(np.diff(fr) == 1)):
@@ -226,7 +248,18 @@ class Snapshot:
             assert self._staged is not None
             out[:len(idx)][staged] = self._staged[rows[staged]]
             out[:len(idx)][~staged] = self._pm.pool.frames[self._frames[idx[~staged]]]
+        if self.in_place and not staged.all():
+            self._undo(self._frames[idx], out, np.arange(len(idx), dtype=np.int64))
         return out
+
+    def _undo(self, frames: npt.NDArray[np.int64], out: npt.NDArray[np.uint8],
+              rows: npt.NDArray[np.int64]) -> None:
+        """Lay the before-images logged since the freeze over ``out[rows]``, copies of
+        ``frames`` made before this call."""
+        pool = self._pm.pool
+        if pool.undo[0] > self._log0:
+            apply_undo(pool.undo, pool.undo_data, self._log0, frames,
+                       np.argsort(frames, kind="stable"), out, rows)
 
     def _check_unpersisted(self, idx: npt.NDArray[np.int64]) -> None:
         if self._persisted[idx].any():
@@ -286,13 +319,15 @@ class Snapshot:
                 part = plan[s:s + per]
                 rows = np.arange(start + done, start + done + len(part), dtype=np.int64)
                 gather_frames(self._pm.pool.frames, self._frames[part], buf, rows)
+                if self.in_place:  # before the frames are unpinned (module docstring)
+                    self._undo(self._frames[part], buf, rows)
                 with self._cond:
                     if self.state is not SnapshotState.ACTIVE:
                         break
                     self._row[part] = rows
                     self._planned[part] = False
                     self._n_staged += len(part)
-                    self._pm.pool.unpin(self._frames[part])
+                    self._pm.pool.unpin(self._frames[part], self._weight)
                     self._cond.notify_all()
                 done += len(part)
         finally:
@@ -324,7 +359,8 @@ class Snapshot:
             idx = idx[~self._persisted[idx]]
             self._persisted[idx] = True
             self._n_persisted += len(idx)
-            self._pm.pool.unpin(self._frames[idx[self._row[idx] < 0]])  # staged: unpinned
+            self._pm.pool.unpin(self._frames[idx[self._row[idx] < 0]],  # staged: unpinned
+                                self._weight)
 
     def complete(self) -> None:
         """Declare the snapshot durable (e.g. an incremental checkpoint that
@@ -354,7 +390,7 @@ class Snapshot:
         rest = np.flatnonzero(~self._persisted)
         self._persisted[rest] = True
         self._n_persisted = len(self.page_ids)
-        self._pm.pool.unpin(self._frames[rest[self._row[rest] < 0]])
+        self._pm.pool.unpin(self._frames[rest[self._row[rest] < 0]], self._weight)
 
     def _finish(self, state: Any) -> None:
         self.state = state

@@ -27,10 +27,14 @@ and its bytes and the kernel's per-row scratch overwrite each other (a segfault,
 wrong result). Scratch memory therefore comes from the caller (``rows``' ``scratch``);
 ``tests/mmm/test_kernel_addresses.py`` checks the rule on this module's source.
 
-Copy-on-write: a kernel never writes a frame whose pin count is non-zero.
-When a row needs such a page, the kernel stops *before writing anything for
-that row* and returns ``NEED_CLONE`` with the page's sequence number; the
-caller un-shares it (``PageManager.writable``) and calls again from that row.
+Copy-on-write: a kernel never writes a frame whose pin count is non-zero,
+with one exception: the value of a key already in a page that only in-place
+snapshots pin (soft pins, `mmm.pool`) is updated in place, after its old bytes
+are appended to the pool's undo log (`_log_before`), which the snapshot's
+readers lay over their copies. When a row needs any other pinned page (or the
+log is full), the kernel stops *before writing anything for that row* and
+returns ``NEED_CLONE`` with the page's sequence number; the caller un-shares it
+(``PageManager.writable``) and calls again from that row.
 The same goes for a row that needs a new overflow page (``NEED_PAGE``) or a
 split (``NEED_SPLIT``): between two calls the map is a valid map holding the
 rows before the one returned. Every page a kernel writes gets its
@@ -66,6 +70,7 @@ OFF_FLAGS, OFF_COUNT, OFF_START, OFF_NEXT, OFF_AUX0 = 6, 24, 28, 40, 48
 NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 DONE, NEED_CLONE, NEED_PAGE, NEED_SPLIT = 0, 1, 2, 3
+HARD_PIN = 1 << 16  # mmm.pool.HARD_PIN (a frame no one may write in place)
 MODE_GET, MODE_UPSERT, MODE_DELETE = 0, 1, 2
 COUNT, SUM, MIN, MAX, LAST, FIRST = 0, 1, 2, 3, 4, 5
 OP_CODES = {"count": COUNT, "sum": SUM, "min": MIN, "max": MAX, "last": LAST, "first": FIRST}
@@ -199,6 +204,20 @@ def _prefetch_at_impl(typingctx: Any, addr: Any) -> Any:
 
 
 _prefetch_at: Any = intrinsic(_prefetch_at_impl)
+
+
+def _fence_impl(typingctx: Any) -> Any:
+    """A release fence: no earlier store moves past a later one (the undo log's order;
+    on x86 it only stops the compiler)."""
+    sig = types.void()
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        builder.fence("release")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+_fence: Any = intrinsic(_fence_impl)
 
 
 @_scalar
@@ -559,9 +578,30 @@ def _insert_row(r: Any, kp: Any, GEO: Any, SC: Any, P: Any, FS: Any, LS: Any, PN
 
 
 @_scalar
+def _log_before(U: Any, UD: Any, f: Any, off: Any, nb: Any, P: Any, pb: Any) -> Any:
+    """Append the ``nb`` bytes at ``off`` of frame ``f`` to the undo log (`mmm.pool`: table
+    at ``U``, bytes at ``UD``) before they are written in place: record and bytes first,
+    then the count, then (after the return) the write. False when the log is full."""
+    n, used = _ld_i64(U), _ld_i64(U + 8)
+    if n >= _ld_i64(U + 16) or used + nb > _ld_i64(U + 24):
+        return False
+    e = U + 8 * (4 + 4 * n)
+    _st_i64(e, f)
+    _st_i64(e + 8, off)
+    _st_i64(e + 16, nb)
+    _st_i64(e + 24, used)
+    _copy(UD + used, P + f * pb + off, nb)
+    _st_i64(U + 8, used + nb)
+    _fence()
+    _st_i64(U, n + 1)
+    _fence()
+    return True
+
+
+@_scalar
 def _apply_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any, NX: Any,
                  BS: Any, LS: Any, PN: Any, MD: Any, ST: Any, FOUND: Any, K: Any, kst: Any,
-                 KB: Any, kbst: Any, O: Any, ost: Any) -> Any:
+                 KB: Any, kbst: Any, O: Any, ost: Any, U: Any, UD: Any) -> Any:
     """Pass 3: find each row's key, in input order; insert new keys (noting each row's value
     address); get / delete act here. Returns ``(status, row stopped at)``."""
     vo, vs, pb, epoch = _i64(GEO, 6), _i64(GEO, 8), _i64(GEO, 9), _i64(GEO, 12)
@@ -574,9 +614,12 @@ def _apply_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any
             if fq >= 0 and O != 0:
                 _copy(O + i * ost, _page(P, FS, fq, pb) + vo + s * vs, vs)
             continue
-        if fq >= 0 and _ld_i32(PN + 4 * _i64(FS, fq)) > 0:
-            _st_i64(ST + 16, fq)
-            return NEED_CLONE, i
+        if fq >= 0:
+            pn = _ld_i32(PN + 4 * _i64(FS, fq))
+            if pn > 0 and (mode != MODE_UPSERT or pn >= HARD_PIN or not _log_before(
+                    U, UD, _i64(FS, fq), vo + s * vs, vs, P, pb)):
+                _st_i64(ST + 16, fq)
+                return NEED_CLONE, i
         if mode == MODE_DELETE:
             _st_u8(FOUND + i, np.uint8(fq >= 0))
             if fq >= 0:
@@ -781,13 +824,15 @@ def _check_tables(fseq: Any, next_of: Any, bucket_seq: Any, last_seq: Any, pins:
 
 @jit
 def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: Any,
-         bucket_seq: Any, last_seq: Any, pins: Any, mod: Any, geo: Any, ops: Any, codes: Any,
-         offs: Any, sizes: Any, lanes: Any, lidx: Any, aligned: Any, IC: Any, UC: Any, FC: Any,
-         BC: Any, out: Any, found: Any, scratch: Any, state: Any) -> Any:
+         bucket_seq: Any, last_seq: Any, pins: Any, undo: Any, undo_data: Any, mod: Any,
+         geo: Any, ops: Any, codes: Any, offs: Any, sizes: Any, lanes: Any, lidx: Any,
+         aligned: Any, IC: Any, UC: Any, FC: Any, BC: Any, out: Any, found: Any, scratch: Any,
+         state: Any) -> Any:
     """Look up (``MODE_GET``), upsert (``MODE_UPSERT``) or delete (``MODE_DELETE``)
     rows ``i0..n-1`` in input order; writes stop early with a request.
 
-    ``pool`` is the flat uint8 view of every frame. ``geo`` = (n_buckets,
+    ``pool`` is the flat uint8 view of every frame; ``pins``, ``undo`` and ``undo_data``
+    are the pool's pin counts and undo log (`mmm.pool`). ``geo`` = (n_buckets,
     level, S, G, n_groups, key_off, val_off, key_size, val_size, page_bytes,
     max_fill, split_limit, epoch). ``state`` = [len, row, arg]: the map's
     length (updated), and on return the row the kernel stopped at and the page
@@ -806,6 +851,9 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
     """
     _check_tables(fseq, next_of, bucket_seq, last_seq, pins, mod, geo, state, found, kw, kb,
                   out, scratch)
+    if undo.shape[0] < 4 or (undo.shape[0] > 1 and undo.strides[0] != 8) or \
+            undo.itemsize != 8 or undo_data.itemsize != 1:
+        raise TypeError("hashmap.rows: the undo log must be contiguous int64, its bytes uint8")
     n = kw.shape[0]
     nops = ops.shape[0]
     xs = np.empty(nops, np.int64)  # each value field's input address and row stride
@@ -823,7 +871,8 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
         code, stop = _apply_chunk(mode, c0, c1, GEO, SC, P, FS, _addr(next_of),
                                   _addr(bucket_seq), _addr(last_seq), _addr(pins), _addr(mod),
                                   ST, _addr(found), _addr(kw), kw.strides[0], _addr(kb),
-                                  kb.strides[0], O, out.strides[0])
+                                  kb.strides[0], O, out.strides[0], _addr(undo),
+                                  _addr(undo_data))
         if mode == MODE_UPSERT:
             for j in range(nops):
                 if lanes[j] == L_INT and codes[j] == I8:

@@ -7,6 +7,8 @@
 * `chain_order`: the order of a page set's pages along their ``next`` links
   (the doubly linked leaves of an `OrderedMap`, the pages of a sequence),
   checked to be one chain from the single head.
+* `apply_undo`: a snapshot's view of pages copied out of soft-pinned frames: the
+  undo log's before-images laid over the copies (`mmm.pool`).
 * `copy_rows_out` / `copy_rows_in`: byte copies of record runs between page
   frames and a flat buffer, the span reads and writes of every structure.
 
@@ -22,7 +24,7 @@ import numpy as np
 from mmm._kernels import jit
 
 __all__ = ["group_pages", "chain_order", "copy_rows_out", "copy_rows_in", "copy_frames",
-           "gather_frames"]
+           "gather_frames", "apply_undo"]
 
 _NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -169,3 +171,35 @@ def gather_frames(frames: Any, src: Any, out: Any, rows: Any) -> None:
         d, s = rows[j], src[j]
         for k in range(w):  # an explicit loop (see `copy_frames`)
             out[d, k] = frames[s, k]
+
+
+@jit
+def apply_undo(undo: Any, data: Any, start: Any, frames: Any, order: Any, out: Any,
+               rows: Any) -> int:
+    """Lay the undo log's before-images (entries ``start`` .. the log's count, newest
+    first, so the oldest image of a byte wins) over copied pages: ``out[rows[j]]`` is a
+    copy of frame ``frames[j]``; ``order`` sorts ``frames``. Returns the entries applied.
+
+    The caller copies the frames *before* this reads the log's count: an in-place write
+    its copy may hold was logged before it was made (`mmm.pool`)."""
+    n = undo[0]
+    m = frames.shape[0]
+    applied = 0
+    for e in range(n - 1, start - 1, -1):
+        b = 4 + 4 * e
+        f = undo[b]
+        lo, hi = 0, m  # binary search of f in frames (sorted by order)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if frames[order[mid]] < f:
+                lo = mid + 1
+            else:
+                hi = mid
+        while lo < m and frames[order[lo]] == f:
+            r = rows[order[lo]]
+            off, ln, at = undo[b + 1], undo[b + 2], undo[b + 3]
+            for k in range(ln):
+                out[r, off + k] = data[at + k]
+            applied += 1
+            lo += 1
+    return applied

@@ -68,6 +68,7 @@ from mmm.errors import PoolExhaustedError, RecordTypeError, SchemaError
 from mmm.manager import PageManager
 from mmm.namespace import Namespace
 from mmm.page import HEADER_BYTES, NIL_INT, Layout
+from mmm.pool import HARD_PIN
 from mmm.schema import as_schema, coerce_records, dtype_to_text
 from mmm.structures.base import Structure, pad8
 from mmm.structures.combine import CombineOp, compile_spec, input_columns
@@ -752,7 +753,8 @@ class HashMap(Structure):
         while True:
             state[0] = self._len
             code = K.rows(K.MODE_UPSERT, i, kw, kb, self._flat, self._ps.frames, self._next_of,
-                          self._bucket_seq, self._last_seq, pm.pool.pins, self._ps.mod,
+                          self._bucket_seq, self._last_seq, pm.pool.pins, pm.pool.undo,
+                          pm.pool.undo_data, self._ps.mod,
                           self._geo(), lanes.ops, lanes.codes, lanes.offs, lanes.sizes,
                           lanes.lanes, lanes.lidx, lanes.aligned, ic, uc, fc, bc, ob,
                           self._no_found, scratch, state)
@@ -761,14 +763,16 @@ class HashMap(Structure):
             if code == K.DONE:
                 return
             if code == K.NEED_CLONE:
-                if not bulk:  # the first pinned page: un-share the rest of the batch's
-                    bulk = True  # chains in one copy instead of one kernel exit per page
+                seq = int(state[2])
+                if not bulk and pm.pool.pins[self._ps.frames[seq]] >= HARD_PIN:
+                    # the first hard-pinned page: un-share the rest of the batch's chains
+                    bulk = True  # in one copy instead of one kernel exit per page
                     try:
                         self._unshare_touched(kw[i:])
                     except PoolExhaustedError:  # nothing changed: page by page, as needed
-                        pm.writable1(self.psid, int(state[2]))
-                else:
-                    pm.writable1(self.psid, int(state[2]))
+                        pm.writable1(self.psid, seq)
+                else:  # (a soft-pinned page: an insert, or the undo log is full)
+                    pm.writable1(self.psid, seq)
             elif code == K.NEED_PAGE:
                 self._add_overflow(int(state[2]))
             else:  # split ahead for the new keys the rest of the batch may bring (at the
@@ -857,7 +861,8 @@ class HashMap(Structure):
         ls = self._no_ops
         n = len(kw)
         code: int = K.rows(mode, i, kw, kb, self._flat, self._ps.frames, self._next_of,
-                           self._bucket_seq, self._last_seq, self._pm.pool.pins, self._ps.mod,
+                           self._bucket_seq, self._last_seq, self._pm.pool.pins,
+                           self._pm.pool.undo, self._pm.pool.undo_data, self._ps.mod,
                            self._geo(), ls.ops, ls.codes, ls.offs, ls.sizes, ls.lanes, ls.lidx,
                            ls.aligned, np.empty((0, n), np.int64), np.empty((0, n), np.uint64),
                            np.empty((0, n), np.float64), np.empty((n, 0), np.uint8), out, found,

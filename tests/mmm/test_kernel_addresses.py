@@ -177,7 +177,7 @@ def test_rows_rejects_a_short_scratch() -> None:
     kw, kb = m._words(m._canon(np.arange(5, dtype="<u4"), "keys"))
     ls = m._no_ops
     args = (K.MODE_GET, 0, kw, kb, m._flat, m._ps.frames, m._next_of, m._bucket_seq,
-            m._last_seq, pm.pool.pins, m._ps.mod, m._geo(), ls.ops, ls.codes, ls.offs,
+            m._last_seq, pm.pool.pins, pm.pool.undo, pm.pool.undo_data, m._ps.mod, m._geo(), ls.ops, ls.codes, ls.offs,
             ls.sizes, ls.lanes, ls.lidx, ls.aligned, np.empty((0, 5), np.int64),
             np.empty((0, 5), np.uint64), np.empty((0, 5), np.float64),
             np.empty((5, 0), np.uint8), np.zeros((5, 8), np.uint8), np.zeros(5, np.bool_))
