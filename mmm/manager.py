@@ -759,7 +759,8 @@ class PageManager:
         """Pool statistics plus page sets, active snapshots and pages cloned."""
         out = self.pool.stats()
         out.update(page_sets=len(self._sets), active_snapshots=len(self._active),
-                   pages_cloned=self.stats_pages_cloned)
+                   pages_cloned=self.stats_pages_cloned,
+                   values_written_in_place=self.pool.undo_records)
         return out
 
     def _check(self) -> None:

@@ -139,6 +139,7 @@ class PagePool:
         self.undo = np.zeros(4 + 4 * UNDO_ENTRIES, dtype=np.int64)
         self.undo[2], self.undo[3] = UNDO_ENTRIES, UNDO_BYTES
         self.undo_data = np.zeros(UNDO_BYTES, dtype=np.uint8)
+        self._undo_total = 0
         self._free: list[int] = []
         self._watermark = 0
         # frames >= _dirty_end were never handed out: zero. An attached file's
@@ -348,9 +349,15 @@ class PagePool:
     def reset_undo(self) -> int:
         """Empty the undo log (operator thread, when no snapshot is active: no reader
         needs an entry); returns the log's position, where a new snapshot starts."""
+        self._undo_total += int(self.undo[0])
         self.undo[0] = 0
         self.undo[1] = 0
         return 0
+
+    @property
+    def undo_records(self) -> int:
+        """Values written in place into soft-pinned frames so far (undo log records)."""
+        return self._undo_total + int(self.undo[0])
 
     def reset_if_empty(self) -> bool:
         """When no frame is in use, forget the free list: later allocations are
