@@ -17,7 +17,10 @@ temporary directory; every variant fsyncs what it writes). Variants:
   threads write them while the operator runs; a background thread first copies
   the pages to write out of the pool and releases them (off: ``--no-stage``),
   `CheckpointPolicy.stage_mb`, so the operator writes them in place; it clones
-  only the pinned pages it touches before they were staged);
+  only the pinned pages it touches before they were staged; and it updates the
+  value of a key in a page not yet staged in place, logging the old bytes for
+  the writers, instead of cloning the page: `CheckpointPolicy.in_place`, off:
+  ``--no-in-place``);
 * ``sync pickle``: ``pickle.dumps`` of the dict, write and fsync the file, all
   in the operator thread;
 * ``async pickle``: ``pickle.dumps`` in the operator thread; write and fsync in
@@ -127,7 +130,8 @@ class Runner:
     """One variant with P partitions: process a batch; start a partition's checkpoint."""
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
-                 workdir: str, n_workers: int, stage: bool = True) -> None:
+                 workdir: str, n_workers: int, stage: bool = True,
+                 in_place: bool = True) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
         self.workdir = workdir
@@ -139,7 +143,8 @@ class Runner:
             root = os.path.join(workdir, "mmm")
             self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
                                            policy=CheckpointPolicy(
-                                               keep=2, **({} if stage else {"stage_mb": 0})),
+                                               keep=2, in_place=in_place,
+                                               **({} if stage else {"stage_mb": 0})),
                                            n_workers=n_workers)
                          for p, op in enumerate(ops)]
         if variant == "async pickle":
@@ -207,7 +212,8 @@ def _print_run(r: int, v: str, s: dict[str, Any], out: dict[str, Any]) -> None:
           f"{s['gc_ms']:5.1f} ms  ({len(out['events'])} chkpts, max pause "
           f"{s['max_pause_ms']:.1f} ms)", flush=True)
     if v == "mmm":
-        print(f"      pages cloned by the operator {s.get('pages_cloned')}, staged "
+        print(f"      pages cloned by the operator {s.get('pages_cloned')}, values written "
+              f"in place {s.get('values_written_in_place')}, staged "
               f"{s.get('pages_staged')}; slowest batches (latency/service/cpu/queued ms, "
               f"batches after a checkpoint start): " + ", ".join(
                   f"{b['latency_ms']:.1f}/{b['service_ms']:.1f}/{b['cpu_ms']:.1f}/"
@@ -249,6 +255,9 @@ def parse_plan(argv: Sequence[str] | None) -> Plan:
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
     ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--no-in-place", action="store_true",
+                    help="mmm without in-place writes (`CheckpointPolicy(in_place=False)`): "
+                         "the operator clones every frozen page it writes")
     ap.add_argument("--no-stage", action="store_true",
                     help="mmm without staging (`CheckpointPolicy(stage_mb=0)`): the operator "
                          "clones every pinned page it writes")
@@ -318,7 +327,7 @@ def run_variant(v: str, state: State, plan: Plan, workdir: str
     the pages staged in this run.
     """
     runner = Runner(v, state.ops, state.dicts, workdir, plan.args.workers,
-                    stage=not plan.args.no_stage)
+                    stage=not plan.args.no_stage, in_place=not plan.args.no_in_place)
     st0 = [op.pm.stats() for op in state.ops]
     try:
         out = run(runner, state.cols if runner.uses_mmm else state.recs, plan.period,
@@ -328,6 +337,8 @@ def run_variant(v: str, state: State, plan: Plan, workdir: str
     s = _record(out)
     if runner.mgrs:  # this run's: cloned by the operator, staged
         st = [op.pm.stats() for op in state.ops]
+        s["values_written_in_place"] = int(sum(
+            x["values_written_in_place"] - y["values_written_in_place"] for x, y in zip(st, st0)))
         s["pages_cloned"] = int(sum(x["pages_cloned"] - y["pages_cloned"]
                                     for x, y in zip(st, st0)))
         s["pages_staged"] = int(sum(m.counters["pages_staged"] for m in runner.mgrs))
@@ -481,6 +492,7 @@ def run_params(plan: Plan) -> dict[str, Any]:
             "duration_s": plan.duration, "page_bytes": args.page_bytes,
             "mmm_io_workers": args.workers,
             "mmm_stage_mb": 0 if args.no_stage else CheckpointPolicy().stage_mb,
+            "mmm_in_place": not args.no_in_place,
             "partitions": args.partitions, "rounds": plan.n_rounds,
             "ratios": "median over rounds of the ratio within each round",
             "storage": "file:// (temporary dir, fsync)",

@@ -113,6 +113,14 @@ class HashMapVsDict(RuleBasedStateMachine):
         self.live_snaps.append((snap, frozen))
         return (snap, frozen)
 
+    @rule(target=snapshots)
+    def snapshot_in_place(self) -> tuple:
+        """A checkpoint writer's snapshot: values of keys in its pages change in place."""
+        snap = self.pm.chkpt(in_place=True)
+        frozen = copy.deepcopy(self.model)
+        self.live_snaps.append((snap, frozen))
+        return (snap, frozen)
+
     @rule(entry=snapshots)
     def snapshot_rebuilds_frozen_state(self, entry: tuple) -> None:
         snap, frozen = entry
@@ -142,7 +150,7 @@ class HashMapVsDict(RuleBasedStateMachine):
     @rule(entry=snapshots)
     def rollback(self, entry: tuple) -> None:
         snap, frozen = entry
-        if snap.state is not mmm.SnapshotState.ACTIVE or snap.persisted.any():
+        if snap.state is not mmm.SnapshotState.ACTIVE or snap.persisted.any() or snap.in_place:
             return
         self.pm.rollback(snap)
         self.model = copy.deepcopy(frozen)
