@@ -93,7 +93,7 @@ import mmm
 from bench._harness import figure, parse_args, save_figure, write_result
 from bench._latency_loop import (Done, ForkBaseline, dict_update, make_stream, rss_mb, run,
                                  set_priority, summarize, write_file)
-from ioservice import CheckpointManager, CheckpointPolicy
+from ioservice import CheckpointManager, CheckpointPolicy, IOService
 from sguard.operators import Aggregate
 
 MB = 1 << 20
@@ -131,7 +131,7 @@ class Runner:
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
                  workdir: str, n_workers: int, stage: bool = True,
-                 in_place: bool = True) -> None:
+                 in_place: bool = True, io_nice: int | None = None) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
         self.workdir = workdir
@@ -139,13 +139,16 @@ class Runner:
         self.pool: cf.ThreadPoolExecutor | None = None
         self.round = 0
         self.uses_mmm = variant in ("none (mmm)", "mmm")
+        self.own_io = io_nice is not None
         if variant == "mmm":
             root = os.path.join(workdir, "mmm")
             self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
                                            policy=CheckpointPolicy(
                                                keep=2, in_place=in_place,
                                                **({} if stage else {"stage_mb": 0})),
-                                           n_workers=n_workers)
+                                           n_workers=n_workers,
+                                           **({} if io_nice is None else
+                                              {"io": IOService(n_workers, nice=io_nice)}))
                          for p, op in enumerate(ops)]
         if variant == "async pickle":
             self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pickle-writer")
@@ -189,6 +192,8 @@ class Runner:
     def close(self) -> None:
         for m in self.mgrs:
             m.close()
+            if self.own_io:  # the services made here for --io-nice
+                m.io.shutdown()
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
@@ -264,6 +269,9 @@ def parse_plan(argv: Sequence[str] | None) -> Plan:
     ap.add_argument("--priority", choices=("rt", "normal"), default="normal",
                     help="scheduling of the timed runs: rt = SCHED_FIFO for this process's "
                          "threads (children reset to normal) when permitted; opt-in")
+    ap.add_argument("--io-nice", type=int, default=None,
+                    help="mmm's I/O and staging threads' nice (`IOService(nice=...)`); "
+                         "default: the library's")
     ap.add_argument("--rounds", type=int, default=None,
                     help="runs of every variant, interleaved (default 5, --quick 3)")
     args = parse_args(ap, argv)
@@ -327,7 +335,8 @@ def run_variant(v: str, state: State, plan: Plan, workdir: str
     the pages staged in this run.
     """
     runner = Runner(v, state.ops, state.dicts, workdir, plan.args.workers,
-                    stage=not plan.args.no_stage, in_place=not plan.args.no_in_place)
+                    stage=not plan.args.no_stage, in_place=not plan.args.no_in_place,
+                    io_nice=plan.args.io_nice)
     st0 = [op.pm.stats() for op in state.ops]
     try:
         out = run(runner, state.cols if runner.uses_mmm else state.recs, plan.period,

@@ -95,7 +95,7 @@ from ioservice.fs import StorageRoot, open_root, validate_name
 from ioservice.recovery import (CheckpointInfo, _check_files, list_checkpoints, read_manifest,
                                 restore)
 from ioservice.scheduling import ChunkGrant, WriteScheduler, resolve_scheduler
-from ioservice.service import IOService, WriteResult
+from ioservice.service import IOService, WriteResult, lower_thread_priority
 from mmm.manager import PageManager
 from mmm.snapshot import Snapshot, SnapshotState
 
@@ -488,7 +488,9 @@ class CheckpointManager:
         if not snap.plan_staging(write_idx[:n]):
             return
         if self._stager is None:
-            self._stager = cf.ThreadPoolExecutor(1, thread_name_prefix=f"sguard-stage-{self.haunit}")
+            self._stager = cf.ThreadPoolExecutor(
+                1, thread_name_prefix=f"sguard-stage-{self.haunit}",
+                initializer=lower_thread_priority, initargs=(self.io.nice,))
         self._stager.submit(snap.stage_planned).add_done_callback(self._staged)
 
     def _staged(self, fut: cf.Future[int]) -> None:

@@ -49,6 +49,7 @@ import functools
 import logging
 import os
 import threading
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -139,6 +140,19 @@ class _Stop(Exception):
     """Internal: another worker failed; stop quietly."""
 
 
+def lower_thread_priority(nice: int) -> None:
+    """Lower the calling thread's CPU priority by `nice` (Linux: a thread's own nice
+    value; a no-op elsewhere, where the call would name the whole process). Irreversible
+    for an unprivileged thread, so call it only in threads made for background work."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as exc:  # e.g. a sandbox that forbids it: run at normal priority
+        logger.debug("could not lower thread %d's priority: %s", tid, exc)
+
+
 class IOService:
     """A pool of I/O worker threads for checkpoint writes and recovery reads.
 
@@ -149,6 +163,11 @@ class IOService:
     chunk_bytes : int
         Bytes gathered into one write or read call (rounded down to whole
         pages, at least one page).
+    nice : int
+        Lower the worker threads' CPU priority by this much (0-19; Linux, where
+        a thread has a nice value of its own; ignored elsewhere), so that under
+        contention the cores go to the threads that process records and
+        background checkpoint I/O takes what is left (`lower_thread_priority`).
 
     Examples
     --------
@@ -172,14 +191,19 @@ class IOService:
     the future's done-callbacks) run on worker threads.
     """
 
-    def __init__(self, n_workers: int = 4, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self, n_workers: int = 4, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 nice: int = 0) -> None:
         if not isinstance(n_workers, int) or n_workers < 1:
             raise ValueError(f"n_workers must be an int >= 1, got {n_workers!r}")
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+            raise ValueError(f"nice must be an int in 0..19, got {nice!r}")
         self.n_workers = n_workers
         self.chunk_bytes = chunk_bytes
-        self._pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="sguard-io")
+        self.nice = nice
+        self._pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="sguard-io",
+                                           initializer=lower_thread_priority, initargs=(nice,))
         self._local = threading.local()
         self._verify_pool: cf.ThreadPoolExecutor | None = None
         self._verify_lock = threading.Lock()

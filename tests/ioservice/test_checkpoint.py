@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 from pathlib import Path
 
@@ -10,12 +12,14 @@ import numpy as np
 import pyarrow.fs as pafs
 import pytest
 
+import mmm
 from ioservice import (CheckpointInProgressError, CheckpointManager, CheckpointPolicy,
                        InvalidNameError, IOService, Manifest, ManifestError, RootNotWritableError,
                        StorageUnreachableError, UnsupportedURIError, list_checkpoints, open_root,
                        read_manifest, restore)
 from ioservice.format import FORMAT_VERSION
 from ioservice.testing import SeaweedCluster
+from mmm.structures.hashmap import HashMap
 
 from tests.ioservice.ckpt_helpers import (faulty_root, mutate, new_pm, open_structures,
                                           recover_in_subprocess, state_of, step_of)
@@ -327,3 +331,34 @@ def test_unreachable_endpoint_is_a_clear_error() -> None:
     with pytest.raises(StorageUnreachableError, match=f"127.0.0.1:{port}"):
         CheckpointManager(new_pm(), open_root(f"s3://b/p", s3_endpoint=f"http://127.0.0.1:{port}",
                                               timeout_s=0.5, max_attempts=1), "u")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_io_and_staging_threads_run_at_the_lowered_priority(tmp_path: Path) -> None:
+    """`IOService(nice=n)`: its workers and the manager's stager run n nice levels below
+    the thread that made them; the operator's thread keeps its priority."""
+    me = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    want = min(19, me + 6)
+    seen: dict[str, int] = {}
+
+    def prio() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    m = HashMap.create(pm, "m", key="<u4", value="<i8")
+    m.put(np.arange(5000, dtype="<u4"), np.arange(5000))
+    with IOService(2, nice=6) as io:
+        seen["io"] = io._pool.submit(prio).result()
+        mgr = CheckpointManager(pm, str(tmp_path), "u", io=io)
+        mgr.checkpoint().result()
+        assert mgr._stager is not None
+        seen["stager"] = mgr._stager.submit(prio).result()
+        mgr.close()
+    assert seen == {"io": want, "stager": want}
+    assert prio() == me
+
+
+@pytest.mark.parametrize("nice", [-1, 20, 1.5, True])
+def test_io_service_refuses_a_bad_nice(nice: object) -> None:
+    with pytest.raises(ValueError, match="nice"):
+        IOService(1, nice=nice)  # type: ignore[arg-type]
