@@ -748,7 +748,7 @@ class HashMap(Structure):
         pm = self._pm
         n = len(kw)
         i = 0
-        bulk = False
+        bulk = soft_bulk = False
         scratch = np.empty(K.SCRATCH, np.int64)  # the kernel's; held here for its calls
         while True:
             state[0] = self._len
@@ -771,7 +771,21 @@ class HashMap(Structure):
                         self._unshare_touched(kw[i:])
                     except PoolExhaustedError:  # nothing changed: page by page, as needed
                         pm.writable1(self.psid, seq)
-                else:  # (a soft-pinned page: an insert, or the undo log is full)
+                elif not bulk and not soft_bulk:
+                    # soft-pinned (an in-place snapshot): the values of keys in its pages
+                    # change in place, so only the pages the batch's new keys go to (their
+                    # chains' last pages) are un-shared, in one copy
+                    soft_bulk = True
+                    n_rest = len(kw) - i
+                    found = np.zeros(n_rest, dtype=bool)
+                    self._call(K.MODE_GET, 0, kw[i:], kb[i:], np.empty((0, self._vs), np.uint8),
+                               found, np.zeros(3, np.int64))
+                    try:
+                        self._unshare_touched(kw[i:][~found], last_only=True)
+                    except PoolExhaustedError:
+                        pass
+                    pm.writable1(self.psid, int(state[2]))
+                else:  # (a full undo log, or a page the bulk copy did not cover)
                     pm.writable1(self.psid, seq)
             elif code == K.NEED_PAGE:
                 self._add_overflow(int(state[2]))
@@ -784,15 +798,22 @@ class HashMap(Structure):
                 while self._n_buckets < target:
                     self._split(target - self._n_buckets)
 
-    def _unshare_touched(self, kw: npt.NDArray[np.uint64]) -> None:
-        """Un-share the pinned pages of the chains that keys ``kw`` hash to, in one
-        bulk copy (one barrier call instead of a kernel exit per page).
+    def _unshare_touched(self, kw: npt.NDArray[np.uint64], last_only: bool = False) -> None:
+        """Un-share the pinned pages of the chains that keys ``kw`` hash to (with
+        ``last_only``: each chain's last page, where new keys go), in one bulk copy
+        (one barrier call instead of a kernel exit per page).
         Pages copied: at most the pages of the touched chains still pinned."""
         pm = self._pm
         if not len(kw):
             return
         hit = np.zeros(self._n_buckets, dtype=bool)
         hit[self._bucket_of(K.hash_keys(kw))] = True
+        if last_only:
+            seqs = self._last_seq[np.flatnonzero(hit)]
+            pinned = seqs[pm.pool.pins[self._ps.frames[seqs]] > 0]
+            if len(pinned):
+                pm.writable(self.psid, pinned)
+            return
         q = self._bucket_seq[np.flatnonzero(hit)]
         chain = [q]
         while True:  # chains are short

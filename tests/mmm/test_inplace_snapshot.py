@@ -227,3 +227,25 @@ def test_stager_reader_and_operator_race_on_every_page(monkeypatch: pytest.Monke
         snap.complete()
     assert pm.stats()["values_written_in_place"] > 0
     pm._check()
+
+
+def test_new_keys_clone_only_the_pages_they_go_to() -> None:
+    """A batch mixing new keys (into frozen last pages of their chains) with updates:
+    the pages the inserts need are cloned in one bulk copy, the updates stay in place."""
+    pm, m = _setup()
+    snap = pm.chkpt(in_place=True)
+    want = _frozen(pm, snap)
+    rng = np.random.default_rng(61)
+    keys = np.concatenate([rng.integers(0, 20_000, 400), np.arange(20_000, 20_050)]).astype("<u4")
+    rng.shuffle(keys)
+    c0, w0 = pm.stats()["pages_cloned"], pm.stats()["values_written_in_place"]
+    _batch(m, keys, 62)
+    cloned = pm.stats()["pages_cloned"] - c0
+    assert 0 < cloned <= 50  # at most one page per new key
+    assert pm.stats()["values_written_in_place"] - w0 > 100
+    np.testing.assert_array_equal(snap.copy_pages(np.arange(len(snap))), want)
+    pm2, m2 = _setup()
+    _batch(m2, keys, 62)
+    assert _state(m) == _state(m2)
+    snap.release()
+    pm._check()
