@@ -319,8 +319,8 @@ class Snapshot:
                 part = plan[s:s + per]
                 rows = np.arange(start + done, start + done + len(part), dtype=np.int64)
                 gather_frames(self._pm.pool.frames, self._frames[part], buf, rows)
-                if self.in_place:  # before the frames are unpinned (module docstring)
-                    self._undo(self._frames[part], buf, rows)
+                if self.in_place and buf is not None:  # before the frames are unpinned
+                    self._undo(self._frames[part], buf, rows)  # (module docstring)
                 with self._cond:
                     if self.state is not SnapshotState.ACTIVE:
                         break
