@@ -184,6 +184,9 @@ class RescaleResult:
     phases_s: dict[str, float] = field(default_factory=dict)
     """Seconds: ``plan_s``, ``compose_s`` (the tasks, wall clock), ``commit_s``."""
     changed: bool = True
+    composed: tuple[int, ...] = ()
+    """Partitions of a lazily committed layout composed first (`complete_pending`): the
+    layout's, before any new generation."""
 
 
 @dataclass(frozen=True)
@@ -854,7 +857,7 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
         marker = None
     if num_partitions == P and not force:
         return RescaleResult(g, g, P, P, tuple(layout.haunit(p) for p in range(P)), 0, 0, 0,
-                             time.perf_counter() - t0, changed=False)
+                             time.perf_counter() - t0, changed=False, composed=tuple(done))
     leftovers = _generation_haunits(sroot, layout.name, g + 1)
     if leftovers and marker is None:
         raise _foreign(sroot, g + 1, leftovers)
@@ -901,7 +904,7 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
         return RescaleResult(g, g + 1, P, num_partitions,
                              tuple(new.haunit(t) for t in range(num_partitions)),
                              sum(r["pages"] for r in results), 0, 0,
-                             time.perf_counter() - t0, phases)
+                             time.perf_counter() - t0, phases, composed=tuple(done))
     try:  # the old generation's checkpoints that no new one references
         # the new generation's checkpoints are the ones the tasks just composed: their file
         # lists came back with the results, so the driver reads no manifest here
@@ -916,7 +919,8 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     return RescaleResult(g, g + 1, P, num_partitions,
                          tuple(new.haunit(t) for t in range(num_partitions)),
                          sum(r["pages"] for r in results), sum(r["state_bytes"] for r in results),
-                         sum(r["bytes_read"] for r in results), time.perf_counter() - t0, phases)
+                         sum(r["bytes_read"] for r in results), time.perf_counter() - t0, phases,
+                         composed=tuple(done))
 
 
 def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: int,
