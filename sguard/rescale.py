@@ -45,9 +45,12 @@ them; `compose_if_pending` only composes; both as `compose_target`, falling back
 to an older source checkpoint past a damaged page, since the old layout is no
 longer there to go back to), then restores it. So no Spark job runs before
 the query starts. Until every new partition has composed, the sweep deletes
-nothing (`uncomposed`), readers build the missing composition in memory
-(`pending_manifest`, `restore_piece`), and a further repartition composes the
-missing partitions first (`complete_pending`).
+nothing (`uncomposed`), readers build the missing composition in memory and load
+it (`load_pending`, `restore_piece`; past a damaged source page they fall back
+exactly as the composing task does, so they read the composition it writes and
+replay the same longer log tail), and a further repartition composes the missing
+partitions first (`complete_pending`; a Spark job under ``sguard state
+repartition``, even to the same count).
 
 Replay positions move with the key groups
 -----------------------------------------
