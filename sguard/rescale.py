@@ -45,9 +45,12 @@ them; `compose_if_pending` only composes; both as `compose_target`, falling back
 to an older source checkpoint past a damaged page, since the old layout is no
 longer there to go back to), then restores it. So no Spark job runs before
 the query starts. Until every new partition has composed, the sweep deletes
-nothing (`uncomposed`), readers build the missing composition in memory
-(`pending_manifest`, `restore_piece`), and a further repartition composes the
-missing partitions first (`complete_pending`).
+nothing (`uncomposed`), readers build the missing composition in memory and load
+it (`load_pending`, `restore_piece`; past a damaged source page they fall back
+exactly as the composing task does, so they read the composition it writes and
+replay the same longer log tail), and a further repartition composes the missing
+partitions first (`complete_pending`; a Spark job under ``sguard state
+repartition``, even to the same count).
 
 Replay positions move with the key groups
 -----------------------------------------
@@ -89,7 +92,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["MARKER_FILE", "PENDING_KEY", "KILL_ENV", "pending_sources", "pending_task",
            "uncomposed", "compose_if_pending", "compose_loaded", "complete_pending",
-           "pending_manifest", "load_manifest", "RescaleError", "RescaleResult",
+           "pending_manifest", "load_pending", "load_manifest", "RescaleError", "RescaleResult",
            "KeyGroupPositions", "TargetTask", "SourcePlan", "check", "plan", "compose_target",
            "repartition", "restore_piece", "psid_ranges", "sweep_old_generations",
            "piece_range"]
@@ -184,6 +187,9 @@ class RescaleResult:
     phases_s: dict[str, float] = field(default_factory=dict)
     """Seconds: ``plan_s``, ``compose_s`` (the tasks, wall clock), ``commit_s``."""
     changed: bool = True
+    composed: tuple[int, ...] = ()
+    """Partitions of a lazily committed layout composed first (`complete_pending`): the
+    layout's, before any new generation."""
 
 
 @dataclass(frozen=True)
@@ -622,7 +628,9 @@ def compose_loaded(mgr: Any, root: StorageRoot, layout: OperatorLayout, target: 
     finally:
         if own:
             io.shutdown()
-    compose_target(task)  # no page to take (an empty checkpoint), or past the damage
+    # no page to take (an empty checkpoint), or past the damage: each source verified,
+    # whatever the record's ``verify`` (a reader falls back the same way, `load_pending`)
+    compose_target(replace(task, verify=True))
     return True, None
 
 
@@ -640,25 +648,85 @@ def complete_pending(root: StorageRoot | str, *,
     return todo
 
 
-def pending_manifest(root: StorageRoot, layout: OperatorLayout, target: int
-                     ) -> Manifest | None:
+def pending_manifest(root: StorageRoot, layout: OperatorLayout, target: int, *,
+                     verified: bool = False, io: IOService | None = None) -> Manifest | None:
     """The composition partition `target` of a lazily committed layout would write,
-    built in memory (nothing written, no page read), or None when the partition is not
-    pending (not lazily committed, or composed already). For readers: load it with
-    `load_manifest`."""
+    built in memory (nothing written), or None when the partition is not pending (not
+    lazily committed, or composed already). For readers: load it with `load_manifest`,
+    or better with `load_pending`, which falls back past a damaged source page.
+
+    Without `verified` no page is read: each source's planned checkpoint is taken. With
+    it, each source's pages that `target` takes are read and checksummed first and a
+    damaged one makes that source fall back to its newest older checkpoint whose pages
+    are whole: the composition the partition's first task writes after finding the
+    damage (`compose_loaded`), so its ``batch_id``/``kg_batches`` say which longer log
+    tail to replay.
+
+    Raises
+    ------
+    RescaleError
+        With `verified`: a source with no undamaged checkpoint left.
+    """
     from ioservice import composed_manifest
     if pending_sources(layout) is None or _has_checkpoint(root, layout.haunit(target)):
         return None
-    task = replace(pending_task(layout, target, root.uri), verify=False)
-    io = IOService(1)
+    task = replace(pending_task(layout, target, root.uri), verify=verified)
+    own = io is None
+    io = io or IOService(1 if not verified else task.io_workers)
     try:
         parts, meta, page_bytes, _ = _target_parts(task, root, io)
     finally:
-        io.shutdown()
+        if own:
+            io.shutdown()
     if not parts:  # composed at commit time (`repartition`); vanished: nothing to read
         return None
     return composed_manifest(parts, page_bytes or (1 << 16), layout.haunit(target),
                              user_meta=meta)
+
+
+def load_pending(pm: Any, root: StorageRoot, layout: OperatorLayout, target: int, *,
+                 pending: Manifest | None = None,
+                 psid_ranges: Sequence[tuple[int, int]] | None = None,
+                 io: IOService | None = None) -> Manifest | None:
+    """A reader's `compose_loaded`: load the composition of partition `target` of a lazily
+    committed layout into `pm` (only the pages of `psid_ranges`, when given), nothing
+    written, and return it (as `Manifest.select_psids` restricted; None: the partition
+    is not pending, `pm` untouched).
+
+    `pending` is its `pending_manifest` when the caller has it already. A damaged
+    source page (a checksum, page format or missing file) makes it fall back the way the
+    partition's first task does: the sources are verified one by one, each damaged one
+    replaced by its newest older checkpoint whose pages are whole (`pending_manifest`
+    with ``verified``), and that composition is loaded; its ``batch_id`` and
+    ``kg_batches`` are the older positions, so a reader replaying the input log after it
+    (`sguard.spark.recovery`) replays the longer tail and rebuilds the state the query
+    does.
+
+    Raises
+    ------
+    RescaleError
+        A source with no undamaged checkpoint left (`pm` then empty).
+    ioservice.IOServiceError
+        Storage failures other than damage (`pm` then empty).
+    """
+    from mmm.errors import PageFormatError
+    pend = pending if pending is not None else pending_manifest(root, layout, target)
+    if pend is None:
+        return None
+
+    def load(man: Manifest) -> Manifest:
+        sel = man if psid_ranges is None else man.select_psids(list(psid_ranges))
+        return load_manifest(pm, root, sel, io=io)
+    try:
+        return load(pend)
+    except (CheckpointDamagedError, PageFormatError, StorageNotFoundError) as exc:
+        logger.warning("partition %d: reading its composition through damaged sources (%s); "
+                       "verifying them one by one", target, exc)
+    verified = pending_manifest(root, layout, target, verified=True, io=io)
+    if verified is None:  # composed meanwhile: its own checkpoint is the state now
+        raise StorageNotFoundError(f"partition {target} of {layout.name!r} composed while "
+                                   f"being read; read it again")
+    return load(verified)
 
 
 def load_manifest(pm: Any, root: StorageRoot, man: Manifest, *,
@@ -792,7 +860,7 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
         marker = None
     if num_partitions == P and not force:
         return RescaleResult(g, g, P, P, tuple(layout.haunit(p) for p in range(P)), 0, 0, 0,
-                             time.perf_counter() - t0, changed=False)
+                             time.perf_counter() - t0, changed=False, composed=tuple(done))
     leftovers = _generation_haunits(sroot, layout.name, g + 1)
     if leftovers and marker is None:
         raise _foreign(sroot, g + 1, leftovers)
@@ -839,7 +907,7 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
         return RescaleResult(g, g + 1, P, num_partitions,
                              tuple(new.haunit(t) for t in range(num_partitions)),
                              sum(r["pages"] for r in results), 0, 0,
-                             time.perf_counter() - t0, phases)
+                             time.perf_counter() - t0, phases, composed=tuple(done))
     try:  # the old generation's checkpoints that no new one references
         # the new generation's checkpoints are the ones the tasks just composed: their file
         # lists came back with the results, so the driver reads no manifest here
@@ -854,7 +922,8 @@ def repartition(root: StorageRoot | str, num_partitions: int, *, force: bool = F
     return RescaleResult(g, g + 1, P, num_partitions,
                          tuple(new.haunit(t) for t in range(num_partitions)),
                          sum(r["pages"] for r in results), sum(r["state_bytes"] for r in results),
-                         sum(r["bytes_read"] for r in results), time.perf_counter() - t0, phases)
+                         sum(r["bytes_read"] for r in results), time.perf_counter() - t0, phases,
+                         composed=tuple(done))
 
 
 def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: int,
@@ -887,10 +956,10 @@ def restore_piece(root: StorageRoot | str, partition: int, pieces: int, piece: i
         raise RescaleError(f"piece {piece!r} of {pieces!r}: need pieces >= 1 and "
                            f"0 <= piece < pieces")
     lo, hi = piece_range(layout.key_group_range(partition), pieces, piece)
-    pend = pending_manifest(sroot, layout, partition)
-    if pend is not None:  # not composed yet: its pages where they lie in the sources
-        man = load_manifest(pm, sroot, pend.select_psids(psid_ranges(lo, hi)), io=io)
-    else:
+    # not composed yet: its pages where they lie in the sources (past a damaged one, as
+    # the partition's first task composes it)
+    man = load_pending(pm, sroot, layout, partition, psid_ranges=psid_ranges(lo, hi), io=io)
+    if man is None:
         man = restore(pm, sroot, layout.haunit(partition), io=io,
                       psid_ranges=psid_ranges(lo, hi))
     return (lo, hi), _positions(layout, partition, man).restrict(lo, hi)

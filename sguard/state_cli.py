@@ -8,7 +8,11 @@ Repartitions the checkpointed state of the operator under ``<state-uri>`` (see
 (``--master``, default ``local[2]``) with one task per new partition composes
 its first checkpoint from the pages of its key groups (read only to verify
 their checksums; nothing is copied), then the layout is committed as the next
-generation (`sguard.rescale.repartition`, `sguard.spark.rescaling`). A crash
+generation (`sguard.rescale.repartition`, `sguard.spark.rescaling`). Partitions
+a query's start-up repartition committed but no task has composed yet
+(`sguard.rescale.uncomposed`) are composed first by the same kind of job, one
+task per such partition; with N equal to the current count that is all it does.
+A crash
 leaves the old state in force; rerun the same command to complete. Restart
 the Spark query with N partitions (or skip this command: ``stateful(...,
 num_partitions=N)`` does the same at start-up).
@@ -109,7 +113,7 @@ def _existing_root(args: argparse.Namespace, prog: str) -> Any:
 
 
 def _cmd_repartition(args: argparse.Namespace) -> int:
-    from sguard.rescale import RescaleError, repartition
+    from sguard.rescale import RescaleError, repartition, uncomposed
     from sguard.spark.rescaling import RepartitionJobError
 
     if args.partitions < 1:
@@ -122,7 +126,9 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
     try:
         from sguard.rescale import check
         check(root, args.partitions, force=args.force)  # every refusal before Spark starts
-        if args.partitions == _partitions(root) and not args.force:
+        # a start-up repartition's partitions no task has composed yet: composed first, as
+        # a Spark job too (one task per partition), even when the count stays
+        if args.partitions == _partitions(root) and not args.force and not uncomposed(root):
             res = repartition(root, args.partitions)  # nothing to do
         else:
             from sguard.spark.api import local_session
@@ -142,6 +148,12 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
         print(f"sguard state repartition: failed, the previous state is still in force; "
               f"rerun to complete: {exc}", file=sys.stderr)
         return 1
+    if not res.changed and res.composed:
+        print(f"{args.uri}: already {res.num_partitions} partition(s) (generation "
+              f"{res.generation}); composed the first checkpoint of {len(res.composed)} "
+              f"partition(s) a start-up repartition left to their first task "
+              f"({', '.join(map(str, res.composed))}) as a Spark job, in {res.seconds:.2f} s")
+        return 0
     if not res.changed:
         print(f"{args.uri}: already {res.num_partitions} partition(s) (generation "
               f"{res.generation}); nothing to do (--force rewrites it)")
@@ -149,7 +161,9 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
     print(f"{args.uri}: {res.from_partitions} -> {res.num_partitions} partitions, generation "
           f"{res.generation}; whole key groups moved: {res.pages} pages "
           f"({res.state_bytes / 1e6:.1f} MB) re-referenced, {res.bytes_read / 1e6:.1f} MB "
-          f"read to verify, 0 written, in {res.seconds:.2f} s")
+          f"read to verify, 0 written, in {res.seconds:.2f} s"
+          + (f" (first composed {len(res.composed)} partition(s) a start-up repartition "
+             f"left uncomposed)" if res.composed else ""))
     return 0
 
 

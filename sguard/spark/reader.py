@@ -229,7 +229,7 @@ def _read_once(root: StorageRoot, layout: OperatorLayout, partition: int, batch:
     pm = PageManager(pend.page_bytes if pend is not None else
                      _page_bytes(root, pts[-1].seq, layout, partition), 1 << 30)
 
-    restore_fn = checkpoint_restorer(pm, root, hu, pend)
+    restore_fn = checkpoint_restorer(pm, root, layout, partition, pend)
 
     op = operator_from_params(layout.operator, layout.schema["params"])
     with warnings.catch_warnings():

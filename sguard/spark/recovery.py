@@ -62,18 +62,29 @@ class Rebuilt:
         return self.last_batch - self.checkpoint_batch
 
 
-def checkpoint_restorer(pm: PageManager, root: StorageRoot, haunit: str,
-                        pending: Manifest | None = None) -> RestoreFn:
+def checkpoint_restorer(pm: PageManager, root: StorageRoot, layout: OperatorLayout,
+                        partition: int, pending: Manifest | None = None) -> RestoreFn:
     """The ``restore_fn`` of `rebuild_partition` for a reader: the newest checkpoint of
-    `haunit` below a sequence number (None: there is none), or, for a partition a lazy
-    repartition left uncomposed, its `pending` composition read where its pages lie
-    (nothing older)."""
+    `partition`'s HA unit below a sequence number (None: there is none), or, for a
+    partition a lazy repartition left uncomposed, its `pending` composition
+    (`sguard.rescale.pending_manifest`) read where its pages lie, nothing older. A
+    damaged source page there falls back to that source's older checkpoint, as the
+    partition's first task does when it composes (`sguard.rescale.load_pending`); the
+    composition returned then holds the older positions, so the replay is the longer
+    one. A source with no undamaged checkpoint left is `CheckpointNotFoundError`."""
     from ioservice import list_checkpoints, restore
-    from sguard.rescale import load_manifest
+    from sguard.rescale import RescaleError, load_pending
+    haunit = layout.haunit(partition)
 
     def restore_fn(before: int | None) -> Manifest | None:
         if pending is not None:
-            return load_manifest(pm, root, pending) if before is None else None
+            if before is not None:
+                return None
+            try:
+                return load_pending(pm, root, layout, partition, pending=pending)
+            except RescaleError as exc:
+                raise CheckpointNotFoundError(f"partition {partition}'s composition: {exc}"
+                                              ) from exc
         if not any(c.has_manifest and (before is None or c.seq < before)
                    for c in list_checkpoints(root, haunit)):
             return None

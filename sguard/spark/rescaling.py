@@ -27,7 +27,10 @@ stored state's. Two steps, each restartable:
    a later repartition composes the missing partitions first (a Spark job).
 
 ``sguard state repartition`` composes every target as a Spark job before it
-commits (`repartition_job`: one task per target partition, `spark_runner`).
+commits (`repartition_job`: one task per target partition, `spark_runner`), after
+composing, by the same kind of job, the partitions a lazy commit left uncomposed
+(`sguard.rescale.complete_pending` with the Spark runner; with the current count
+that is all it does).
 
 A crash before the commit leaves the old generation the state, so rerunning the
 query with the same ``num_partitions`` completes the work. Afterwards the old

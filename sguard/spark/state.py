@@ -149,7 +149,7 @@ def read_partition_state(root: StorageRoot, layout: OperatorLayout, partition: i
     pm = PageManager(pend.page_bytes if pend is not None else _checkpoint_page_bytes(root, hu),
                      1 << 30)
 
-    restore_fn = checkpoint_restorer(pm, root, hu, pend)
+    restore_fn = checkpoint_restorer(pm, root, layout, partition, pend)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DamagedCheckpointWarning)  # logged by ioservice

@@ -295,6 +295,67 @@ def test_lazy_compose_falls_back_past_a_damaged_source_page(
     assert q.durable() == ref.durable()
 
 
+def test_a_reader_of_an_uncomposed_partition_falls_back_past_a_damaged_source_page(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The same damage read before any task composed: every reader of the uncomposed
+    partitions (`read_durable_state`, `read_partition_at` as ``sguard state show`` and
+    `read_state`'s tasks run it, `restore_piece`) falls back to the source's older
+    checkpoint and replays the longer log, returning the state of a run that never
+    rescaled; the positions it replays from are exactly those of the checkpoint the
+    query's first task then composes, and the continued query equals that run too."""
+    import logging
+    from ioservice import list_checkpoints, read_manifest
+    from mmm import PageManager
+    from sguard.spark.groupstate import open_state
+    from sguard.spark.reader import PARTITION_COLUMN, available_batches, read_partition_at
+    from tests.sguard.rescale_helpers import rows_of
+    q, tables = _made(tmp_path / "s", 2, n_batches=4)
+    ref, _ = _made(tmp_path / "ref", 2, n_batches=4)
+    want = ref.durable()
+    assert want
+    _flip_a_page_byte(q.uri, 0)
+    repartition(q.uri, 3, lazy=True)
+    root, lay = open_root(q.uri), q.layout
+    assert rescale.uncomposed(q.uri) == [0, 1, 2]
+    planned = [rescale.pending_manifest(root, lay, t) for t in range(3)]
+    verified = [rescale.pending_manifest(root, lay, t, verified=True) for t in range(3)]
+    metas = [(m.user_meta, v.user_meta) for m, v in zip(planned, verified)
+             if m is not None and v is not None]
+    fell_back = [v for m, v in metas if m != v]
+    assert fell_back, "the damaged page is in no target's composition"
+    assert all(v["batch_id"] < 3 or v.get("kg_batches") for v in fell_back)  # older positions
+    with caplog.at_level(logging.WARNING, logger="sguard.rescale"):
+        assert q.durable() == want
+    assert "verifying them one by one" in caplog.text
+    assert available_batches(q.uri)[1] == 3
+    assert rows_of([read_partition_at(root, lay, t, 3).drop([PARTITION_COLUMN])
+                    for t in range(3)]) == want
+    for t, v in enumerate(verified):  # a piece's positions are the fallen-back ones
+        if v is None:
+            continue
+        pm = PageManager(v.page_bytes, 1 << 26)
+        (lo, hi), pos = rescale.restore_piece(q.uri, t, 1, 0, pm)
+        assert pos == rescale.KeyGroupPositions.from_user_meta(v.user_meta).restrict(lo, hi)
+        whole = PageManager(v.page_bytes, 1 << 26)
+        rescale.load_manifest(whole, root, v)
+        assert rows_of([open_state(q.op, pm, q.schema, q.key, (lo, hi)).dump()]) == \
+            rows_of([open_state(q.op, whole, q.schema, q.key, (lo, hi)).dump()])
+    assert rescale.uncomposed(q.uri) == [0, 1, 2]  # readers wrote nothing
+    for b in range(4, 7):  # the query's first tasks compose past the damage
+        assert q.batch(b, tables[b]) == ref.batch(b, tables[b])
+        if b > 4:
+            continue
+        for t, v in enumerate(verified):  # the composed checkpoint is what readers read
+            first = [c for c in list_checkpoints(root, lay.haunit(t)) if c.has_manifest][0]
+            got = read_manifest(root, first.name)
+            assert v is not None and got.user_meta == v.user_meta
+            assert got.pages.page_id.tolist() == v.pages.page_id.tolist()
+            assert [f.path for f in got.files] == [f.path for f in v.files]
+    q.stop()
+    ref.stop()
+    assert q.durable() == ref.durable()
+
+
 # -- lazy commit (a query's start-up) ----------------------------------------------------------
 def test_lazy_repartition_keeps_sources_until_every_partition_composed(tmp_path: Path) -> None:
     """``repartition(lazy=True)`` commits 2 -> 3 with no composition: the old generation

@@ -400,3 +400,57 @@ def test_read_input_takes_one_generation(tmp_path: Path) -> None:
     assert sorted(got.column("k").to_pylist()) == sorted(want.tolist())
     got = inputlog.read_input(root, 7, 0, 1, 2, "k", key_groups=K)  # its own file
     assert sorted(got.column("k").to_pylist()) == sorted(want.tolist())
+
+
+def test_state_repartition_to_the_same_count_composes_the_uncomposed_as_a_spark_job(
+        tmp_path: Path) -> None:
+    """A start-up repartition 2 -> 3 committed lazily (`sguard.rescale.repartition` with
+    ``lazy=True``), of whose partitions only 1 was composed by its first task:
+    ``sguard state repartition --partitions 3`` composes 0 and 2 as a Spark job, one task
+    each, never on the driver: with the compose point SIGKILLing its process, the command
+    itself lives and reports the failed job (exit 1, nothing changed: a ``local[1]`` task
+    is not retried); rerun, it composes them, and the state and the continued query equal
+    a run that never rescaled."""
+    from ioservice import read_manifest
+    from sguard import rescale
+    from tests.sguard.rescale_helpers import OPS, Query, make_batches, tree_digest
+    make, key, join = OPS["running_int"]
+    tables = make_batches(5, 6, key, join)
+    ref = Query(tmp_path / "ref", make(), key, tables[0].schema, 2, 8, every=1)
+    q = Query(tmp_path / "s", make(), key, tables[0].schema, 2, 8, every=1)
+    for b in range(4):
+        assert q.batch(b, tables[b]) == ref.batch(b, tables[b])
+    q.stop()
+    rescale.repartition(q.uri, 3, lazy=True)
+    root = open_root(q.uri)
+    assert rescale.compose_if_pending(root, q.layout, 1)  # partition 1's first task ran
+    assert rescale.uncomposed(q.uri) == [0, 2]
+    before = tree_digest(q.uri)
+
+    def cli(**env: str) -> subprocess.CompletedProcess[str]:
+        e = {k: v for k, v in os.environ.items() if k != rescale.KILL_ENV}
+        return subprocess.run([sys.executable, "-m", "sguard", "state", "repartition", q.uri,
+                               "--partitions", "3", "--master", "local[1]"], cwd=ROOT,
+                              env={**e, "PYTHONPATH": str(ROOT), **env},
+                              capture_output=True, text=True, timeout=600)
+    out = cli(**{rescale.KILL_ENV: "compose"})
+    assert out.returncode == 1, (out.returncode, out.stdout, out.stderr[-3000:])
+    assert "the repartition job failed" in out.stderr, out.stderr[-3000:]
+    assert rescale.uncomposed(q.uri) == [0, 2] and tree_digest(q.uri) == before
+    out = cli()
+    assert out.returncode == 0, out.stderr[-3000:]
+    line, = out.stdout.strip().splitlines()
+    assert "already 3 partition(s) (generation 1); composed the first checkpoint of 2 " \
+           "partition(s)" in line and "(0, 2) as a Spark job" in line, line
+    assert rescale.uncomposed(q.uri) == []
+    lay = q.layout
+    assert (lay.generation, lay.num_partitions) == (1, 3)
+    for t in range(3):
+        cks = [c for c in list_checkpoints(root, lay.haunit(t)) if c.has_manifest]
+        assert len(cks) == 1 and read_manifest(root, cks[0].name).composed
+    assert q.durable() == ref.durable()
+    for b in range(4, 6):
+        assert q.batch(b, tables[b]) == ref.batch(b, tables[b])
+    q.stop()
+    ref.stop()
+    assert q.durable() == ref.durable()
