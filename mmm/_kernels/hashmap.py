@@ -52,6 +52,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros as _tz
 from numba.extending import intrinsic
 
 from mmm._kernels import cacheable, jit
+from mmm.pool import HARD_PIN  # a pin count at or above it: no write in place
 
 __all__ = ["hash_keys", "rows", "rechain", "crowded", "SCRATCH", "DONE", "NEED_CLONE",
            "NEED_PAGE", "NEED_SPLIT", "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
@@ -70,7 +71,6 @@ OFF_FLAGS, OFF_COUNT, OFF_START, OFF_NEXT, OFF_AUX0 = 6, 24, 28, 40, 48
 NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 DONE, NEED_CLONE, NEED_PAGE, NEED_SPLIT = 0, 1, 2, 3
-HARD_PIN = 1 << 16  # mmm.pool.HARD_PIN (a frame no one may write in place)
 MODE_GET, MODE_UPSERT, MODE_DELETE = 0, 1, 2
 COUNT, SUM, MIN, MAX, LAST, FIRST = 0, 1, 2, 3, 4, 5
 OP_CODES = {"count": COUNT, "sum": SUM, "min": MIN, "max": MAX, "last": LAST, "first": FIRST}
