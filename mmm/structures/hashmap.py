@@ -776,15 +776,14 @@ class HashMap(Structure):
                     # change in place, so only the pages the batch's new keys go to (their
                     # chains' last pages) are un-shared, in one copy
                     soft_bulk = True
-                    n_rest = len(kw) - i
-                    found = np.zeros(n_rest, dtype=bool)
+                    found = np.zeros(len(kw) - i, dtype=bool)
                     self._call(K.MODE_GET, 0, kw[i:], kb[i:], np.empty((0, self._vs), np.uint8),
                                found, np.zeros(3, np.int64))
                     try:
                         self._unshare_touched(kw[i:][~found], last_only=True)
                     except PoolExhaustedError:
                         pass
-                    pm.writable1(self.psid, int(state[2]))
+                    pm.writable1(self.psid, seq)  # this row's page, whatever stopped it
                 else:  # (a full undo log, or a page the bulk copy did not cover)
                     pm.writable1(self.psid, seq)
             elif code == K.NEED_PAGE:
@@ -810,19 +809,16 @@ class HashMap(Structure):
         hit[self._bucket_of(K.hash_keys(kw))] = True
         if last_only:
             seqs = self._last_seq[np.flatnonzero(hit)]
-            pinned = seqs[pm.pool.pins[self._ps.frames[seqs]] > 0]
-            if len(pinned):
-                pm.writable(self.psid, pinned)
-            return
-        q = self._bucket_seq[np.flatnonzero(hit)]
-        chain = [q]
-        while True:  # chains are short
-            q = self._next_of[q]
-            q = q[q >= 0]
-            if not len(q):
-                break
-            chain.append(q)
-        seqs = np.concatenate(chain) if len(chain) > 1 else chain[0]
+        else:
+            q = self._bucket_seq[np.flatnonzero(hit)]
+            chain = [q]
+            while True:  # chains are short
+                q = self._next_of[q]
+                q = q[q >= 0]
+                if not len(q):
+                    break
+                chain.append(q)
+            seqs = np.concatenate(chain) if len(chain) > 1 else chain[0]
         pinned = seqs[pm.pool.pins[self._ps.frames[seqs]] > 0]
         if len(pinned):
             pm.writable(self.psid, pinned)
