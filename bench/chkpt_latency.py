@@ -13,8 +13,15 @@ temporary directory; every variant fsyncs what it writes). Variants:
 * ``none (mmm)`` / ``none (dict)``: no checkpoint; state in an mmm `HashMap`
   (the `Aggregate` operator, batch API) or in a Python dict of
   ``[count, first, last]`` lists updated tuple by tuple (the idiomatic operator);
-* ``mmm``: `ioservice.CheckpointManager` (prepare = freeze pages, then the I/O
-  threads write them while the operator runs; a background thread first copies
+* ``mmm``: `ioservice.CheckpointManager` in the configuration for latency-bound
+  operators (``--profile latency``, the default here): one I/O thread, run
+  ``SCHED_IDLE`` (`IOService(1, idle=True)`), and no staging
+  (`CheckpointPolicy(stage_mb=0)`), so checkpoint work takes only CPU time the
+  operator leaves and keeps to one core (on this 2-vCPU VM, two threads in the
+  kernel's write path at once delay every other thread's wake-up by up to a
+  4 ms tick). ``--profile default`` runs the library's defaults instead (two
+  I/O threads at normal priority and a stager). Prepare = freeze pages, then the I/O
+  threads write them while the operator runs; with staging, a background thread first copies
   the pages to write out of the pool and releases them (off: ``--no-stage``),
   `CheckpointPolicy.stage_mb`, so the operator writes them in place; it clones
   only the pinned pages it touches before they were staged; and it updates the
@@ -131,7 +138,8 @@ class Runner:
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
                  workdir: str, n_workers: int, stage: bool = True,
-                 in_place: bool = True, io_nice: int | None = None) -> None:
+                 in_place: bool = True, io_nice: int | None = None,
+                 io_idle: bool = False) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
         self.workdir = workdir
@@ -139,7 +147,7 @@ class Runner:
         self.pool: cf.ThreadPoolExecutor | None = None
         self.round = 0
         self.uses_mmm = variant in ("none (mmm)", "mmm")
-        self.own_io = io_nice is not None
+        self.own_io = io_nice is not None or io_idle
         if variant == "mmm":
             root = os.path.join(workdir, "mmm")
             self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
@@ -147,8 +155,9 @@ class Runner:
                                                keep=2, in_place=in_place,
                                                **({} if stage else {"stage_mb": 0})),
                                            n_workers=n_workers,
-                                           **({} if io_nice is None else
-                                              {"io": IOService(n_workers, nice=io_nice)}))
+                                           **({} if not self.own_io else
+                                              {"io": IOService(n_workers, nice=io_nice or 0,
+                                                               idle=io_idle)}))
                          for p, op in enumerate(ops)]
         if variant == "async pickle":
             self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pickle-writer")
@@ -192,7 +201,7 @@ class Runner:
     def close(self) -> None:
         for m in self.mgrs:
             m.close()
-            if self.own_io:  # the services made here for --io-nice
+            if self.own_io:  # the services made here for --io-nice / --io-idle
                 m.io.shutdown()
         if self.pool is not None:
             self.pool.shutdown(wait=True)
@@ -258,7 +267,14 @@ def parse_plan(argv: Sequence[str] | None) -> Plan:
     ap.add_argument("--duration-s", type=float, default=None,
                     help="length of each run (default 30, --quick 4)")
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
-    ap.add_argument("--workers", type=int, default=2, help="mmm I/O worker threads")
+    ap.add_argument("--profile", choices=("latency", "default"), default="latency",
+                    help="mmm's checkpoint configuration: latency (the default here) = one "
+                         "I/O worker, no staging, SCHED_IDLE I/O thread "
+                         "(`IOService(1, idle=True)`, `CheckpointPolicy(stage_mb=0)`); "
+                         "default = the library's defaults (2 workers, staging, normal "
+                         "priority)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="mmm I/O worker threads (default: the profile's)")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--no-in-place", action="store_true",
                     help="mmm without in-place writes (`CheckpointPolicy(in_place=False)`): "
@@ -272,9 +288,16 @@ def parse_plan(argv: Sequence[str] | None) -> Plan:
     ap.add_argument("--io-nice", type=int, default=None,
                     help="mmm's I/O and staging threads' nice (`IOService(nice=...)`); "
                          "default: the library's")
+    ap.add_argument("--io-idle", action="store_true",
+                    help="mmm's I/O and staging threads SCHED_IDLE (`IOService(idle=True)`)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="runs of every variant, interleaved (default 5, --quick 3)")
     args = parse_args(ap, argv)
+    if args.profile == "latency":
+        args.workers = args.workers or 1
+        args.no_stage = args.io_idle = True
+    else:
+        args.workers = args.workers or 2
     duration = args.duration_s or (4.0 if args.quick else 30.0)
     period = args.period_ms / 1e3
     return Plan(args=args, n_rounds=args.rounds or (3 if args.quick else 5),
@@ -336,7 +359,7 @@ def run_variant(v: str, state: State, plan: Plan, workdir: str
     """
     runner = Runner(v, state.ops, state.dicts, workdir, plan.args.workers,
                     stage=not plan.args.no_stage, in_place=not plan.args.no_in_place,
-                    io_nice=plan.args.io_nice)
+                    io_nice=plan.args.io_nice, io_idle=plan.args.io_idle)
     st0 = [op.pm.stats() for op in state.ops]
     try:
         out = run(runner, state.cols if runner.uses_mmm else state.recs, plan.period,
@@ -499,9 +522,10 @@ def run_params(plan: Plan) -> dict[str, Any]:
             "period_ms": args.period_ms, "tuples_per_s": args.batch / plan.period,
             "interval_s": plan.interval, "first_checkpoint_s": plan.first,
             "duration_s": plan.duration, "page_bytes": args.page_bytes,
-            "mmm_io_workers": args.workers,
+            "mmm_profile": args.profile, "mmm_io_workers": args.workers,
             "mmm_stage_mb": 0 if args.no_stage else CheckpointPolicy().stage_mb,
-            "mmm_in_place": not args.no_in_place,
+            "mmm_in_place": not args.no_in_place, "mmm_io_idle": args.io_idle,
+            "mmm_io_nice": args.io_nice or 0,
             "partitions": args.partitions, "rounds": plan.n_rounds,
             "ratios": "median over rounds of the ratio within each round",
             "storage": "file:// (temporary dir, fsync)",

@@ -490,7 +490,7 @@ class CheckpointManager:
         if self._stager is None:
             self._stager = cf.ThreadPoolExecutor(
                 1, thread_name_prefix=f"sguard-stage-{self.haunit}",
-                initializer=lower_thread_priority, initargs=(self.io.nice,))
+                initializer=lower_thread_priority, initargs=(self.io.nice, self.io.idle))
         self._stager.submit(snap.stage_planned).add_done_callback(self._staged)
 
     def _staged(self, fut: cf.Future[int]) -> None:

@@ -140,15 +140,22 @@ class _Stop(Exception):
     """Internal: another worker failed; stop quietly."""
 
 
-def lower_thread_priority(nice: int) -> None:
+def lower_thread_priority(nice: int, idle: bool = False) -> None:
     """Lower the calling thread's CPU priority by `nice` (Linux: a thread's own nice
-    value; a no-op elsewhere, where the call would name the whole process). Irreversible
-    for an unprivileged thread, so call it only in threads made for background work."""
-    if nice <= 0 or not sys.platform.startswith("linux"):
+    value; a no-op elsewhere, where the call would name the whole process); with
+    `idle`, move it to ``SCHED_IDLE`` (Linux): it runs only on a core no other
+    thread wants, and a waking thread of normal policy preempts it at once.
+    Irreversible for an unprivileged thread, so call it only in threads made for
+    background work."""
+    if not sys.platform.startswith("linux") or (nice <= 0 and not idle):
         return
     tid = threading.get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        if nice > 0:
+            os.setpriority(os.PRIO_PROCESS, tid,
+                           min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        if idle:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
     except OSError as exc:  # e.g. a sandbox that forbids it: run at normal priority
         logger.debug("could not lower thread %d's priority: %s", tid, exc)
 
@@ -168,6 +175,15 @@ class IOService:
         a thread has a nice value of its own; ignored elsewhere), so that under
         contention the cores go to the threads that process records and
         background checkpoint I/O takes what is left (`lower_thread_priority`).
+    idle : bool
+        Run the worker threads (and a `CheckpointManager`'s stager) under
+        Linux's ``SCHED_IDLE`` policy: they use only cores no other thread
+        wants, and a thread that wakes up to process records preempts them at
+        once. For operators that leave CPU headroom and want checkpoints out of
+        their latency (`bench.chkpt_latency`; with one worker and no staging it
+        keeps one core free of checkpoint work). On a saturated machine a
+        checkpoint written this way waits for idle CPU time, so it can take far
+        longer; the default (False) shares the cores fairly. Ignored elsewhere.
 
     Examples
     --------
@@ -192,18 +208,22 @@ class IOService:
     """
 
     def __init__(self, n_workers: int = 4, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 nice: int = 0) -> None:
+                 nice: int = 0, idle: bool = False) -> None:
         if not isinstance(n_workers, int) or n_workers < 1:
             raise ValueError(f"n_workers must be an int >= 1, got {n_workers!r}")
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             raise ValueError(f"nice must be an int in 0..19, got {nice!r}")
+        if not isinstance(idle, bool):
+            raise ValueError(f"idle must be a bool, got {idle!r}")
         self.n_workers = n_workers
         self.chunk_bytes = chunk_bytes
         self.nice = nice
+        self.idle = idle
         self._pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="sguard-io",
-                                           initializer=lower_thread_priority, initargs=(nice,))
+                                           initializer=lower_thread_priority,
+                                           initargs=(nice, idle))
         self._local = threading.local()
         self._verify_pool: cf.ThreadPoolExecutor | None = None
         self._verify_lock = threading.Lock()

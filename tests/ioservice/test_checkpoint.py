@@ -358,6 +358,36 @@ def test_io_and_staging_threads_run_at_the_lowered_priority(tmp_path: Path) -> N
     assert prio() == me
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+def test_idle_io_and_staging_threads_run_sched_idle(tmp_path: Path) -> None:
+    """`IOService(idle=True)`: its workers and the manager's stager run SCHED_IDLE and
+    still write a checkpoint that restores exactly; the operator's thread keeps its policy."""
+    me = os.sched_getscheduler(0)
+    seen: dict[str, int] = {}
+    pm = new_pm()
+    s = open_structures(pm)
+    with IOService(1, idle=True) as io:
+        seen["io"] = io._pool.submit(os.sched_getscheduler, 0).result()
+        mgr = CheckpointManager(pm, str(tmp_path), "u", io=io)
+        for step in range(2):
+            mutate(s, step, n=40)
+            mgr.checkpoint().result()
+        assert mgr._stager is not None
+        seen["stager"] = mgr._stager.submit(os.sched_getscheduler, 0).result()
+        mgr.close()
+    assert seen == {"io": os.SCHED_IDLE, "stager": os.SCHED_IDLE}
+    assert os.sched_getscheduler(0) == me != os.SCHED_IDLE
+    pm2 = new_pm()
+    assert restore(pm2, open_root(str(tmp_path)), "u").name == "u-2"
+    assert state_of(open_structures(pm2)) == state_of(s)
+
+
+@pytest.mark.parametrize("idle", [1, "yes", None])
+def test_io_service_refuses_a_bad_idle(idle: object) -> None:
+    with pytest.raises(ValueError, match="idle"):
+        IOService(1, idle=idle)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("nice", [-1, 20, 1.5, True])
 def test_io_service_refuses_a_bad_nice(nice: object) -> None:
     with pytest.raises(ValueError, match="nice"):
