@@ -280,9 +280,11 @@ class ForkRunner:
 
     variant = "fork"
 
-    def __init__(self, dicts: list[dict[int, list[int]]], workdir: str) -> None:
+    def __init__(self, dicts: list[dict[int, list[int]]], workdir: str,
+                 idle: bool = False) -> None:
         self.dicts = dicts
         self.workdir = workdir
+        self.idle = idle
         self.round = 0
 
     def process(self, parts: list[tuple[Any, Any]]) -> None:
@@ -298,6 +300,8 @@ class ForkRunner:
         if pid == 0:  # child: serialize the (copy-on-write) state, write, exit
             code = 0
             try:
+                if self.idle:  # the same policy as mmm's I/O thread (--profile latency)
+                    background_idle()
                 write_file(path, pickle.dumps(self.dicts[p], protocol=pickle.HIGHEST_PROTOCOL))
             except BaseException:  # noqa: BLE001 - reported through the exit code
                 code = 1
@@ -311,6 +315,17 @@ class ForkRunner:
                 if os.path.exists(self._path(p, self.round - 1)):
                     os.unlink(self._path(p, self.round - 1))
         self.round += 1
+
+
+def background_idle() -> None:
+    """Run the calling thread (or forked child) under ``SCHED_IDLE``, as
+    `ioservice.IOService(idle=True)` runs mmm's I/O threads: every variant's background
+    checkpoint work gets the same scheduling (a no-op where Linux's policy is missing)."""
+    if hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass
 
 
 def rss_mb() -> float:
@@ -327,7 +342,7 @@ def serve(argv: Sequence[str]) -> int:
     """The fork baseline's process: build, say ready, then one run per ``run`` line."""
     n_keys, n_parts, n_batches, batch, seed = (int(x) for x in argv[:5])
     period, interval, first = (float(x) for x in argv[5:8])
-    workdir, priority = argv[8], argv[9]
+    workdir, priority, idle = argv[8], argv[9], argv[10] == "idle"
     gc.collect()
     gc.disable()
     dicts = build_dicts(n_keys, n_parts)
@@ -339,7 +354,7 @@ def serve(argv: Sequence[str]) -> int:
     for line in sys.stdin:
         if line.strip() != "run":
             break
-        runner = ForkRunner(dicts, workdir)
+        runner = ForkRunner(dicts, workdir, idle)
         prio = set_priority(priority)
         try:
             res = run(runner, recs, period, interval, first, checkpoint=True)
@@ -357,12 +372,12 @@ class ForkBaseline:
 
     def __init__(self, n_keys: int, n_parts: int, n_batches: int, batch: int, seed: int,
                  period_s: float, interval_s: float, first_s: float, workdir: str,
-                 priority: str) -> None:
+                 priority: str, idle: bool = False) -> None:
         root = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [root, *filter(None, [os.environ.get("PYTHONPATH")])]))
         args = [n_keys, n_parts, n_batches, batch, seed, period_s, interval_s, first_s,
-                workdir, priority]
+                workdir, priority, "idle" if idle else "normal"]
         self.proc = subprocess.Popen([sys.executable, "-m", "bench._latency_loop",
                                       *map(str, args)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)

@@ -19,8 +19,11 @@ temporary directory; every variant fsyncs what it writes). Variants:
   (`CheckpointPolicy(stage_mb=0)`), so checkpoint work takes only CPU time the
   operator leaves and keeps to one core (on this 2-vCPU VM, two threads in the
   kernel's write path at once delay every other thread's wake-up by up to a
-  4 ms tick). ``--profile default`` runs the library's defaults instead (two
-  I/O threads at normal priority and a stager). Prepare = freeze pages, then the I/O
+  4 ms tick). The baselines' background work runs under the same policy
+  (``async pickle``'s writer thread and ``fork``'s child: ``SCHED_IDLE``
+  too). ``--profile default`` runs the library's defaults instead (two
+  I/O threads at normal priority and a stager; every background at normal
+  priority). Prepare = freeze pages, then the I/O
   threads write them while the operator runs; with staging, a background thread first copies
   the pages to write out of the pool and releases them (off: ``--no-stage``),
   `CheckpointPolicy.stage_mb`, so the operator writes them in place; it clones
@@ -98,8 +101,8 @@ import numpy as np
 
 import mmm
 from bench._harness import figure, parse_args, save_figure, write_result
-from bench._latency_loop import (Done, ForkBaseline, dict_update, make_stream, rss_mb, run,
-                                 set_priority, summarize, write_file)
+from bench._latency_loop import (Done, ForkBaseline, background_idle, dict_update, make_stream,
+                                 rss_mb, run, set_priority, summarize, write_file)
 from ioservice import CheckpointManager, CheckpointPolicy, IOService
 from sguard.operators import Aggregate
 
@@ -159,8 +162,9 @@ class Runner:
                                               {"io": IOService(n_workers, nice=io_nice or 0,
                                                                idle=io_idle)}))
                          for p, op in enumerate(ops)]
-        if variant == "async pickle":
-            self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pickle-writer")
+        if variant == "async pickle":  # its writer thread scheduled as mmm's I/O thread
+            self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pickle-writer",
+                                              initializer=background_idle if io_idle else None)
 
     def process(self, parts: list[tuple[Any, Any]]) -> None:
         if self.uses_mmm:
@@ -438,7 +442,8 @@ def measure_partitioning(plan: Plan, n_parts: int, workdir: str,
     """
     state = build_state(plan, n_parts)
     fork_base = ForkBaseline(state.n_keys, n_parts, plan.n_batches, plan.args.batch, 1,
-                             plan.period, plan.interval, plan.first, workdir, plan.args.priority)
+                             plan.period, plan.interval, plan.first, workdir, plan.args.priority,
+                             idle=plan.args.io_idle)
     res: dict[str, Any] = {"n_keys": state.n_keys, "mmm_state_bytes": state.mmm_bytes,
                            "pickled_bytes": state.pickled_bytes, "variants": {},
                            "fork_process_rss_mb": fork_base.info["rss_mb"],
