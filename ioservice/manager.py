@@ -131,7 +131,9 @@ class CheckpointPolicy:
         unpins their frames (`mmm.Snapshot.stage_planned`), so the operator
         writes them in place instead of cloning them; the I/O threads write
         from that buffer. 0 turns it off. Extra memory: at most this much per
-        checkpoint in flight, until it is written.
+        checkpoint in flight, until it is written. For an operator whose
+        latency matters most, 0 with ``io=IOService(1, idle=True)`` keeps
+        checkpoint work on one ``SCHED_IDLE`` thread (`IOService`, README).
     in_place : bool
         Freeze with ``PageManager.chkpt(in_place=True)``: until a page is staged
         or written, the operator updates a value of a key already in it in place,
