@@ -107,6 +107,9 @@ _BACKEND_MISSING_MARKERS: Final = ("Unable to load libjvm", "Unable to load libh
 # ------------------------------------------------------------------------ names
 
 
+_VALID_NAMES: set[str] = set()  # names `validate_name` accepted (every call checks them)
+
+
 def validate_name(name: str, *, what: str = "HA unit name") -> str:
     """Check that `name` is a portable HA-unit name and return it unchanged.
 
@@ -143,6 +146,8 @@ def validate_name(name: str, *, what: str = "HA unit name") -> str:
     ...
     ioservice.errors.InvalidNameError: HA unit name '../etc' contains '/'
     """
+    if type(name) is str and name in _VALID_NAMES:  # checked before (`what` only names it)
+        return name
     if not isinstance(name, str):
         raise InvalidNameError(f"{what} must be a str, got {type(name).__name__}")
     if not name:
@@ -160,6 +165,9 @@ def validate_name(name: str, *, what: str = "HA unit name") -> str:
         raise InvalidNameError(
             f"{what} {name!r} must use only A-Z a-z 0-9 . _ = - and not start with '.' or '-'"
         )
+    if len(_VALID_NAMES) >= 4096:  # bounded: a long-lived process meets many names
+        _VALID_NAMES.clear()
+    _VALID_NAMES.add(name)
     return name
 
 

@@ -1201,6 +1201,8 @@ def _compose_rows(parts: Sequence[tuple[Manifest, Sequence[tuple[int, int]]]], p
 
 def _check_json(meta: dict[str, Any], name: str) -> None:
     """Raise TypeError unless `meta` is JSON-able."""
+    if not meta:
+        return
     import json
     try:
         json.dumps(meta, allow_nan=False)

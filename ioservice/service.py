@@ -729,7 +729,10 @@ class _SnapshotWrite:
         else:
             n_files = min(io.n_workers, len(idx))
         self.n_files = n_files
-        self.shares = np.array_split(idx, n_files) if n_files else []
+        # as np.array_split (the first len % n shares one longer), without its overhead
+        q, r = divmod(len(idx), n_files) if n_files else (0, 0)
+        cuts = [k * q + min(k, r) for k in range(n_files + 1)]
+        self.shares = [idx[cuts[k]:cuts[k + 1]] for k in range(n_files)]
         self.total = len(idx)
         self.result: cf.Future[WriteResult] = cf.Future()
         self.result.set_running_or_notify_cancel()

@@ -344,7 +344,8 @@ class PagePool:
         with self._lock:
             self.pins[frames] -= weight
             done = frames[(self.pins[frames] == 0) & (self.state[frames] == ORPHAN)]
-            self._release_locked(np.unique(done))
+            if len(done):
+                self._release_locked(np.unique(done))
 
     def reset_undo(self) -> int:
         """Empty the undo log (operator thread, when no snapshot is active: no reader
