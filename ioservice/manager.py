@@ -178,9 +178,12 @@ class PendingCheckpoint:
     n_pages : int
         Pages in the checkpoint.
     n_pages_written : int
-        Pages this checkpoint writes (the changed ones, for an incremental one).
+        Pages this checkpoint writes (the changed ones, for an incremental one);
+        -1 until the manager's background thread has chosen them, right after
+        the pause.
     prepare_s : float
-        Duration of the pause (steps 1-2).
+        Duration of the pause (steps 1-2: the freeze; which pages to write is
+        worked out after it, off the caller's thread).
     scheduled : bool
         Whether a write scheduler admitted its chunks (`ioservice.scheduling`).
     fallback : str or None
@@ -489,11 +492,7 @@ class CheckpointManager:
         n = int(self.policy.stage_mb * (1 << 20)) // snap.page_bytes
         if not snap.plan_staging(write_idx[:n]):
             return
-        if self._stager is None:
-            self._stager = cf.ThreadPoolExecutor(
-                1, thread_name_prefix=f"sguard-stage-{self.haunit}",
-                initializer=lower_thread_priority, initargs=(self.io.nice, self.io.idle))
-        self._stager.submit(snap.stage_planned).add_done_callback(self._staged)
+        self._background().submit(snap.stage_planned).add_done_callback(self._staged)
 
     def _staged(self, fut: cf.Future[int]) -> None:
         exc = fut.exception()
@@ -747,8 +746,11 @@ class CheckpointManager:
 
         Notes
         -----
-        Runtime complexity of the pause: O(pages) (`PageManager.chkpt` plus a
-        few vectorized numpy passes). Pages copied during the pause: 0.
+        Runtime complexity of the pause: O(pages) (`PageManager.chkpt`: the
+        page tables copied and the frames pinned). Which pages to write (an
+        incremental checkpoint references the unchanged ones), their staging
+        and the hand-over to the I/O service follow on the manager's background
+        thread. Pages copied during the pause: 0.
         """
         if self._closed:
             raise CheckpointError(f"checkpoint manager of HA unit {self.haunit!r} is closed")
@@ -787,29 +789,51 @@ class CheckpointManager:
             self._next_seq += 1
             if full is None:
                 full = base is None or base.depth + 1 >= self.policy.full_every
-            ref_rows: npt.NDArray[np.intp]
-            if full or base is None:
-                full = True
+            # which pages to write is worked out off the operator's thread (`_plan_and_write`)
+            pending = PendingCheckpoint(seq, name, bool(full or base is None), len(snap), -1,
+                                        time.perf_counter() - t0)
+            pending.scheduled = self.scheduler is not None
+            self._pending = pending
+        self._background().submit(self._plan_and_write, pending, snap, base, meta)
+        return pending
+
+    def _background(self) -> cf.ThreadPoolExecutor:
+        """The manager's own background thread (lazily; the I/O service's priority): plans
+        each checkpoint's write, then runs its stager (`_stage`)."""
+        if self._stager is None:
+            self._stager = cf.ThreadPoolExecutor(
+                1, thread_name_prefix=f"sguard-stage-{self.haunit}",
+                initializer=lower_thread_priority, initargs=(self.io.nice, self.io.idle))
+        return self._stager
+
+    def _plan_and_write(self, pending: PendingCheckpoint, snap: Snapshot, base: Manifest | None,
+                        meta: dict[str, Any]) -> None:
+        """Step 3, on the background thread right after the freeze: the pages to write
+        (all for a full checkpoint; else the changed ones and those `base` lacks, the
+        rest referenced in `base` and unpinned at once), their staging, and the write
+        handed to the I/O service; a failure here fails the checkpoint (`_finish`)."""
+        ref_rows: npt.NDArray[np.intp] = np.zeros(0, np.intp)
+        fut: cf.Future[WriteResult]
+        try:
+            if pending.full or base is None:
                 write_idx = np.arange(len(snap), dtype=np.int64)
-                ref_rows = np.zeros(0, np.intp)
             else:
                 rows = base.pages.lookup(snap.page_ids)
                 refer = ~snap.changed & (rows >= 0)
                 write_idx = np.flatnonzero(~refer)
                 ref_rows = rows[refer]
                 snap.mark_persisted(np.flatnonzero(refer))  # durable in earlier checkpoints
-            pending = PendingCheckpoint(seq, name, bool(full), len(snap), len(write_idx),
-                                        time.perf_counter() - t0)
-            pending.scheduled = self.scheduler is not None
-            self._pending = pending
-        self._stage(snap, write_idx)
-        directory = checkpoint_dir(name)
-        tag = uuid.uuid4().hex[:12] if self.exclusive else None
-        fut = self.io.write_snapshot(self.root, directory, snap, write_idx, name=name,  # step 3
-                                     scheduler=self.scheduler, haunit=self.haunit, file_tag=tag)
+            pending.n_pages_written = len(write_idx)
+            self._stage(snap, write_idx)
+            tag = uuid.uuid4().hex[:12] if self.exclusive else None
+            fut = self.io.write_snapshot(self.root, checkpoint_dir(pending.name), snap,
+                                         write_idx, name=pending.name, scheduler=self.scheduler,
+                                         haunit=self.haunit, file_tag=tag)
+        except BaseException as exc:  # noqa: BLE001 - reported through the checkpoint
+            fut = cf.Future()
+            fut.set_exception(exc)
         fut.add_done_callback(
             lambda f: self._finish(pending, snap, base, ref_rows, meta, f))
-        return pending
 
     # ---------------------------------------------------------- steps 4 and 5
     def _finish(self, pending: PendingCheckpoint, snap: Snapshot, base: Manifest | None,
