@@ -107,7 +107,7 @@ _BACKEND_MISSING_MARKERS: Final = ("Unable to load libjvm", "Unable to load libh
 # ------------------------------------------------------------------------ names
 
 
-_VALID_NAMES: set[str] = set()  # names `validate_name` accepted (every call checks them)
+_VALID_NAMES: set[str] = set()  # names `validate_name` accepted: a repeat is not re-checked
 
 
 def validate_name(name: str, *, what: str = "HA unit name") -> str:

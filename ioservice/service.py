@@ -176,7 +176,8 @@ class IOService:
         contention the cores go to the threads that process records and
         background checkpoint I/O takes what is left (`lower_thread_priority`).
     idle : bool
-        Run the worker threads (and a `CheckpointManager`'s stager) under
+        Run the worker threads (and a `CheckpointManager`'s background thread,
+        which plans each write and stages pages) under
         Linux's ``SCHED_IDLE`` policy: they use only cores no other thread
         wants, and a thread that wakes up to process records preempts them at
         once. For operators that leave CPU headroom and want checkpoints out of
