@@ -145,6 +145,7 @@ class PageManager:
         self._flush_hooks: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.stats_pages_cloned = 0
         self._stage_spare: npt.NDArray[np.uint8] | None = None  # see `_stage_buffer`
+        self._templates: dict[int, npt.NDArray[Any]] = {}  # see `_header_template`
         if _pool is not None:
             self._adopt(np.flatnonzero(self.pool.state == LIVE), dedupe=True)
 
@@ -173,6 +174,17 @@ class PageManager:
         self.flush()
 
     # -- page sets ---------------------------------------------------------------------
+    def _header_template(self, kind: int) -> npt.NDArray[Any]:
+        """A new page's header (one record, kept per layout kind): magic, ``kind``, the
+        pool's clock as version, NIL links; `allocate` then sets the PageIDs."""
+        t = self._templates.get(kind)
+        if t is None:
+            t = np.zeros(1, HEADER_DTYPE)
+            t["magic"], t["kind"], t["prev"], t["next"] = PAGE_MAGIC, kind, NIL_INT, NIL_INT
+            self._templates[kind] = t
+        t["version"] = self.pool.clock
+        return t
+
     def _get(self, psid: int) -> PageSet:
         try:
             return self._sets[psid]
@@ -308,27 +320,25 @@ class PageManager:
         """
         ps = self._get(psid)
         frames = self.pool.allocate(n)
-        take = min(n, len(ps.free_seqs))
-        seqs = np.empty(n, dtype=np.int64)
-        if take:
-            seqs[:take] = ps.free_seqs[len(ps.free_seqs) - take:]
-            del ps.free_seqs[len(ps.free_seqs) - take:]
-        if n - take:
+        fs = ps.free_seqs
+        take = min(n, len(fs))
+        if take == n:  # all recycled: the common case
+            seqs = np.array(fs[len(fs) - take:], dtype=np.int64)
+        else:
+            seqs = np.empty(n, dtype=np.int64)
+            seqs[:take] = fs[len(fs) - take:]
             seqs[take:] = np.arange(ps.high, ps.high + n - take)
             ps.high += n - take
             ps._grow(ps.high)
+        del fs[len(fs) - take:]
         ps.frames[seqs] = frames
         ps.version += 1
         ps.mod[seqs] = self.epoch
         ps.n_pages += n
-        h = self.pool.headers
-        h["magic"][frames] = PAGE_MAGIC
-        h["kind"][frames] = kind
-        h["page_id"][frames] = (np.uint64(psid) << np.uint64(32)) | seqs.astype(np.uint64)
         self.pool.clock += 1
-        h["version"][frames] = self.pool.clock
-        h["prev"][frames] = NIL_INT
-        h["next"][frames] = NIL_INT
+        h = self.pool.headers
+        h[frames] = self._header_template(kind)  # magic, kind, version, NIL links
+        h["page_id"][frames] = seqs.view(np.uint64) | np.uint64(psid << 32)
         return seqs
 
     def release(self, psid: int, seqs: npt.ArrayLike) -> None:
@@ -341,10 +351,14 @@ class PageManager:
         """
         ps = self._get(psid)
         seqs = np.atleast_1d(np.asarray(seqs, dtype=np.int64))
-        self._check_seqs(ps, seqs)
-        if np.any(seqs == 0):
+        if not len(seqs):
+            return
+        if int(seqs.min()) <= 0 or int(seqs.max()) >= ps.high:
+            self._check_seqs(ps, seqs)  # raises for a page that does not exist
             raise ValueError(f"page set {psid}: the super page (seq 0) is released only by destroy")
         frames = ps.frames[seqs]
+        if int(frames.min()) < 0:
+            self._check_seqs(ps, seqs)
         ps.frames[seqs] = -1
         ps.version += 1
         ps.n_pages -= len(seqs)

@@ -249,10 +249,12 @@ class PagePool:
                     f"{self.n_frames - self._used} of {self.n_frames} free "
                     f"(capacity {self.n_frames * self.page_bytes} bytes)")
             take = min(n, len(self._free))
-            out = np.empty(n, dtype=np.int64)
-            if take:
+            if take == n:  # all recycled: the common case, one numpy call
+                out = np.array(self._free[len(self._free) - take:], dtype=np.int64)
+            else:
+                out = np.empty(n, dtype=np.int64)
                 out[:take] = self._free[len(self._free) - take:]
-                del self._free[len(self._free) - take:]
+            del self._free[len(self._free) - take:]
             rest = n - take
             fresh0 = self._watermark
             if rest:
@@ -308,6 +310,9 @@ class PagePool:
         frames = np.asarray(frames, dtype=np.int64).reshape(-1)
         with self._lock:
             pinned = self.pins[frames] > 0
+            if not pinned.any():  # no snapshot holds them: the common case
+                self._release_locked(frames)
+                return
             self.state[frames[pinned]] = ORPHAN
             self._release_locked(frames[~pinned])
 

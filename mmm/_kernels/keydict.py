@@ -43,6 +43,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from mmm._kernels import cacheable, jit
+from mmm._kernels.pages import copy_bytes
 from mmm._kernels.hashmap import _addr, _ld_i32, _ld_i64, _ld_u32, _prefetch_at, _st_i64, _st_u32
 from mmm._kernels.hashmap import _mix as _hashmap_mix
 
@@ -917,7 +918,7 @@ def gather_keys(ids: Any, pool: Any, fseq: Any, rseqs: Any, cseqs: Any, geo: Any
         while pos < L:
             ca = fseq[cseqs[_div(c, MC)]] * pb + HDR + (c - _div(c, MC) * CPP) * CHUNK
             m = CDATA if L - pos > CDATA else L - pos
-            out[o + pos:o + pos + m] = pool[ca:ca + m]
+            copy_bytes(out[o + pos:o + pos + m], pool[ca:ca + m])
             pos += m
             c = i64[(ca + CDATA) >> 3] - 1
 

@@ -25,6 +25,7 @@ import numpy as np
 from numba.extending import overload
 
 from mmm._kernels import jit
+from mmm._kernels.pages import copy_bytes, move_bytes
 
 __all__ = ["locate", "span", "merge_into_leaves"]
 
@@ -168,21 +169,7 @@ def _move(frames: Any, f: int, off: int, size: int, s0: int, d0: int, m: int) ->
     overlap (memmove semantics: a slice assignment does not guarantee it)."""
     if m <= 0 or s0 == d0:
         return
-    a = off + s0 * size
-    b = off + d0 * size
-    nb = m * size
-    if abs(b - a) >= nb:
-        frames[f, b:b + nb] = frames[f, a:a + nb]
-    elif nb <= 256:
-        if b > a:
-            for t in range(nb - 1, -1, -1):
-                frames[f, b + t] = frames[f, a + t]
-        else:
-            for t in range(nb):
-                frames[f, b + t] = frames[f, a + t]
-    else:
-        tmp = frames[f, a:a + nb].copy()
-        frames[f, b:b + nb] = tmp
+    move_bytes(frames[f], off + d0 * size, off + s0 * size, m * size)
 
 
 @jit
@@ -225,12 +212,11 @@ def merge_into_leaves(frames: Any, lf: Any, counts: Any, li: Any, pos: Any, foun
             if found[i]:
                 # the old record at p stays (its key), its value is replaced
                 if dst != src:
-                    frames[f, ko + dst * ks:ko + (dst + 1) * ks] = \
-                        frames[f, ko + src * ks:ko + (src + 1) * ks]
+                    move_bytes(frames[f], ko + dst * ks, ko + src * ks, ks)
                 src -= 1
             else:
-                frames[f, ko + dst * ks:ko + (dst + 1) * ks] = kb[i]
-            frames[f, vo + dst * vs:vo + (dst + 1) * vs] = vb[i]
+                copy_bytes(frames[f, ko + dst * ks:ko + (dst + 1) * ks], kb[i])
+            copy_bytes(frames[f, vo + dst * vs:vo + (dst + 1) * vs], vb[i])
             dst -= 1
         counts[l] = c + ins
         b = a

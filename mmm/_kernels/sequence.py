@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from mmm._kernels import jit
 from mmm._kernels.ordered import kcmp
 
@@ -16,19 +18,21 @@ __all__ = ["count_before"]
 
 
 @jit
-def count_before(col: Any, fr: Any, st: Any, cnt: Any, q: Any, right: bool, mode: int) -> int:
+def count_before(col: Any, psf: Any, seqs: Any, hs: Any, cnt: Any, q: Any, right: bool,
+                 mode: int) -> int:
     """Records at the front whose field is ``< q[0]`` (``<= q[0]`` with ``right``), for a sequence nondecreasing in it.
 
-    ``col[frame, slot]`` is the field, ``fr``/``st``/``cnt`` the frames, first
-    slots and counts of the pages in order. A binary search over the pages'
-    last records, then one within the boundary page.
+    ``col[frame, slot]`` is the field; the pages in order are ``seqs`` (their
+    frames ``psf[seqs]``, first slots ``hs[frame]``, counts ``cnt``). A binary
+    search over the pages' last records, then one within the boundary page.
     """
-    n = fr.shape[0]
+    n = seqs.shape[0]
     lo = 0
     hi = n
     while lo < hi:  # first page whose last record is >= q
         mid = (lo + hi) >> 1
-        d = kcmp(col, fr[mid], st[mid] + cnt[mid] - 1, q, 0, mode) if cnt[mid] else -1
+        fm = psf[seqs[mid]]
+        d = kcmp(col, fm, np.int64(hs[fm]) + cnt[mid] - 1, q, 0, mode) if cnt[mid] else -1
         if d < 0 or (right and d == 0):
             lo = mid + 1
         else:
@@ -39,8 +43,8 @@ def count_before(col: Any, fr: Any, st: Any, cnt: Any, q: Any, right: bool, mode
     if lo < n:
         a = 0
         b = cnt[lo]
-        f = fr[lo]
-        s0 = st[lo]
+        f = psf[seqs[lo]]
+        s0 = np.int64(hs[f])
         while a < b:
             mid = (a + b) >> 1
             d = kcmp(col, f, s0 + mid, q, 0, mode)

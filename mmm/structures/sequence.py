@@ -205,6 +205,7 @@ class _PagedSequence(Structure):
                                   (int,) if fdt.kind in "iu" else (int, float))
         self._pb = pool.page_bytes
         self._pw = pool.page_bytes // 4
+        self._cbprep: dict[str | None, tuple[Any, ...]] = {}  # `_count_prep`'s, per field
         h = pool.headers
         self._hk, self._hc, self._hs = h["kind"], h["count"], h["start"]
         self._hp, self._hn, self._hid = h["prev"], h["next"], h["page_id"]
@@ -480,7 +481,12 @@ class _PagedSequence(Structure):
             f = int(fr[seq])
             if int(hp[f]) != want_prev or int(hn[f]) != want_next:
                 fix.append((seq, want_prev, want_next))
-        if fix:  # one write barrier for all (it raises before any change)
+        if len(fix) == 1:  # the usual case: one neighbour (scalar write barrier)
+            seq, want_prev, want_next = fix[0]
+            f = self._pm.writable1(self.psid, seq)
+            hp[f] = want_prev
+            hn[f] = want_next
+        elif fix:  # one write barrier for all (it raises before any change)
             frames = self._pm.writable(self.psid, np.array([x[0] for x in fix], np.int64))
             for f, (_, want_prev, want_next) in zip(frames.tolist(), fix):
                 hp[f] = want_prev
@@ -548,13 +554,19 @@ class _PagedSequence(Structure):
             self._set(len(self._seqs) - 1, f, st, c + m)
         copy_rows_in(self._pm.pool.frames, fr, first, cnt, HEADER_BYTES, self._dt.itemsize,
                      np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
-        if k:
-            self._hs[fn] = 0
-            self._hc[fn] = counts
-            pos = len(self._seqs)
+        if k:  # the new pages' headers (fresh frames: no write barrier), linked in order
+            self._hc[fn] = counts  # (start is 0: `PageManager.allocate`'s header)
+            ids = new.view(np.uint64) | np.uint64(int(self.psid) << 32)
+            if k > 1:
+                self._hp[fn[1:]] = ids[:-1]
+                self._hn[fn[:-1]] = ids[1:]
+            if has:  # the old tail links to the first new page, and back
+                tail = int(self._seqs[-1])
+                self._hp[fn[0]] = (int(self.psid) << 32) | tail
+                ft = f if m else self._pm.writable1(self.psid, tail)
+                self._hn[ft] = int(ids[0])
             self._seqs = np.concatenate([self._seqs, new])
             self._cnt = np.concatenate([self._cnt, counts])
-            self._relink(pos - 1, pos + k)
         self._len += n
         self._cum = None
 
@@ -1203,6 +1215,36 @@ class _PagedSequence(Structure):
 
     def _count_before(self, bound: Any, field: str | None, op: str) -> int:
         """How many records at the front have ``field < bound`` (see `evict_before`)."""
+        prep = self._cbprep.get(field)
+        if prep is None:
+            prep = self._count_prep(field, op)
+        colk, fdt, kv, mode, imin, imax = prep
+        if not self._len:
+            return 0
+        # the bound in the field's dtype; "< bound" becomes "<= q" when the cast rounded down
+        if type(bound) is int and imax is not None and kv.kind != "V":  # the common case
+            if bound > imax:
+                return self._len
+            if bound <= imin:
+                return 0
+            q, right = np.array((bound,), kv), False
+        else:
+            bnd = np.asarray(bound)
+            if imax is not None and bnd.dtype.kind in "iuf" and bnd.ndim == 0:
+                if bnd > imax:
+                    return self._len
+                if bnd <= imin:
+                    return 0
+            qf = bnd.astype(fdt).reshape(1)
+            right = bool(qf[0] < bnd)
+            q = qf.view(np.uint8).reshape(1, fdt.itemsize) if kv.kind == "V" else qf.view(kv)
+        total: int = count_before(colk, self._ps.frames, self._seqs, self._hs, self._cnt, q,
+                                  right, mode)
+        return total
+
+    def _count_prep(self, field: str | None, op: str) -> tuple[Any, ...]:
+        """What `_count_before` needs of ``field``, checked, and kept for the next call:
+        ``(column in kernel form, field dtype, key dtype, compare mode, integer bounds)``."""
         if self._dt.fields is not None:
             if field is None or field not in self._dt.fields:
                 raise RecordTypeError(f"{self._what}: {op} needs one of the fields "
@@ -1214,36 +1256,26 @@ class _PagedSequence(Structure):
             col = self._R
         if col.ndim != 2:
             raise RecordTypeError(f"{self._what}: field {field!r} is not a scalar field")
-        if not self._len:
-            return 0
         fdt = col.dtype
-        # the bound in the field's dtype; "< bound" becomes "<= q" when the cast rounded down
-        bnd = np.asarray(bound)
-        if fdt.kind in "iu" and bnd.dtype.kind in "iuf" and bnd.ndim == 0:
+        imin = imax = None
+        if fdt.kind in "iu":
             info = np.iinfo(fdt)
-            if bnd > info.max:
-                return self._len
-            if bnd <= info.min:
-                return 0
-        q = bnd.astype(fdt).reshape(1)
-        right = bool(q[0] < bnd)
+            imin, imax = int(info.min), int(info.max)
         native = fdt.byteorder in "=|" or (fdt.byteorder == "<") == np.little_endian
         if fdt.kind in "biufMm" and native:
             kv = np.dtype("<i8") if fdt.kind in "Mm" else np.dtype(np.uint8) \
                 if fdt.kind == "b" else fdt
-            colk, qk, mode = col.view(kv), q.view(kv), 0
+            prep = (col.view(kv), fdt, kv, 0, imin, imax)
         else:  # byte strings and non-native byte orders: byte rows (mmm._kernels.ordered)
             w = fdt.itemsize
             off = HEADER_BYTES + (self._dt.fields[field][1] if self._dt.fields and field else 0)
             fb = self._pm.pool.frames
             colk = np.lib.stride_tricks.as_strided(fb[:, off:], (fb.shape[0], self._S, w),
                                                    (fb.strides[0], self._dt.itemsize, 1))
-            qk = q.view(np.uint8).reshape(1, w)
             mode = 0 if fdt.kind in "Su" else 2 if fdt.kind == "f" else 1
-        frames = self._ps.frames[self._seqs]
-        total: int = count_before(colk, frames, self._hs[frames].astype(np.int64), self._cnt,
-                                  qk, right, mode)
-        return total
+            prep = (colk, fdt, np.dtype(f"V{w}"), mode, imin, imax)
+        self._cbprep[field] = prep
+        return prep
 
     def __delitem__(self, key: Any) -> None:
         """``del s[i]`` or ``del s[a:b]`` (step 1); emptied pages are released and small
