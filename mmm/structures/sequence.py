@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mmm._kernels.pages import chain_order, copy_rows_in, copy_rows_out
-from mmm._kernels.sequence import count_before
+from mmm._kernels.sequence import append_rows, count_before
 from mmm.errors import (PageFormatError, PoolExhaustedError, RecordTypeError, SchemaError,
                         SchemaMismatchError, StructureNotFoundError)
 from mmm.manager import PageManager
@@ -526,45 +526,37 @@ class _PagedSequence(Structure):
         self._relink(lo - 1, lo + 1)
 
     def _append_block(self, arr: np.ndarray) -> None:
-        """Append ``arr`` at the tail: fill the tail page, then whole new pages (one
-        compiled byte copy for all of them)."""
+        """Append ``arr`` at the tail: fill the tail page, then whole new pages (the copies,
+        counts and links in one compiled pass, `append_rows`)."""
         n, S = len(arr), self._S
         if n == 0:
             return
-        has = len(self._seqs) > 0
+        npg = len(self._seqs)
         m = st = c = 0
-        if has:
-            f = self._frame(-1)
-            st, c = int(self._hs[f]), int(self._hc[f])
+        tail = tail_seq = -1
+        if npg:
+            tail_seq = int(self._seqs[-1])
+            tail = int(self._ps.frames[tail_seq])
+            st, c = int(self._hs[tail]), int(self._cnt[-1])
             if c == 0:
                 st = 0
             m = min(S - st - c, n)
         k = -(-(n - m) // S)
-        self._ensure_frames(k, [len(self._seqs) - 1])
+        self._ensure_frames(k, [npg - 1])
         new, fn = self._alloc(k)
         counts = np.full(k, S, np.int64)
         if k:
             counts[-1] = n - m - (k - 1) * S
-        fr, first, cnt = fn, np.zeros(k, np.int64), counts
+        if npg and (m or k):  # the tail page is written (records, or its next link)
+            tail = self._pm.writable1(self.psid, tail_seq)
+            if c == 0:
+                self._hs[tail] = 0
+        append_rows(self._pm.pool.frames, self._hc, self._hp, self._hn, tail, tail_seq,
+                    st + c, m, fn, new, counts, np.uint64(int(self.psid) << 32), HEADER_BYTES,
+                    self._dt.itemsize, np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
         if m:
-            f = self._pm.writable1(self.psid, int(self._seqs[-1]))
-            fr = np.concatenate(([f], fn))
-            first = np.concatenate(([st + c], first))
-            cnt = np.concatenate(([m], counts))
-            self._set(len(self._seqs) - 1, f, st, c + m)
-        copy_rows_in(self._pm.pool.frames, fr, first, cnt, HEADER_BYTES, self._dt.itemsize,
-                     np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
-        if k:  # the new pages' headers (fresh frames: no write barrier), linked in order
-            self._hc[fn] = counts  # (start is 0: `PageManager.allocate`'s header)
-            ids = new.view(np.uint64) | np.uint64(int(self.psid) << 32)
-            if k > 1:
-                self._hp[fn[1:]] = ids[:-1]
-                self._hn[fn[:-1]] = ids[1:]
-            if has:  # the old tail links to the first new page, and back
-                tail = int(self._seqs[-1])
-                self._hp[fn[0]] = (int(self.psid) << 32) | tail
-                ft = f if m else self._pm.writable1(self.psid, tail)
-                self._hn[ft] = int(ids[0])
+            self._cnt[-1] = c + m
+        if k:
             self._seqs = np.concatenate([self._seqs, new])
             self._cnt = np.concatenate([self._cnt, counts])
         self._len += n
@@ -608,17 +600,22 @@ class _PagedSequence(Structure):
         self._len += n
         self._cum = None
 
-    def _delete(self, a: int, b: int) -> None:
-        """Delete records ``[a, b)``; release emptied pages, merge small neighbours."""
+    def _delete(self, a: int, b: int, last: tuple[int, int] | None = None) -> None:
+        """Delete records ``[a, b)``; release emptied pages, merge small neighbours.
+        ``last``: for ``a == 0``, the list position of record ``b - 1`` and how many of
+        its page's records go, when the caller knows them (no search)."""
         if b <= a:
             return
-        cum = self._cumc()
-        p0 = int(np.searchsorted(cum, a, "right")) - 1
-        p1 = int(np.searchsorted(cum, b - 1, "right")) - 1
+        if a == 0 and last is not None:
+            p0, lo, (p1, hi) = 0, 0, last
+        else:
+            cum = self._cumc()
+            p0 = int(np.searchsorted(cum, a, "right")) - 1
+            p1 = int(np.searchsorted(cum, b - 1, "right")) - 1
+            lo = a - int(cum[p0])            # records of page p0 kept before the hole
+            hi = b - int(cum[p1])            # records of page p1 removed
         self._ensure_frames(0, [p0 - 2, p0 - 1, p0, p0 + 1, p1 - 1, p1, p1 + 1, p1 + 2])
         R, psid, pm = self._R, self.psid, self._pm
-        lo = a - int(cum[p0])            # records of page p0 kept before the hole
-        hi = b - int(cum[p1])            # records of page p1 removed
         c1 = int(self._cnt[p1])
         whole = len(self._seqs) == p1 - p0 + 1 and lo == 0 and hi == c1
         if whole:  # everything goes: keep the head page, empty
@@ -1155,8 +1152,9 @@ class _PagedSequence(Structure):
             structured schema, or given for a scalar one.
         """
         self._sync()
-        n = self._count_before(bound, field, "evict_before")
-        self._delete(0, n)
+        n, page, k = self._count_before(bound, field, "evict_before")
+        if n:  # the last record evicted: the whole page before `page`, or k of `page`
+            self._delete(0, n, (page, k) if k else (page - 1, int(self._cnt[page - 1])))
         return n
 
     def popleft_before(self, bound: Any, field: str | None = None) -> list[Any]:
@@ -1208,39 +1206,40 @@ class _PagedSequence(Structure):
                 self._cum = None
                 return [r[0] for r in out] if self._scalar else out
         self._sync()
-        n = self._count_before(bound, field, "popleft_before")
+        n = self._count_before(bound, field, "popleft_before")[0]
         recs = self._read(0, n)
         self._delete(0, n)
         return recs.tolist()  # type: ignore[no-any-return]
 
-    def _count_before(self, bound: Any, field: str | None, op: str) -> int:
-        """How many records at the front have ``field < bound`` (see `evict_before`)."""
+    def _count_before(self, bound: Any, field: str | None, op: str) -> tuple[int, int, int]:
+        """How many records at the front have ``field < bound`` (see `evict_before`), and
+        where the first one kept is: ``(n, list position, index in its page)``."""
         prep = self._cbprep.get(field)
         if prep is None:
             prep = self._count_prep(field, op)
         colk, fdt, kv, mode, imin, imax = prep
         if not self._len:
-            return 0
+            return 0, 0, 0
         # the bound in the field's dtype; "< bound" becomes "<= q" when the cast rounded down
         if type(bound) is int and imax is not None and kv.kind != "V":  # the common case
             if bound > imax:
-                return self._len
+                return self._len, len(self._seqs), 0
             if bound <= imin:
-                return 0
+                return 0, 0, 0
             q, right = np.array((bound,), kv), False
         else:
             bnd = np.asarray(bound)
             if imax is not None and bnd.dtype.kind in "iuf" and bnd.ndim == 0:
                 if bnd > imax:
-                    return self._len
+                    return self._len, len(self._seqs), 0
                 if bnd <= imin:
-                    return 0
+                    return 0, 0, 0
             qf = bnd.astype(fdt).reshape(1)
             right = bool(qf[0] < bnd)
             q = qf.view(np.uint8).reshape(1, fdt.itemsize) if kv.kind == "V" else qf.view(kv)
-        total: int = count_before(colk, self._ps.frames, self._seqs, self._hs, self._cnt, q,
-                                  right, mode)
-        return total
+        total, page, k = count_before(colk, self._ps.frames, self._seqs, self._hs, self._cnt, q,
+                                      right, mode)
+        return int(total), int(page), int(k)
 
     def _count_prep(self, field: str | None, op: str) -> tuple[Any, ...]:
         """What `_count_before` needs of ``field``, checked, and kept for the next call:
