@@ -305,10 +305,13 @@ class PageManager:
         return self._get(psid)
 
     # -- pages ---------------------------------------------------------------------------
-    def allocate(self, psid: int, n: int = 1, kind: int = Layout.RAW) -> npt.NDArray[np.int64]:
+    def allocate(self, psid: int, n: int = 1, kind: int = Layout.RAW, *,
+                 zero: bool = True) -> npt.NDArray[np.int64]:
         """Allocate ``n`` zeroed pages in page set ``psid``; return their sequence numbers.
 
         Their headers carry the PageID, layout ``kind`` and a new version.
+        ``zero=False``: only the headers are written, for a caller that writes every
+        other byte of the new pages at once (`PagePool.allocate`).
         Runtime complexity: O(n).
 
         Raises
@@ -319,7 +322,7 @@ class PageManager:
             If the pool has fewer than ``n`` free frames (nothing allocated).
         """
         ps = self._get(psid)
-        frames = self.pool.allocate(n)
+        frames = self.pool.allocate(n, zero=zero)
         fs = ps.free_seqs
         take = min(n, len(fs))
         if take == n:  # all recycled: the common case
@@ -353,16 +356,17 @@ class PageManager:
         seqs = np.atleast_1d(np.asarray(seqs, dtype=np.int64))
         if not len(seqs):
             return
-        if int(seqs.min()) <= 0 or int(seqs.max()) >= ps.high:
+        sl = seqs.tolist()  # (min and max of a list: a page or two is the usual release)
+        if min(sl) <= 0 or max(sl) >= ps.high:
             self._check_seqs(ps, seqs)  # raises for a page that does not exist
             raise ValueError(f"page set {psid}: the super page (seq 0) is released only by destroy")
         frames = ps.frames[seqs]
-        if int(frames.min()) < 0:
+        if min(frames.tolist()) < 0:
             self._check_seqs(ps, seqs)
         ps.frames[seqs] = -1
         ps.version += 1
-        ps.n_pages -= len(seqs)
-        ps.free_seqs.extend(sorted(seqs.tolist(), reverse=True))
+        ps.n_pages -= len(sl)
+        ps.free_seqs.extend(sorted(sl, reverse=True))
         self.pool.free(frames)
 
     def _check_seqs(self, ps: PageSet, seqs: npt.NDArray[np.int64]) -> None:

@@ -67,8 +67,9 @@ def append_rows(frames: Any, hc: Any, hp: Any, hn: Any, tail: int, tail_seq: int
     """The page writes of appending the flat records ``src`` (``size`` bytes each): the
     first ``m`` into frame ``tail`` (writable) from slot ``at`` on, its count raised by
     ``m``; the rest into the new frames ``fn`` (pages ``new``, ``counts[j]`` records
-    each from slot 0), linked after page ``tail_seq`` (-1: none) by PageIDs
-    ``top | seq``. ``hc``/``hp``/``hn`` are the pool's header count / prev / next."""
+    each from slot 0, the rest of the frame after them zeroed: they were allocated
+    unzeroed), linked after page ``tail_seq`` (-1: none) by PageIDs ``top | seq``.
+    ``hc``/``hp``/``hn`` are the pool's header count / prev / next."""
     o = 0
     if m > 0:
         nb = m * size
@@ -81,6 +82,9 @@ def append_rows(frames: Any, hc: Any, hp: Any, hn: Any, tail: int, tail_seq: int
         f = fn[j]
         nb = counts[j] * size
         copy_bytes(frames[f, off:off + nb], src[o:o + nb])
+        rest = frames[f, off + nb:]
+        for t in range(rest.shape[0]):  # (a 1-D loop: LLVM makes it a memset)
+            rest[t] = 0
         o += nb
         hc[f] = counts[j]
         if j > 0:

@@ -451,12 +451,14 @@ class _PagedSequence(Structure):
             copy_rows_in(self._pm.pool.frames, fr, first, cnt, HEADER_BYTES, self._dt.itemsize,
                          np.ascontiguousarray(arr).view(np.uint8))
 
-    def _alloc(self, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Allocate ``k`` sequence pages: ``(seqs, frames)``."""
+    def _alloc(self, k: int, zero: bool = True
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Allocate ``k`` sequence pages: ``(seqs, frames)``; ``zero=False`` for a caller
+        that writes every byte after the header (`PageManager.allocate`)."""
         if k == 0:
             z = np.zeros(0, np.int64)
             return z, z
-        seqs = self._pm.allocate(self.psid, k, Layout.SEQUENCE)
+        seqs = self._pm.allocate(self.psid, k, Layout.SEQUENCE, zero=zero)
         return seqs, self._pm.writable(self.psid, seqs)
 
     def _relink(self, lo: int, hi: int) -> None:
@@ -543,7 +545,7 @@ class _PagedSequence(Structure):
             m = min(S - st - c, n)
         k = -(-(n - m) // S)
         self._ensure_frames(k, [npg - 1])
-        new, fn = self._alloc(k)
+        new, fn = self._alloc(k, zero=False)  # `append_rows` writes (or zeroes) every byte
         counts = np.full(k, S, np.int64)
         if k:
             counts[-1] = n - m - (k - 1) * S
