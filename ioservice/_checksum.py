@@ -220,19 +220,33 @@ def _b64_kernel(src: Any, lut: Any, out: Any) -> int:  # pragma: no cover - comp
     pad = 0
     if n and src[n - 1] == 61:  # '='
         pad = 2 if n > 1 and src[n - 2] == 61 else 1
-    body = n - pad
+    full = n // 4 if pad == 0 else n // 4 - 1  # the quads without padding
     o = 0
-    for q in range(0, n, 4):
-        acc = 0
+    for q in range(full):  # one check per quad: a character outside the alphabet has bit 7
+        i = 4 * q
+        a = lut[src[i]]
+        b = lut[src[i + 1]]
+        c = lut[src[i + 2]]
+        d = lut[src[i + 3]]
+        if (a | b | c | d) & 0x80:
+            for k in range(4):
+                if lut[src[i + k]] == 255:
+                    return -1 - (i + k)
+        acc = (np.uint32(a) << 18) | (np.uint32(b) << 12) | (np.uint32(c) << 6) | np.uint32(d)
+        out[o] = (acc >> 16) & 0xFF
+        out[o + 1] = (acc >> 8) & 0xFF
+        out[o + 2] = acc & 0xFF
+        o += 3
+    if 4 * full < n:  # the last quad, with its padding
+        i = 4 * full
+        acc = np.uint32(0)
         for k in range(4):
-            i = q + k
-            if i >= body:
-                v = 0
-            else:
-                v = lut[src[i]]
+            v = np.uint8(0)
+            if i + k < n - pad:
+                v = lut[src[i + k]]
                 if v == 255:
-                    return -1 - i
-            acc = (acc << 6) | v
+                    return -1 - (i + k)
+            acc = (acc << 6) | np.uint32(v)
         for k in range(3):
             if o < len(out):
                 out[o] = (acc >> (16 - 8 * k)) & 0xFF
