@@ -45,6 +45,7 @@ kernels clone the page instead.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from typing import Any
@@ -86,6 +87,18 @@ def check_page_bytes(page_bytes: int) -> int:
             f"page_bytes={page_bytes!r}: must be a power of two between {MIN_PAGE_BYTES} "
             f"and {MAX_PAGE_BYTES}")
     return int(page_bytes)
+
+
+def _fresh_zeros(n: int, dtype: np.dtype[Any]) -> np.ndarray:
+    """``np.zeros(n, dtype)`` in its own anonymous mapping: the OS commits and zeroes
+    each page at its first write. (``np.zeros`` of a few MB may come from memory the
+    allocator recycled, which it must zero at once: 1-10 ms per pool on this kind of
+    machine, for an undo log most pools never write.)"""
+    if not hasattr(mmap, "MAP_PRIVATE"):  # (Windows)
+        return np.zeros(n, dtype)
+    # private: a forked child gets its own copy-on-write view, as of np.zeros' memory
+    buf = mmap.mmap(-1, max(1, n * dtype.itemsize), flags=mmap.MAP_PRIVATE)
+    return np.frombuffer(buf, dtype=dtype, count=n)
 
 
 class PagePool:
@@ -136,9 +149,9 @@ class PagePool:
         self.pins = np.zeros(self.n_frames, dtype=np.int32)
         # the undo log of in-place writes to soft-pinned frames (module docstring); the
         # OS commits its memory only as it is written
-        self.undo = np.zeros(4 + 4 * UNDO_ENTRIES, dtype=np.int64)
+        self.undo = _fresh_zeros(4 + 4 * UNDO_ENTRIES, np.dtype(np.int64))
         self.undo[2], self.undo[3] = UNDO_ENTRIES, UNDO_BYTES
-        self.undo_data = np.zeros(UNDO_BYTES, dtype=np.uint8)
+        self.undo_data = _fresh_zeros(UNDO_BYTES, np.dtype(np.uint8))
         self._undo_total = 0
         self._free: list[int] = []
         self._watermark = 0
