@@ -62,7 +62,7 @@ def count_before(col: Any, psf: Any, seqs: Any, hs: Any, cnt: Any, q: Any, right
 
 @jit
 def append_rows(frames: Any, hc: Any, hp: Any, hn: Any, tail: int, tail_seq: int, at: int,
-                m: int, fn: Any, new: Any, counts: Any, top: int, off: int, size: int,
+                m: int, fn: Any, new: Any, counts: Any, top: Any, off: int, size: int,
                 src: Any) -> None:
     """The page writes of appending the flat records ``src`` (``size`` bytes each): the
     first ``m`` into frame ``tail`` (writable) from slot ``at`` on, its count raised by
