@@ -91,9 +91,16 @@ def check_page_bytes(page_bytes: int) -> int:
 
 def _fresh_zeros(n: int, dtype: np.dtype[Any]) -> np.ndarray:
     """``np.zeros(n, dtype)`` in its own anonymous mapping: the OS commits and zeroes
-    each page at its first write. (``np.zeros`` of a few MB may come from memory the
-    allocator recycled, which it must zero at once: 1-10 ms per pool on this kind of
-    machine, for an undo log most pools never write.)"""
+    each page at its first write. Used for the pool's frames and its undo log:
+
+    * ``np.zeros`` of a few MB may come from memory the allocator recycled, which it
+      must zero at once: 1-10 ms per pool on this kind of machine, for an undo log most
+      pools never write;
+    * numpy asks for transparent huge pages on large arrays (``MADV_HUGEPAGE``); where
+      the kernel then compacts memory in the page fault (``defrag=madvise``, a common
+      default) a first write into a 2 MB region can stall the operator for milliseconds
+      (as Redis and others warn). Frames here stay 4 KiB pages; the aggregate of
+      `bench.mmm_ops` runs as fast either way (measured, 100k and 1M groups)."""
     if not hasattr(mmap, "MAP_PRIVATE"):  # (Windows)
         return np.zeros(n, dtype)
     # private: a forked child gets its own copy-on-write view, as of np.zeros' memory
@@ -140,7 +147,7 @@ class PagePool:
             self.n_frames = n_frames
             total = self._total_bytes(n_frames)
             if path is None:
-                self._raw = np.zeros(total, dtype=np.uint8)
+                self._raw = _fresh_zeros(total, np.dtype(np.uint8))
             else:
                 self._raw = np.memmap(path, dtype=np.uint8, mode="w+", shape=(total,))
             hdr = self._raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)
