@@ -726,18 +726,23 @@ class PageManager:
             raise
         loader.finish()
 
-    def _adopt(self, frames: npt.NDArray[np.int64], dedupe: bool) -> None:
+    def _adopt(self, frames: npt.NDArray[np.int64], dedupe: bool,
+               ids: npt.NDArray[np.uint64] | None = None) -> None:
         """Build page sets and the catalog from pages already in ``frames``.
 
         One sort of the PageIDs and one compiled pass (`mmm._kernels.pages.group_pages`)
         that finds repeated PageIDs and the page-set boundaries; then one slice
-        assignment per page set.
+        assignment per page set. ``ids``: the frames' PageIDs when the caller has them
+        (a `Loader` takes them as the pages arrive), else read from the headers here.
         """
         h = self.pool.headers
         frames = np.asarray(frames, dtype=np.int64)
-        ids = h["page_id"][frames]
+        if ids is None:
+            ids = h["page_id"][frames]
         order = np.argsort(ids, kind="stable")  # pages arrive mostly in PageID order
-        keep, lose, starts, dup = group_pages(ids, h["version"][frames], order, dedupe)
+        # versions decide only between copies of one PageID (``dedupe``)
+        keep, lose, starts, dup = group_pages(ids, h["version"][frames] if dedupe else ids,
+                                              order, dedupe)
         if dup >= 0:
             raise PageFormatError(f"page {int(ids[dup]):#x} appears more than once in the load")
         if len(lose):
@@ -826,6 +831,9 @@ class Loader:
     def __init__(self, pm: PageManager) -> None:
         self._pm = pm
         self._frames: list[npt.NDArray[np.int64]] = []
+        # the PageIDs of _frames' pages, read as they arrive (by the reading thread, while
+        # the headers are in its cache): `finish` need not walk every frame's header again
+        self._ids: list[npt.NDArray[np.uint64]] = []
         self._lock = threading.Lock()
         self._done = False
 
@@ -859,6 +867,7 @@ class Loader:
         self._pm.pool.frames[frames] = buf
         with self._lock:
             self._frames.append(frames)
+            self._ids.append(hdr["page_id"].copy())
 
     def reserve(self, n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8] | None]:
         """Take ``n`` free frames to read pages straight into (zero-copy loading).
@@ -897,14 +906,17 @@ class Loader:
         PageFormatError
             If a frame has no page header (the frames are freed).
         """
-        magic = self._pm.pool.headers["magic"][frames]
+        h = self._pm.pool.headers  # (a gather per field: numpy gathers whole header
+        magic = h["magic"][frames]  # records several times slower)
         bad = np.flatnonzero(magic != PAGE_MAGIC)
         if len(bad):
             self._pm.pool.free(frames)
             raise PageFormatError(f"page {int(bad[0])} of this batch has no page header "
                                   f"(magic {int(magic[bad[0]]):#x})")
+        ids = h["page_id"][frames]
         with self._lock:
             self._frames.append(frames)
+            self._ids.append(ids)
 
     def unreserve(self, frames: npt.NDArray[np.int64]) -> None:
         """Give reserved frames back (e.g. their bytes failed a checksum)."""
@@ -922,8 +934,9 @@ class Loader:
         with self._lock:
             self._done = True
             frames = np.concatenate(self._frames) if self._frames else np.zeros(0, np.int64)
+            ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.uint64)
         try:
-            self._pm._adopt(frames, dedupe=False)
+            self._pm._adopt(frames, dedupe=False, ids=ids)
         except PageFormatError:
             self._pm.pool.free(frames)
             self._pm._sets.clear()
@@ -938,3 +951,4 @@ class Loader:
             for f in self._frames:
                 self._pm.pool.free(f)
             self._frames.clear()
+            self._ids.clear()
