@@ -17,10 +17,10 @@ start of the first operator call in a fresh process, with and without a warm num
 The join's batch variant keeps both windows in `PagedDeque` pages and joins each
 batch in one compiled pass (`_join_batch`); its *floor* is that same compiled
 pass over the whole stream with plain numpy state. The paged windows are created
-(a page manager and two structures: 0.5-7 ms on this machine, a one-time cost of a
+(a page manager and two structures: about 0.8 ms on this machine, a one-time cost of a
 running operator) before its timed region and timed on their own
 (``join_setup_ms``); ``join_batch_speedup_vs_list_with_setup`` charges that to the
-stream too (with ``--quick`` it is 10-60% of the stream's time). ``structures`` reports ns per
+stream too (with ``--quick`` about 10% of the stream's time). ``structures`` reports ns per
 record of the compiled OrderedMap / PagedDeque / PagedList paths next to a numpy
 floor doing the same data movement on one flat array.
 
