@@ -26,6 +26,7 @@ from mmm.errors import (IdNotFoundError, KeyFormatError, MmmError, NamespaceFull
                         PageSetNotFoundError, PageSizeError, PoolExhaustedError, PoolFileError, RecordTypeError,
                         SchemaError, SchemaMismatchError, SnapshotStateError,
                         StructureNotFoundError)
+from mmm._kernels import preload_cached as preload_kernels
 from mmm.manager import PSID_LIMIT, Loader, PageManager, PageSet
 from mmm.namespace import Namespace
 from mmm.page import Layout, make_page_id, split_page_id
@@ -38,7 +39,7 @@ from mmm.structures.sequence import PagedDeque, PagedList
 
 __all__ = [
     "PageManager", "PageSet", "Namespace", "PSID_LIMIT", "HashMap", "KeyDict", "OrderedMap", "PagedList", "PagedDeque", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
-    "make_page_id", "split_page_id",
+    "make_page_id", "split_page_id", "preload_kernels",
     "IdNotFoundError", "KeyFormatError", "MmmError", "NamespaceFullError", "PageFormatError",
     "PageSetExistsError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
     "PoolExhaustedError", "PoolFileError", "RecordTypeError", "SchemaError",

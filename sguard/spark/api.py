@@ -276,7 +276,9 @@ def local_session(master: str = "local[2]", app_name: str = "sguard", *,
 
     Python workers run ``PYSPARK_PYTHON`` (default ``python3`` on the PATH); it
     is set to `sys.executable` so workers import pyarrow and sguard from this
-    environment.
+    environment. Workers are forked by `sguard.spark.daemon`, so each starts with
+    sguard imported and its compiled kernels loaded (pass
+    ``conf={"spark.python.daemon.module": "pyspark.daemon"}`` for PySpark's own).
     """
     from pyspark.sql import SparkSession
 
@@ -290,7 +292,9 @@ def local_session(master: str = "local[2]", app_name: str = "sguard", *,
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-         .config("spark.python.worker.faulthandler.enabled", "true"))
+         .config("spark.python.worker.faulthandler.enabled", "true")
+         # workers forked with sguard and its kernels loaded (`sguard.spark.daemon`)
+         .config("spark.python.daemon.module", "sguard.spark.daemon"))
     if master.startswith("local-cluster"):
         b = b.config("spark.executor.memory", "768m")
     for k, v in (conf or {}).items():

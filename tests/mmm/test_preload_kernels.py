@@ -1,0 +1,55 @@
+"""`mmm.preload_kernels`: every compiled variant numba cached for the current code is loaded
+up front, from the cache only (nothing compiled), in a process that never called the kernel.
+
+Each check runs in fresh interpreters sharing one numba cache directory: the first calls a
+kernel (writing its cache entry), the second only preloads and reports what it holds."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+_WRITE = textwrap.dedent("""
+    import numpy as np
+    from mmm._kernels import pages
+    frames = np.zeros((4, 64), np.uint8)
+    pages.copy_frames(frames, np.array([0, 1], np.int64), np.array([2, 3], np.int64))
+""")
+
+_PRELOAD = textwrap.dedent("""
+    import json, os
+    import mmm
+    from mmm._kernels import pages
+    before = len(pages.copy_frames.signatures)
+    loaded, kernels = mmm.preload_kernels()
+    d = pages.copy_frames
+    print(json.dumps({"before": before, "after": len(d.signatures), "loaded": loaded,
+                      "kernels": kernels, "hits": sum(d._cache_hits.values()),
+                      "misses": sum(d._cache_misses.values()),
+                      "threads": len(os.listdir("/proc/self/task"))}))
+""")
+
+
+def _run(code: str, cache: Path) -> str:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600, check=True)
+    return out.stdout
+
+
+def test_preload_loads_cached_variants_without_compiling(tmp_path: Path) -> None:
+    cache = tmp_path / "numba-cache"
+    cold = json.loads(_run(_PRELOAD, cache))
+    assert cold["before"] == 0 and cold["after"] == 0  # nothing cached yet: nothing loaded
+    assert cold["misses"] == 0  # ... and nothing compiled
+    _run(_WRITE, cache)
+    assert any(p.name.startswith("pages.copy_frames") for p in cache.rglob("*.nbi"))
+    got = json.loads(_run(_PRELOAD, cache))
+    assert got["before"] == 0  # importing mmm loads nothing by itself
+    assert got["after"] >= 1  # the variant the other process compiled is in memory
+    assert got["hits"] >= 1 and got["misses"] == 0  # from the cache, nothing compiled
+    assert got["loaded"] >= got["after"] and got["kernels"] > 20
+    assert got["loaded"] > cold["loaded"]
