@@ -3,7 +3,8 @@
 Used by `bench.rescale` (``restart_downtime_s``). A real query
 (``local[2]``, a parquet file source with one file per micro-batch, the
 running aggregate, a ``noop`` sink) first builds a state of about
-``state_mb`` MB (``~70`` bytes per key) in 2 partitions, then is stopped and
+``state_mb`` MB (``~70`` bytes per key) in 2 partitions (their local state where
+the runtime keeps it by default: under /dev/shm when writable), then is stopped and
 restarted, one new small file waiting each time, in this order per cycle:
 
 * 2 -> 2: the baseline, the same restart without a partition change (the
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,8 +84,12 @@ class _Query:
         self.live = work / "input"
         self.live.mkdir(parents=True)
         (work / "stage").mkdir()
-        self.uri, self.ckpt, self.local = (str(work / "state"), str(work / "ckpt"),
-                                           str(work / "local"))
+        self.uri, self.ckpt = str(work / "state"), str(work / "ckpt")
+        # the partitions' local state where the runtime keeps it by default (/dev/shm when
+        # writable: `default_local_dir`), in a directory of its own, deleted at the end
+        from sguard.spark.placement import default_local_dir
+        self.local = tempfile.mkdtemp(prefix="sguard-bench-restart-",
+                                      dir=os.path.dirname(default_local_dir()))
         self.n_keys = max(10_000, int(state_mb * MB / BYTES_PER_KEY))
         self.key_groups = key_groups
         self.seq = 0
