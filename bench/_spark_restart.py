@@ -323,6 +323,11 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
     if out["restart_downtime_s"] and out["restart_downtime_same_p_s"]:
         out["restart_downtime_ratio_vs_unchanged"] = (out["restart_downtime_s"]
                                                       / out["restart_downtime_same_p_s"])
+        # each 2 -> 4 over the 2 -> 2 just before it: the spread behind the medians
+        rs = data["restarts"]
+        out["restart_downtime_ratio_vs_unchanged_each"] = [
+            b["downtime_s"] / a["downtime_s"] for a, b in zip(rs, rs[1:])
+            if (a["from"], a["to"], b["from"], b["to"]) == (2, 2, 2, 4)]
     return out
 
 

@@ -116,8 +116,11 @@ class KeyGroupedState(OperatorState):
                 f"{int(bad.sum())} row(s) of key group(s) "
                 f"{sorted(set(kg[bad].tolist()))[:5]} reached the partition that owns key "
                 f"groups [{self.lo}, {self.hi})")
-        order = np.argsort(kg, kind="stable")
-        skg = kg[order]
+        # key groups are < MAX_KEY_GROUPS = 2**15 (checked above against the range): as
+        # int16, numpy's stable argsort is a radix sort, 5x faster than on int32
+        k16 = kg.astype(np.int16)
+        order = np.argsort(k16, kind="stable")
+        skg = k16[order]
         if not np.array_equal(order, np.arange(len(kg))):
             data = data.take(pa.array(order))
         cuts = np.flatnonzero(np.diff(skg)) + 1
