@@ -121,7 +121,8 @@ def input_dir(root: Path, n_keys: int, n_batches: int, kind: str = "int") -> Pat
 
 # -- Spark session ---------------------------------------------------------------------------------
 def spark_session(local_dir: Path, partitions: int = 2) -> Any:
-    """``local[2]`` with ``partitions`` shuffle partitions, workers on this interpreter."""
+    """``local[2]`` with ``partitions`` shuffle partitions, workers on this interpreter,
+    forked by `sguard.spark.daemon` (the Python baselines' too: they get its frozen GC)."""
     import sys
 
     repo = str(Path(__file__).resolve().parent.parent)
@@ -143,6 +144,9 @@ def spark_session(local_dir: Path, partitions: int = 2) -> Any:
              .config("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
              .config("spark.sql.adaptive.enabled", "false")
              .config("spark.python.worker.reuse", "true")
+             # every Python worker (sguard's and the Python baselines') forked by sguard's
+             # daemon, as `sguard.spark.local_session` and the README advise
+             .config("spark.python.daemon.module", "sguard.spark.daemon")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
