@@ -50,7 +50,7 @@ def preload_cached() -> tuple[int, int]:
     holds for its current source: ``(variants loaded, kernels)``.
 
     A kernel is otherwise loaded from the cache at its first call with new argument
-    types, 5-50 ms each, inside whatever operation called it first: a fresh process's
+    types, ~7-15 ms each, inside whatever operation called it first: a fresh process's
     first batch, or its first recovery, pays for every kernel it touches. A process
     that forks workers (`sguard.spark.daemon`, PySpark's daemon) calls this once so
     that they start with every kernel in memory. Compiles nothing: a cache entry

@@ -4,7 +4,7 @@ PySpark starts one daemon per executor (``pyspark.daemon``) and forks a worker
 from it for each Python task slot, again whenever a worker dies (a crash, a
 killed task, an idle timeout) or a task needs one more. A fresh worker imports
 sguard at its first task and loads each numba kernel from the disk cache at the
-kernel's first call: about 0.5 s of imports and 5-50 ms per kernel, paid inside
+kernel's first call: about 0.5 s of imports and ~7-15 ms per kernel, paid inside
 that task, so the first batch a new worker runs, and above all the recovery it
 runs after a crash or a rescale (whose kernels no earlier task touched), is slowed
 by what is the same in every worker.
