@@ -85,11 +85,6 @@ class _Query:
         self.live.mkdir(parents=True)
         (work / "stage").mkdir()
         self.uri, self.ckpt = str(work / "state"), str(work / "ckpt")
-        # the partitions' local state where the runtime keeps it by default (/dev/shm when
-        # writable: `default_local_dir`), in a directory of its own, deleted at the end
-        from sguard.spark.placement import default_local_dir
-        self.local = tempfile.mkdtemp(prefix="sguard-bench-restart-",
-                                      dir=os.path.dirname(default_local_dir()))
         self.n_keys = max(10_000, int(state_mb * MB / BYTES_PER_KEY))
         self.key_groups = key_groups
         self.seq = 0
@@ -98,6 +93,11 @@ class _Query:
         self.capacity = max(1 << 30, int(4 * self.n_keys * BYTES_PER_KEY))
         self.op = ss.RunningAggregate(value="v")
         self.cfg = ss.CheckpointConfig(every_n_batches=2)
+        # the partitions' local state where the runtime keeps it by default (/dev/shm when
+        # writable: `default_local_dir`), in a directory of its own that `run` deletes
+        from sguard.spark.placement import default_local_dir
+        self.local = tempfile.mkdtemp(prefix="sguard-bench-restart-",
+                                      dir=os.path.dirname(default_local_dir()))
 
     def feed(self, keys: np.ndarray) -> None:
         """One input file of ``keys`` (the next in the source's order)."""

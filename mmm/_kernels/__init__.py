@@ -54,8 +54,8 @@ def preload_cached() -> tuple[int, int]:
     first batch, or its first recovery, pays for every kernel it touches. A process
     that forks workers (`sguard.spark.daemon`, PySpark's daemon) calls this once so
     that they start with every kernel in memory. Compiles nothing: a cache entry
-    written for other source code, another CPU or another numba is skipped, and so is
-    one that fails to load is left to its first call. Starts no thread.
+    written for other source code, another CPU or another numba is skipped, and one
+    that fails to load is left to its first call. Starts no thread.
     """
     loaded = 0
     for disp in list(_KERNELS):

@@ -19,10 +19,9 @@ starts with all of it in memory, shared copy-on-write. The freeze matters as
 much: a reused worker runs ``gc.collect()`` after every task, which otherwise
 walks every object of those imports (about 130,000, 50 ms a task here) before
 the worker takes its next task, on the critical path of a batch of more tasks
-than cores. Nothing here starts a thread (the daemon
-must not have any when it forks), writes to stdout (the daemon's port goes
-there), or compiles anything; a failure to preload is reported on stderr and the
-daemon runs as PySpark's would.
+than cores. Nothing here starts a thread (the daemon must not have any when it
+forks), writes to stdout (the daemon's port goes there), or compiles anything; a
+failure to preload is reported on stderr and the daemon runs as PySpark's would.
 """
 from __future__ import annotations
 
