@@ -16,7 +16,10 @@ rollback), `checkpointing` (asynchronous DFS checkpoints), `inputlog`
 (the HAInput log), `fencing` (ownership epochs), `recovery` (rebuilding a
 partition from a checkpoint and the log), `metrics` (JSON-lines metrics), `state`
 (reading state back), `reader` (the durable state as a DataFrame: `read_state`),
-`ttl` (state time-to-live), `rescaling` (repartitioning at start-up), `cli`
+`ttl` (state time-to-live), `processors` (PySpark StatefulProcessors on sguard state:
+`transform_with_state`), `processor_state` (their state variables and timers in pages),
+`vectorized` (the vectorized processor form), `watermark` (the query's event-time
+watermark), `rescaling` (repartitioning at start-up), `cli`
 (``sguard spark demo|status``), `demo` (the main job).
 """
 from sguard.spark.api import local_session, stateful, stream_join
@@ -31,10 +34,15 @@ from sguard.spark.operators import (Operator, OperatorState, RunningAggregate, W
 from sguard.spark.runtime import Fault, FaultPlan, InjectedFault
 from sguard.spark.reader import BatchNotAvailableError, read_state
 from sguard.spark.ttl import TTL
+from sguard.spark.processors import (ProcessorOutputError, ProcessorPhaseError,
+                                     transform_with_state, transform_with_state_in_pandas)
+from sguard.spark.vectorized import VectorizedProcessor
 
 __all__ = ["stateful", "stream_join", "local_session", "CheckpointConfig", "Operator",
            "OperatorState", "RunningAggregate", "WindowAggregate", "WindowJoin", "Fault",
            "FaultPlan", "InjectedFault", "read_state", "BatchNotAvailableError", "TTL",
            "SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError", "OperatorMismatchError",
            "StateAheadError", "InputLogGapError", "PartitionLockTimeout", "NotStreamingError",
-           "KeyIndex", "NullKeyError", "key_spec", "FencedError", "UnrecoverableStateError"]
+           "KeyIndex", "NullKeyError", "key_spec", "FencedError", "UnrecoverableStateError",
+           "transform_with_state", "transform_with_state_in_pandas", "VectorizedProcessor",
+           "ProcessorOutputError", "ProcessorPhaseError"]

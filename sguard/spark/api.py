@@ -14,6 +14,7 @@ offsets and commits; use the same one on every restart.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -212,7 +213,19 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         generation=existing.generation if existing is not None else 0,
         extra={"arrow_schema": schema_to_json(in_schema), "keys": spec.describe()})
     if existing is not None:
+        evolved = None
+        reconcile = getattr(operator, "reconcile", None)
+        if reconcile is not None and existing.operator == operator.kind:
+            # parameters that may evolve between runs (a processor's state schemas)
+            evolved = reconcile(existing.schema.get("params") or {})
+            layout = dataclasses.replace(layout, schema={**layout.schema, "params": evolved})
         _check_layout(existing, layout, root.uri)
+        if evolved is not None and evolved != existing.schema.get("params"):
+            existing = dataclasses.replace(existing,
+                                           schema={**existing.schema, "params": evolved})
+            write_layout(root, existing)
+            logger.warning("state at %s: state variable schemas evolved (%s)", root.uri,
+                           operator.kind)
         if num_partitions != existing.num_partitions:
             # no sweep: the old generation holds the sources until every new partition
             # has composed (a later start-up's sweep deletes what is left then)

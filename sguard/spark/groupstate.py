@@ -76,7 +76,8 @@ class KeyGroupedState(OperatorState):
         self.lo, self.hi = kg_range
         self.out_schema = operator.output_schema(schema, key)
         # a processing-time TTL evicts keys of every key group each batch, rows or not
-        self.every_batch = _ttl.needs_batch_time(operator)
+        self.every_batch = (_ttl.needs_batch_time(operator)
+                            and getattr(operator, "visits_every_key_group", True))
         self._states: dict[int, OperatorState] = {}
         for kg in stored_key_groups(pm):
             self._check(kg)
@@ -129,8 +130,23 @@ class KeyGroupedState(OperatorState):
         return [(int(skg[s]), data.slice(s, e - s)) for s, e in zip(starts, ends)]
 
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
+        # an operator with partition-level hooks (a processor: init/close once per
+        # partition and batch, `sguard.spark.processors`)
+        begin = getattr(self.operator, "begin_partition_batch", None)
+        if begin is None:
+            return self._apply(table, batch_id)
+        begin(batch_id, table, (self.lo, self.hi))
+        try:
+            return self._apply(table, batch_id)
+        finally:
+            self.operator.end_partition_batch()  # type: ignore[attr-defined]
+
+    def _apply(self, table: pa.Table, batch_id: int) -> pa.Table:
         parts = dict(self.split(table))
         todo = sorted(set(parts) | set(self.key_groups())) if self.every_batch else sorted(parts)
+        extra = getattr(self.operator, "extra_key_groups", None)
+        if extra is not None:
+            todo = sorted(set(todo) | set(extra()))
         empty = None
         outs = []
         for kg in todo:
@@ -151,6 +167,18 @@ class KeyGroupedState(OperatorState):
         outs = [o for o in outs if o.num_rows]
         if not outs:
             return self.out_schema.empty_table()
+        return pa.concat_tables(outs)
+
+    def dump_each(self, fn: Any) -> pa.Table:
+        """``fn(state)`` of every key group's operator state, concatenated in key-group
+        order (a processor's `dump_var`, say)."""
+        outs = [fn(self.state(kg)) for kg in self.key_groups()]
+        if not outs:  # the empty table of that schema, from a throwaway page manager
+            pm = PageManager(1 << 12, 1 << 24)
+            try:
+                return fn(self.operator.open(pm, self.schema, self.key))
+            finally:
+                pm.close()
         return pa.concat_tables(outs)
 
     def n_keys(self) -> int:

@@ -186,13 +186,28 @@ def _check_batch(batch_id: Any, rng: tuple[int, int], uri: str) -> int:
     return batch_id
 
 
-def state_schema(layout: OperatorLayout) -> pa.Schema:
+def _dump(state: Any, view: tuple[str | None, bool]) -> pa.Table:
+    """An operator state's rows: `dump`, or a processor's variable (``view[0]``) or timers
+    (``view[1]``)."""
+    var, timers = view
+    if var is None and not timers:
+        return state.dump()  # type: ignore[no-any-return]
+    if not hasattr(state, "dump_var") and not hasattr(state, "dump_each"):
+        raise ValueError("state_var= and timers= read a processor's state "
+                         "(sguard.spark.transform_with_state); this state URI holds another "
+                         "operator's")
+    fn = (lambda s: s.dump_timers()) if timers else (lambda s: s.dump_var(var))
+    return state.dump_each(fn) if hasattr(state, "dump_each") else fn(state)  # type: ignore
+
+
+def state_schema(layout: OperatorLayout, view: tuple[str | None, bool] = (None, False)
+                 ) -> pa.Schema:
     """The schema of `read_state`'s rows: the operator's dump schema plus ``partition_id``."""
     from sguard.spark.api import schema_from_layout
     op = operator_from_params(layout.operator, layout.schema["params"])
     pm = PageManager(1 << 12, 1 << 24)
     try:
-        dump = op.open(pm, schema_from_layout(layout), layout.key).dump().schema
+        dump = _dump(op.open(pm, schema_from_layout(layout), layout.key), view).schema
     finally:
         pm.close()
     return dump.append(pa.field(PARTITION_COLUMN, pa.int32(), nullable=False))
@@ -208,7 +223,8 @@ def _page_bytes(root: StorageRoot, seq: int | None, layout: OperatorLayout,
     raise FileNotFoundError(f"checkpoint {seq} of {layout.haunit(partition)} vanished")
 
 
-def _read_once(root: StorageRoot, layout: OperatorLayout, partition: int, batch: int
+def _read_once(root: StorageRoot, layout: OperatorLayout, partition: int, batch: int,
+               view: tuple[str | None, bool] = (None, False), processor: Any = None
                ) -> pa.Table:
     """The newest checkpoint at or below `batch` that loads and whose log reaches it, plus
     the replay (`sguard.spark.recovery`, as the runtime recovers; a stale owner's files
@@ -232,17 +248,25 @@ def _read_once(root: StorageRoot, layout: OperatorLayout, partition: int, batch:
     restore_fn = checkpoint_restorer(pm, root, layout, partition, pend)
 
     op = operator_from_params(layout.operator, layout.schema["params"])
+    if hasattr(op, "processor"):  # a processor's log replays through the processor itself
+        op.processor = processor
+        if processor is None and pts[-1].batch != batch:
+            raise BatchNotAvailableError(
+                f"batch {batch}: partition {partition}'s newest checkpoint at or below it holds "
+                f"batch {pts[-1].batch}; reaching {batch} replays the input log through the "
+                f"processor: pass processor= (an instance of the query's processor class)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DamagedCheckpointWarning)  # logged by ioservice
         got = rebuild_partition(pm, root, layout, partition, op, schema_from_layout(layout),
                                 batch, restore_fn, fencing.read_claims(root, hu), ahead="skip")
-    t = got.state.dump()
+    t = _dump(got.state, view)
     return t.append_column(pa.field(PARTITION_COLUMN, pa.int32(), nullable=False),
                            pa.array([partition] * t.num_rows, pa.int32()))
 
 
 def read_partition_at(root: StorageRoot, layout: OperatorLayout, partition: int,
-                      batch: int) -> pa.Table:
+                      batch: int, view: tuple[str | None, bool] = (None, False),
+                      processor: Any = None) -> pa.Table:
     """One partition's state after `batch`, with ``partition_id`` (what a task of
     `read_state` computes; usable without Spark).
 
@@ -259,7 +283,7 @@ def read_partition_at(root: StorageRoot, layout: OperatorLayout, partition: int,
     last: Exception | None = None
     for attempt in range(_RETRIES):
         try:
-            return _read_once(root, layout, partition, batch)
+            return _read_once(root, layout, partition, batch, view, processor)
         except BatchNotAvailableError:
             raise
         except (InputLogGapError, FileNotFoundError) as exc:
@@ -271,7 +295,8 @@ def read_partition_at(root: StorageRoot, layout: OperatorLayout, partition: int,
 
 
 def read_state(spark: Any, state_uri: str, batch_id: int | None = None, *,
-               storage_options: dict[str, Any] | None = None) -> Any:
+               storage_options: dict[str, Any] | None = None, state_var: str | None = None,
+               timers: bool = False, processor: Any = None) -> Any:
     """The operator state under `state_uri` as a DataFrame, one Spark task per partition.
 
     Parameters
@@ -284,6 +309,17 @@ def read_state(spark: Any, state_uri: str, batch_id: int | None = None, *,
         newest batch durable for every partition (`available_batches`).
     storage_options : dict, optional
         Keyword arguments of `ioservice.open_root` (e.g. ``s3_endpoint``).
+    state_var : str, optional
+        A processor's state variable (`sguard.spark.transform_with_state`), as Spark's
+        ``statestore`` source reads one with ``stateVarName``: the key columns, then
+        ``value`` (a value state; one row per element of a list state) or
+        ``user_map_key`` and ``user_map_value`` (a map state), and
+        ``expiration_timestamp_ms`` for a variable with a TTL.
+    timers : bool
+        A processor's registered timers: the key columns and ``expiration_timestamp_ms``.
+    processor : StatefulProcessor, optional
+        An instance of the query's processor class: needed to read a processor's state at
+        a batch after its newest checkpoint (the input log is replayed through it).
 
     Returns
     -------
@@ -316,7 +352,8 @@ def read_state(spark: Any, state_uri: str, batch_id: int | None = None, *,
     layout = load_layout(state_uri, opts)
     rng = _available(root, layout)
     batch = rng[1] if batch_id is None else _check_batch(batch_id, rng, root.uri)
-    schema = state_schema(layout)
+    view = (state_var, bool(timers))
+    schema = state_schema(layout, view)
     n = layout.num_partitions
     uri, lay_json = state_uri, layout.to_json()
 
@@ -326,7 +363,7 @@ def read_state(spark: Any, state_uri: str, batch_id: int | None = None, *,
         lay = _L.from_json(lay_json)
         for rb in batches:
             for p in rb.column(0).to_pylist():
-                t = read_partition_at(r, lay, int(p), batch)
+                t = read_partition_at(r, lay, int(p), batch, view, processor)
                 if t.schema != schema:
                     t = t.cast(schema)
                 yield from t.to_batches(max_chunksize=65536)

@@ -46,7 +46,7 @@ import pyarrow as pa
 
 from ioservice import IOService, Manifest, StorageRoot, open_root
 from mmm import PageManager, PoolFileError, Snapshot
-from sguard.spark import fencing, inputlog, metrics
+from sguard.spark import fencing, inputlog, metrics, watermark
 from sguard.spark import ttl as _ttl
 from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
@@ -342,6 +342,9 @@ class _Partition:
             if _ttl.needs_batch_time(cfg.operator):  # the time an earlier run of b recorded
                 table = _ttl.with_batch_time(table, inputlog.recorded_batch_time_ms(
                     self.rt.root, b, cfg.layout.generation, self.p))
+            event_time = getattr(cfg.operator, "event_time", None)
+            if event_time is not None:  # the query's watermark (`sguard.spark.watermark`)
+                table = watermark.stamp(table, self.rt.root, b, event_time[1])
             self._fault(b, "start", table)
             marker = slot.read_marker()
             if self._own(b, marker):
@@ -426,6 +429,8 @@ class _Partition:
             log_wait_ms = (time.perf_counter() - t_log) * 1e3
             # still the owner once the input is logged? else this attempt must not count
             fencing.check_owner(self.rt.root, self.haunit, self.claim, f"batch {b}")
+            if event_time is not None:  # what this partition saw, for batch b + 1's watermark
+                watermark.record(self.rt.root, b, self.p, table, event_time[0])
             self._write_marker("applied", b, b - 1)
             self._fault(b, "end", table)
             out = out.cast(cfg.output_schema) if out.schema != cfg.output_schema else out

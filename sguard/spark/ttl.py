@@ -151,6 +151,8 @@ class TTL:
 
 def needs_batch_time(operator: Any) -> bool:
     """Whether the runtime must record a processing time for `operator`'s batches."""
+    if getattr(operator, "needs_batch_time", False) is True:  # e.g. a processor's clock
+        return True
     ttl = getattr(operator, "ttl", None)
     return isinstance(ttl, TTL) and ttl.mode == "processing"
 
