@@ -1,17 +1,27 @@
-"""Every command in the README works as written, from a copy of the checkout.
+"""Every command in the README and in the guides (docs/*.md) works as written, from a copy
+of the checkout.
 
-The README's ```bash blocks are run line by line, in order, by ``bash`` in one
-scratch copy of the checkout (a "fresh clone") whose ``.venv`` is the
-checkout's own, already set up by the README's first commands (``scripts/test.sh``
-sources ``scripts/_venv.sh`` before the suite starts). Its ```python blocks are
-run by the interpreter under test. ```text blocks (commands that need your own
-S3 or HDFS service) are not run.
+The pages are README.md, then docs/*.md in name order. Their ```bash blocks are run line by
+line, in order, by ``bash`` in one scratch copy of the checkout (a "fresh clone", shared by
+every page) whose ``.venv`` is the checkout's own, already set up by the README's first
+commands (``scripts/test.sh`` sources ``scripts/_venv.sh`` before the suite starts). Each
+bash block is one test (``test_page_bash_block[docs/peace.md:bash1]``), so a failure names
+its page; lines that depend on each other (``sguard demo`` then ``sguard checkpoints ls`` of
+its output) sit in one block. The prose's inline commands (see `inline_commands`) of a page
+run after its blocks, as one more test (``...:inline``). Its ```python blocks are run, one
+test each, by the interpreter under test. ```text blocks (commands that need your own S3 or
+HDFS service, patterns with placeholders) are not run.
+
+De-duplication, to keep the run as long as it was when only the README was run: each
+distinct command line (as run, i.e. after its reduction below) runs once per test run, and
+each distinct python block once; a page that repeats a command another page already ran
+skips it. So a guide may repeat the README's commands for the reader at no cost.
 
 Long commands run in a reduced form: the command exactly as written, with
 arguments appended that make it small (argparse takes the last value of an
-option), so the script, module and every option written in the README must
+option), so the script, module and every option written on a page must
 exist and parse. Commands without a size knob run as ``--help`` by default and
-in full under ``-m slow``, as does every command unreduced. A README command
+in full under ``-m slow``, as does every command unreduced. A command on a page
 that is neither run nor listed in `REDUCED` fails the test: add an entry when a
 new long command is documented.
 """
@@ -52,14 +62,19 @@ REDUCED: dict[tuple[str, ...], list[str]] = {
     (".venv/bin/python", "-m", "bench.spark_stateful"): ["--help"],
     (".venv/bin/python", "-m", "bench.rescale"): ["--help"],
     (".venv/bin/python", "-m", "bench.peace_live"): ["--help"],
+    (".venv/bin/python", "-m", "bench.keydict"): ["--help"],
+    (".venv/bin/python", "-m", "bench.spark_keys"): ["--help"],
+    (".venv/bin/python", "-m", "bench.spark_ttl"): ["--help"],
 }
+#: benches that write only <name>.json (no plot)
+NO_PLOT = {"keydict", "spark_keys", "spark_ttl"}
 #: the README's test command is the suite running this very test; CI runs it (checked below)
 SELF = ("bash", "scripts/test.sh")
 TIMEOUT_S = 900
 
 
 def checkout() -> Path:
-    """The checkout whose README is tested: ``$SGUARD_REPO`` or the directory above tests/."""
+    """The checkout whose pages are tested: ``$SGUARD_REPO`` or the directory above tests/."""
     env = os.environ.get("SGUARD_REPO")
     root = Path(env) if env else Path(__file__).resolve().parents[1]
     assert (root / "README.md").is_file() and (root / "scripts").is_dir(), \
@@ -67,25 +82,40 @@ def checkout() -> Path:
     return root
 
 
+def pages(root: Path | None = None) -> list[str]:
+    """The pages whose commands are run: README.md, then docs/*.md by name (paths from root)."""
+    root = root or checkout()
+    return ["README.md"] + sorted(p.relative_to(root).as_posix()
+                                  for p in (root / "docs").glob("*.md"))
+
+
+def page_text(page: str) -> str:
+    return (checkout() / page).read_text(encoding="utf-8")
+
+
 def blocks(text: str, lang: str) -> list[str]:
     """The bodies of the fenced ```<lang> blocks of a markdown text."""
     return [m.group(1) for m in re.finditer(rf"^```{lang}\n(.*?)^```", text, re.S | re.M)]
 
 
-def commands(text: str) -> list[str]:
-    """The command lines of the bash blocks (continuations joined, comments kept)."""
+def block_commands(body: str) -> list[str]:
+    """The command lines of one bash block (continuations joined, comments kept)."""
     out: list[str] = []
-    for body in blocks(text, "bash"):
+    pending = ""
+    for line in body.splitlines():
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        line = pending + line
         pending = ""
-        for line in body.splitlines():
-            if line.rstrip().endswith("\\"):
-                pending += line.rstrip()[:-1] + " "
-                continue
-            line = pending + line
-            pending = ""
-            if line.strip() and not line.strip().startswith("#"):
-                out.append(line.strip())
+        if line.strip() and not line.strip().startswith("#"):
+            out.append(line.strip())
     return out
+
+
+def commands(text: str) -> list[str]:
+    """The command lines of all bash blocks of a page."""
+    return [c for body in blocks(text, "bash") for c in block_commands(body)]
 
 
 def inline_commands(text: str) -> list[str]:
@@ -130,67 +160,120 @@ def _digest(d: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.glob("*"))}
 
 
-def run_readme(tmp_path: Path, full: bool) -> list[str]:
-    """Run every README command in a fresh copy; returns what was run. Asserts each succeeds."""
-    src = checkout()
-    text = (src / "README.md").read_text(encoding="utf-8")
-    cmds = commands(text)
-    assert len(cmds) >= 10, cmds
-    cmds += [c for c in inline_commands(text) if c not in cmds]
-    clone = fresh_clone(src, tmp_path / "clone")
-    results_before = _digest(clone / "bench" / "results")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "SGUARD_TEST_INSTALLED")}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if not p.startswith(sys.prefix))
-    ran: list[str] = []
-    for cmd in cmds:
-        words = tuple(shlex.split(cmd, comments=True))
-        if words[:len(SELF)] == SELF:
-            continue
-        key, extra = reduction(cmd)
-        line = cmd if full or key is None else shlex.join([*words, *extra])
-        out = subprocess.run(["bash", "-c", line], cwd=clone, env=env, capture_output=True,
-                             text=True, timeout=TIMEOUT_S)
-        assert out.returncode == 0, (f"README command failed (exit {out.returncode}): {line}\n"
-                                     f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-        ran.append(line)
-        if (len(words) >= 3 and words[:2] == (".venv/bin/python", "-m")
-                and words[2].startswith("bench.") and "--help" not in line):
-            name = words[2].split(".", 1)[1]
-            assert (clone / "bench" / "out" / f"{name}.json").is_file(), line
-            assert (clone / "bench" / "out" / f"{name}.png").is_file(), line
-    assert _digest(clone / "bench" / "results") == results_before, \
-        "a README command changed the committed bench/results"
-    return ran
+class Clone:
+    """The scratch copy every page's commands run in, and what already ran there."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dir = fresh_clone(checkout(), dest)
+        self.results = _digest(self.dir / "bench" / "results")
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("PYTHONPATH", "VIRTUAL_ENV", "SGUARD_TEST_INSTALLED")}
+        self.env["PATH"] = os.pathsep.join(p for p in self.env.get("PATH", "").split(os.pathsep)
+                                           if not p.startswith(sys.prefix))
+        self.ran: list[str] = []
+
+    def run(self, where: str, cmds: list[str], full: bool) -> list[str]:
+        """Run each command not run before (reduced unless ``full``); returns those run."""
+        done: list[str] = []
+        for cmd in cmds:
+            words = tuple(shlex.split(cmd, comments=True))
+            if words[:len(SELF)] == SELF:
+                continue
+            key, extra = reduction(cmd)
+            line = cmd if full or key is None else shlex.join([*words, *extra])
+            if line in self.ran:  # another page ran this very command: once is enough
+                continue
+            out = subprocess.run(["bash", "-c", line], cwd=self.dir, env=self.env,
+                                 capture_output=True, text=True, timeout=TIMEOUT_S)
+            assert out.returncode == 0, (f"{where}: command failed (exit {out.returncode}): "
+                                         f"{line}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+            self.ran.append(line)
+            done.append(line)
+            if (len(words) >= 3 and words[:2] == (".venv/bin/python", "-m")
+                    and words[2].startswith("bench.") and "--help" not in line):
+                name = words[2].split(".", 1)[1]
+                assert (self.dir / "bench" / "out" / f"{name}.json").is_file(), line
+                if name not in NO_PLOT:
+                    assert (self.dir / "bench" / "out" / f"{name}.png").is_file(), line
+        assert _digest(self.dir / "bench" / "results") == self.results, \
+            f"{where}: a command changed the committed bench/results"
+        return done
 
 
-def test_every_readme_bash_command_runs_as_written(tmp_path: Path) -> None:
-    """Each command of the README's bash blocks exits 0 in a fresh copy (reduced if long)."""
-    ran = run_readme(tmp_path, full=False)
-    assert any(r.startswith(".venv/bin/sguard checkpoints ls") for r in ran)
-    assert any(r.startswith("bash scripts/demo.sh") for r in ran)
+def bash_items() -> list[tuple[str, str]]:
+    """(page, item) per bash block (``bash1``...) and per page with inline commands."""
+    items: list[tuple[str, str]] = []
+    for page in pages():
+        text = page_text(page)
+        items += [(page, f"bash{i + 1}") for i in range(len(blocks(text, "bash")))]
+        if inline_commands(text):
+            items.append((page, "inline"))
+    return items
+
+
+def item_commands(page: str, item: str) -> list[str]:
+    text = page_text(page)
+    if item == "inline":
+        return inline_commands(text)
+    return block_commands(blocks(text, "bash")[int(item.removeprefix("bash")) - 1])
+
+
+def python_items() -> list[tuple[str, int]]:
+    return [(page, i + 1) for page in pages()
+            for i in range(len(blocks(page_text(page), "python")))]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Clone:
+    return Clone(tmp_path_factory.mktemp("pages") / "clone")
+
+
+@pytest.mark.parametrize(("page", "item"), [pytest.param(p, i, id=f"{p}:{i}")
+                                            for p, i in bash_items()])
+def test_page_bash_block(page: str, item: str, clone: Clone) -> None:
+    """Each command of a page's bash block (or its prose) exits 0 in the fresh copy
+    (reduced if long; skipped if another page already ran it)."""
+    clone.run(f"{page}:{item}", item_commands(page, item), full=False)
+
+
+def test_pages_cover_the_essentials() -> None:
+    """The pages together document enough commands, and the ones this suite relies on."""
+    every = [c for page in pages() for c in commands(page_text(page))]
+    assert len(every) >= 10, every
+    readme = commands(page_text("README.md"))
+    assert any(c.startswith("bash scripts/demo.sh") for c in readme), readme
+    assert any(c.startswith(".venv/bin/sguard checkpoints ls") for c in every), every
+    assert any(c.startswith(".venv/bin/sguard demo") for c in every), every
 
 
 @pytest.mark.slow
-def test_every_readme_bash_command_runs_in_full(tmp_path: Path, request: pytest.FixtureRequest
-                                                ) -> None:
-    """The same, unreduced (5-30 minutes: opt-in with ``-m slow`` or ``SGUARD_SLOW=1``)."""
+def test_every_page_command_runs_in_full(tmp_path: Path, request: pytest.FixtureRequest
+                                         ) -> None:
+    """The same, unreduced, every page in order (5-30 minutes: opt-in with ``-m slow`` or
+    ``SGUARD_SLOW=1``)."""
     markexpr = str(request.config.getoption("markexpr") or "")
     if os.environ.get("SGUARD_SLOW") != "1" and not re.fullmatch(r"\s*slow\s*", markexpr):
         pytest.skip("opt-in: -m slow or SGUARD_SLOW=1")
-    run_readme(tmp_path, full=True)
+    full = Clone(tmp_path / "clone")
+    for page, item in bash_items():
+        full.run(f"{page}:{item}", item_commands(page, item), full=True)
 
 
-def test_readme_python_blocks_run(tmp_path: Path) -> None:
-    """Each ```python block of the README runs without error on the package under test."""
-    text = (checkout() / "README.md").read_text(encoding="utf-8")
-    bodies = blocks(text, "python")
-    assert len(bodies) >= 2
-    for body in bodies:
-        out = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=300)
-        assert out.returncode == 0, f"README python block failed:\n{body}\n{out.stderr[-3000:]}"
+_PYTHON_RAN: set[str] = set()
+
+
+@pytest.mark.parametrize(("page", "index"), [pytest.param(p, i, id=f"{p}:python{i}")
+                                             for p, i in python_items()])
+def test_page_python_block(page: str, index: int, tmp_path: Path) -> None:
+    """Each ```python block of a page runs without error on the package under test
+    (a block identical to one already run is not run again)."""
+    body = blocks(page_text(page), "python")[index - 1]
+    if body in _PYTHON_RAN:
+        return
+    out = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, f"{page}: python block {index} failed:\n{body}\n{out.stderr[-3000:]}"
+    _PYTHON_RAN.add(body)
 
 
 def test_readme_test_command_is_what_ci_runs() -> None:
@@ -202,22 +285,37 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     assert re.search(r"^\s*bash scripts/test\.sh\b", ci, re.M), ci
 
 
-def test_bare_sguard_is_not_assumed_on_path() -> None:
-    """No README command, in a block or inline, calls a bare `sguard` / `python` / `pytest`.
+@pytest.mark.parametrize("page", pages())
+def test_bare_sguard_is_not_assumed_on_path(page: str) -> None:
+    """No command of a page, in a block or inline, calls a bare `sguard` / `python` / `pytest`.
 
     They live in .venv/bin, which the README's two commands do not put on PATH.
     """
-    text = (checkout() / "README.md").read_text(encoding="utf-8")
+    text = page_text(page)
     prose = re.sub(r"^```.*?^```", "", re.sub(r"<!--.*?-->", "", text, flags=re.S),
                    flags=re.S | re.M)
     for cmd in commands(text) + re.findall(r"`([^`\n]+)`", prose):
-        assert not re.match(r"^(sguard|python3?|pytest) ", cmd), cmd
+        assert not re.match(r"^(sguard|python3?|pytest) ", cmd), f"{page}: {cmd}"
+
+
+def test_no_page_speaks_of_sessions() -> None:
+    """The pages date what they report; "this session" and the like mean nothing to a reader.
+
+    A SparkSession (``local_session``) or a process session of its own (``setsid``) is fine.
+    """
+    allowed = re.compile(r"(?i)(spark|local_|own_|new_)session|process sessions?\b|"
+                         r"sessions? of (its|their) own")
+    for page in pages():
+        text = page_text(page)
+        for m in re.finditer(r"(?i)session", text):
+            context = text[max(0, m.start() - 20):m.end() + 20]
+            assert allowed.search(context), f"{page}: ...{context}..."
 
 
 def test_readme_s3_configuration_works_against_a_real_s3(tmp_path: Path) -> None:
-    """The README's S3 lines (```text: they need a service) work with its placeholders
-    filled in for a local SeaweedFS cluster: the documented environment variables are
-    the ones `sguard checkpoints` reads."""
+    """The S3 lines of the guide that documents storage roots (```text: they need a service)
+    work with their placeholders filled in for a local SeaweedFS cluster: the documented
+    environment variables are the ones `sguard checkpoints` reads."""
     import numpy as np
 
     import mmm
@@ -225,7 +323,8 @@ def test_readme_s3_configuration_works_against_a_real_s3(tmp_path: Path) -> None
     from ioservice.testing import SeaweedCluster
     from mmm.structures.hashmap import HashMap
 
-    text = (checkout() / "README.md").read_text(encoding="utf-8")
+    texts = [page_text(page) for page in pages()]
+    text = next(t for t in texts if any("SGUARD_S3_ENDPOINT" in b for b in blocks(t, "text")))
     lines = [ln.strip() for body in blocks(text, "text") for ln in body.splitlines()]
     s3_lines = [ln for ln in lines if "SGUARD_S3_ENDPOINT" in ln or "s3://" in ln]
     assert len(s3_lines) == 2 and s3_lines[0].startswith("export "), s3_lines
