@@ -16,14 +16,14 @@ cluster, same data, same 4 I/O threads per partition.
 Fairness: both modes' partitions build their state before either round runs,
 so the two rounds are seconds apart; each round starts after ``sync`` (the
 previous round's bytes are on disk), and SeaweedFS has grown its volumes in a
-warm-up write before the first. Every partition runs in a session of its own,
+warm-up write before the first. Every partition runs in a process session of its own,
 as on a host of its own (Linux autogroup scheduling then shares the CPU per
 partition, SeaweedFS server and coordinator, not per thread), in both modes.
 
 The coordinator: work-conserving (every completion hands the freed capacity to
 the waiting chunks at once; ``--barrier`` for the paper's 80 % timestep rule),
 its first grants in the reply to the submission and each later grant in the
-reply to the completion report that freed it (one round trip per chunk), in a
+reply to the completion report that freed it (one round trip per chunk), in a process
 session of its own. Its model: a writer holds ``--writer-chunks`` chunks in
 flight (default 4, its I/O threads), a receiver ``--receiver-chunks`` (default
 2, the paper's; with r = 2 and 8 partitions: 8 chunks in flight, a quarter of
@@ -149,7 +149,7 @@ def _spawn(bucket: str, scheduler: str | None, partitions: int, size_mb: int, ta
         if scheduler:
             cmd += ["--scheduler", f"{scheduler}?writer={_writer(i, partitions)}&replication=2"
                                    f"&chunk_mb={chunk_mb}&timeout_s=10"]
-        # each partition in a session of its own, as on a host of its own: with the
+        # each partition in a process session of its own, as on a host of its own: with the
         # kernel's autogroup scheduling the CPU is shared per partition (and per SeaweedFS
         # server, coordinator, other work on the machine), not per thread, in both modes
         procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

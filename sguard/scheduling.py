@@ -309,7 +309,7 @@ def start_coordinator(topology: str | Topology = "paper", *, variant: str = "imp
         No timestep barrier: every completion schedules waiting chunks into the
         capacity the chunks in flight leave (`peace.coordinator.Coordinator`).
     own_session
-        Run the coordinator in a session of its own (Linux: killed when the
+        Run the coordinator in a process session of its own (Linux: killed when the
         starting thread exits). With the kernel's autogroup scheduling a session
         gets its own CPU share, so a coordinator started by a process full of
         busy threads still answers promptly, as a coordinator on its own host
