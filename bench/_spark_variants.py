@@ -145,7 +145,7 @@ def spark_session(local_dir: Path, partitions: int = 2) -> Any:
              .config("spark.sql.adaptive.enabled", "false")
              .config("spark.python.worker.reuse", "true")
              # every Python worker (sguard's and the Python baselines') forked by sguard's
-             # daemon, as `sguard.spark.local_session` and the README advise
+             # daemon, as `sguard.spark.local_session` and docs/operating.md advise
              .config("spark.python.daemon.module", "sguard.spark.daemon")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

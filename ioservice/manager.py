@@ -133,7 +133,7 @@ class CheckpointPolicy:
         from that buffer. 0 turns it off. Extra memory: at most this much per
         checkpoint in flight, until it is written. For an operator whose
         latency matters most, 0 with ``io=IOService(1, idle=True)`` keeps
-        checkpoint work on one ``SCHED_IDLE`` thread (`IOService`, README).
+        checkpoint work on one ``SCHED_IDLE`` thread (`IOService`, docs/mmm-ioservice.md).
     in_place : bool
         Freeze with ``PageManager.chkpt(in_place=True)``: until a page is staged
         or written, the operator updates a value of a key already in it in place,
