@@ -61,6 +61,35 @@ class PoolExhaustedError(MmmError, MemoryError):
     """The page pool has no free frame left."""
 
 
+class PoolSpaceError(PoolExhaustedError):
+    """The file system of a file-backed pool has no room for the frames asked for.
+
+    Raised by an allocation (or by creating or attaching the pool) before any frame
+    is handed out, so the call leaves the pool and every structure as before, exactly
+    like `PoolExhaustedError`, of which it is a kind: code that handles an exhausted
+    pool handles a full file system too.
+
+    Attributes
+    ----------
+    directory : str
+        The directory of the pool file.
+    needed_bytes : int
+        Bytes the pool file needed to reserve.
+    free_bytes : int
+        Bytes free on that file system at the time (for an unprivileged user).
+    """
+
+    def __init__(self, message: str, directory: str = "", needed_bytes: int = 0,
+                 free_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.directory = directory
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+
+    def __reduce__(self) -> tuple[object, ...]:  # raised in Spark workers, shipped to the driver
+        return (type(self), (str(self), self.directory, self.needed_bytes, self.free_bytes))
+
+
 class PoolFileError(MmmError, OSError):
     """A pool backing file that is missing, foreign or of another geometry."""
 

@@ -7,7 +7,7 @@ re-attach the state a crashed process left behind (`PagePool.attach`).
 
 File layout (also mirrored for anonymous pools)::
 
-    [pool header: one page]  magic, format version, page_bytes, n_frames
+    [pool header: one page]  magic, format version, page_bytes, n_frames, reserved_bytes
     [frame state table]      one byte per frame: FREE, LIVE or ORPHAN; padded to pages
     [frames]                 n_frames * page_bytes
 
@@ -22,6 +22,26 @@ Invariants (checked by `_check`):
   bytes of an earlier use, whatever the free list or the high-water mark say
   (`reset_if_empty` forgets the allocation order, not the bytes), so
   ``allocate(zero=True)`` zeroes it.
+
+Backing store of a file-backed pool. The file is sparse: a page of it takes
+room on its file system only when first written, and a write through the
+mapping to a page the file system has no room for kills the process with
+SIGBUS. So the pool *reserves* the file's blocks (``posix_fallocate``) before
+it hands a frame out: the header and state table when the pool is created, the
+frames in steps of `RESERVE_STEP_BYTES` as the high-water mark grows (a step is
+one system call; on tmpfs it costs about a millisecond per MB, what the first
+writes would have cost in page faults anyway), and only the frames asked for
+when the file system has less room than a step. An allocation the file system
+cannot back raises `PoolSpaceError` (a `PoolExhaustedError`) before anything
+changes. The reserved length is kept in the header, so an attach reserves
+nothing again (only the used frames of a file from before the field, once).
+`free_frames` counts the reserved frames not in use plus the room left on the
+file system, so a structure that checks it before a mutation never runs out
+halfway (another process filling the same file system at the same moment can
+still take that room; the allocation then raises, as when a structure did not
+check). Frames are never un-reserved: a file's blocks stay with it until the
+file is deleted. Anonymous pools, private (copy-on-write) mappings and file
+systems without ``fallocate`` reserve nothing.
 
 Thread safety: allocation, freeing and unpinning take one lock, so I/O
 threads may unpin (and thereby free) frames while the operator thread
@@ -45,24 +65,33 @@ kernels clone the page instead.
 """
 from __future__ import annotations
 
+import errno
+import logging
 import mmap
 import os
 import threading
+import time
+import weakref
 from typing import Any
 
 import numpy as np
 
-from mmm.errors import PageSizeError, PoolExhaustedError, PoolFileError
+from mmm.errors import PageSizeError, PoolExhaustedError, PoolFileError, PoolSpaceError
 from mmm.page import (DEFAULT_PAGE_BYTES, HEADER_BYTES, HEADER_DTYPE, MAX_PAGE_BYTES,
                       MIN_PAGE_BYTES)
 
-__all__ = ["PagePool", "FREE", "LIVE", "ORPHAN", "HARD_PIN", "UNDO_ENTRIES", "UNDO_BYTES"]
+__all__ = ["PagePool", "FREE", "LIVE", "ORPHAN", "HARD_PIN", "UNDO_ENTRIES", "UNDO_BYTES",
+           "RESERVE_STEP_BYTES", "fs_free_bytes"]
+
+logger = logging.getLogger(__name__)
 
 FREE, LIVE, ORPHAN = 0, 1, 2
 _POOL_MAGIC = b"SGUARDPOOL\x00\x01"
 _FORMAT_VERSION = 1
 _POOL_HEADER = np.dtype([("magic", "S12"), ("format_version", "<u4"), ("page_bytes", "<u8"),
-                         ("n_frames", "<u8")])
+                         ("n_frames", "<u8"), ("reserved_bytes", "<u8")])
+# reserved_bytes: the file's first bytes whose blocks are reserved (0 in files from before
+# the field: their attach reserves the used frames once)
 DEFAULT_CAPACITY_BYTES = 1 << 30
 HARD_PIN = 1 << 16
 """The pin weight of a snapshot whose frames no one may write (see the module docstring)."""
@@ -70,6 +99,24 @@ UNDO_ENTRIES = 1 << 16
 """Capacity of the undo log in records (a full log makes the kernels clone instead)."""
 UNDO_BYTES = 1 << 23
 """Capacity of the undo log's before-image bytes."""
+RESERVE_STEP_BYTES = 16 << 20
+"""Frames a file-backed pool reserves at a time as it grows (module docstring)."""
+_FS_FREE_TTL_S = 0.05  # how long `free_frames` trusts a measured free space
+_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NO_FALLOCATE_ERRNOS = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS, errno.ENODEV)
+
+
+def fs_free_bytes(path: str | int) -> int:
+    """Bytes an unprivileged user may still write on the file system of ``path`` (a
+    path or an open descriptor): ``f_bavail * f_frsize``."""
+    st = os.fstatvfs(path) if isinstance(path, int) else os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _space_margin(fd: int) -> int:
+    """Room left aside for a file system's own metadata when counting free frames."""
+    st = os.fstatvfs(fd)
+    return min(1 << 20, st.f_blocks * st.f_frsize // 256)
 
 
 def check_page_bytes(page_bytes: int) -> int:
@@ -87,6 +134,13 @@ def check_page_bytes(page_bytes: int) -> int:
             f"page_bytes={page_bytes!r}: must be a power of two between {MIN_PAGE_BYTES} "
             f"and {MAX_PAGE_BYTES}")
     return int(page_bytes)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _fresh_zeros(n: int, dtype: np.dtype[Any]) -> np.ndarray:
@@ -149,10 +203,24 @@ class PagePool:
             if path is None:
                 self._raw = _fresh_zeros(total, np.dtype(np.uint8))
             else:
-                self._raw = np.memmap(path, dtype=np.uint8, mode="w+", shape=(total,))
-            hdr = self._raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)
-            hdr[0] = (_POOL_MAGIC, _FORMAT_VERSION, self.page_bytes, n_frames)
+                try:
+                    self._raw = np.memmap(path, dtype=np.uint8, mode="w+", shape=(total,))
+                except OSError as exc:
+                    if exc.errno not in _SPACE_ERRNOS:
+                        raise
+                    _unlink_quietly(path)
+                    raise self._space_error(self.page_bytes, -1, total) from None
         self._bind_views()
+        try:
+            self._setup_reservation(_attach)
+        except BaseException:
+            if not _attach and path is not None:
+                _unlink_quietly(path)  # created by this call: nothing left behind
+            raise
+        if not _attach:
+            hdr = self._raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)
+            hdr[0] = (_POOL_MAGIC, _FORMAT_VERSION, self.page_bytes, n_frames,
+                      self._reserved_bytes)
         self.pins = np.zeros(self.n_frames, dtype=np.int32)
         # the undo log of in-place writes to soft-pinned frames (module docstring); the
         # OS commits its memory only as it is written
@@ -185,6 +253,122 @@ class PagePool:
         self.state = self._raw[st0:st0 + self.n_frames]
         self.frames = self._raw[fr0:fr0 + self.n_frames * pb].reshape(self.n_frames, pb)
         self.headers = self.frames[:, :HEADER_BYTES].view(HEADER_DTYPE)[:, 0]
+
+    def _meta_bytes(self) -> int:
+        return self.page_bytes * (1 + self._state_pages(self.n_frames))
+
+    # -- backing store ------------------------------------------------------------
+    def _setup_reservation(self, attach: bool) -> None:
+        """Open the descriptor reservations go through and reserve what the pool uses
+        now: a new pool's header and state table (and a first step when the file system
+        has room), an attached one's used frames unless its header says they are."""
+        self._fd: int | None = None
+        self._reserved_bytes = 0
+        self._reserved_end = self.n_frames  # nothing to reserve (anonymous or private)
+        self._fs_free: tuple[float, int] = (0.0, 0)  # (expiry, spare frames)
+        raw = self._raw
+        if self.path is None or getattr(raw, "mode", None) not in ("r+", "w+"):
+            return
+        fd = os.open(self.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        weakref.finalize(self, os.close, fd)
+        self._fd = fd
+        meta = self._meta_bytes()
+        if attach:
+            hdr = raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)[0]
+            self._reserved_bytes = min(int(hdr["reserved_bytes"]),
+                                       self._total_bytes(self.n_frames))
+            self._reserved_end = max(0, (self._reserved_bytes - meta) // self.page_bytes)
+            if self._reserved_bytes < meta:
+                self._reserved_end = 0
+            used = np.flatnonzero(self.state)
+            top = int(used[-1]) + 1 if len(used) else 0
+            if self._reserved_bytes < meta or top > self._reserved_end:
+                self._reserve_locked(top, step=False)
+        else:
+            self._reserved_end = 0
+            self._reserve_locked(0)
+
+    def _reserve_locked(self, end: int, step: bool = True) -> None:
+        """Reserve the file's blocks up to frame ``end`` (with the header and state
+        table), a step further when ``step`` and the file system has room for it.
+
+        Raises
+        ------
+        PoolSpaceError
+            If the file system cannot back frame ``end - 1``; nothing changed.
+        """
+        fd, pb = self._fd, self.page_bytes
+        assert fd is not None
+        meta = self._meta_bytes()
+        cur = self._reserved_bytes
+        need_end = meta + end * pb
+        if need_end <= cur:
+            return
+        targets = [need_end]
+        if step:
+            step_frames = max(1, RESERVE_STEP_BYTES // pb)
+            step_end = meta + min(self.n_frames, max(end, self._reserved_end + step_frames)) * pb
+            if step_end > need_end and fs_free_bytes(fd) - _space_margin(fd) >= step_end - cur:
+                targets.insert(0, step_end)
+        for target in targets:
+            try:
+                os.posix_fallocate(fd, cur, target - cur)
+            except OSError as exc:
+                if exc.errno in _NO_FALLOCATE_ERRNOS:
+                    logger.warning("pool file %s: the file system cannot reserve blocks "
+                                   "(%s); frames are not reserved before use",
+                                   self.path, exc.strerror)
+                    self._reserved_end = self.n_frames
+                    self._fd = None
+                    return
+                if exc.errno not in _SPACE_ERRNOS:
+                    raise
+                if target != need_end:
+                    continue  # the step did not fit: only what is needed now
+                self._fs_free = (0.0, 0)
+                raise self._space_error(pb, end, target - cur) from None
+            self._reserved_bytes = target
+            self._reserved_end = (target - meta) // pb
+            self._raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)["reserved_bytes"] = target
+            self._fs_free = (0.0, 0)
+            return
+
+    def _space_error(self, pb: int, end: int, needed: int) -> PoolSpaceError:
+        path = str(self.path)
+        directory = os.path.dirname(os.path.abspath(path))
+        try:
+            free = fs_free_bytes(directory)
+        except OSError:
+            free = 0
+        what = (f"the file needs {needed} more bytes" if end < 0 else
+                f"frame {end - 1} needs {needed} more bytes reserved")
+        return PoolSpaceError(
+            f"no space for the page pool in {directory}: {what}, the file system has "
+            f"{free} bytes free (pool file {path}, capacity {self.n_frames * pb} bytes, "
+            f"{getattr(self, '_used', 0)} page(s) of {pb} bytes in use); free space there "
+            f"or put the pool in a directory with room", directory, needed, free)
+
+    def _spare_frames(self) -> int:
+        """Frames the file system still has room for (measured at most every
+        `_FS_FREE_TTL_S`)."""
+        expiry, spare = self._fs_free
+        now = time.monotonic()
+        if now < expiry:
+            return spare
+        fd = self._fd
+        if fd is None:
+            return self.n_frames
+        try:
+            spare = max(0, fs_free_bytes(fd) - _space_margin(fd)) // self.page_bytes
+        except OSError:
+            spare = 0
+        self._fs_free = (now + _FS_FREE_TTL_S, spare)
+        return spare
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of the pool file whose blocks are reserved (0 for an anonymous pool)."""
+        return self._reserved_bytes
 
     def _open_file(self, path: str) -> Any:
         try:
@@ -241,8 +425,15 @@ class PagePool:
 
     @property
     def free_frames(self) -> int:
-        """Frames available to `allocate`."""
-        return self.n_frames - self._used
+        """Frames available to `allocate`: within the capacity and, for a file-backed
+        pool, reserved or with room on the file system (module docstring)."""
+        remaining = self.n_frames - self._used
+        if self._fd is None:
+            return remaining
+        ahead = len(self._free) + self._reserved_end - self._watermark
+        if ahead >= remaining:
+            return remaining
+        return min(remaining, ahead + self._spare_frames())
 
     def allocate(self, n: int = 1, *, zero: bool = True) -> np.ndarray:
         """Take ``n`` free frames; they are marked LIVE and zeroed.
@@ -261,6 +452,8 @@ class PagePool:
         ------
         PoolExhaustedError
             If fewer than ``n`` frames are free; nothing is allocated.
+        PoolSpaceError
+            If the pool file's file system has no room for them; nothing is allocated.
         """
         with self._lock:
             if n > self.n_frames - self._used:
@@ -269,6 +462,8 @@ class PagePool:
                     f"{self.n_frames - self._used} of {self.n_frames} free "
                     f"(capacity {self.n_frames * self.page_bytes} bytes)")
             take = min(n, len(self._free))
+            if self._watermark + n - take > self._reserved_end:
+                self._reserve_locked(self._watermark + n - take)  # may raise: nothing changed
             if take == n:  # all recycled: the common case, one numpy call
                 out = np.array(self._free[len(self._free) - take:], dtype=np.int64)
             else:
@@ -292,6 +487,23 @@ class PagePool:
                 self.frames[fresh0:stale_end] = 0
         return out
 
+    def reserve_frames(self, n: int) -> None:
+        """Reserve backing for the next ``n`` allocations, so that `free_frames` is at
+        least ``n`` when the capacity allows it (a no-op when it does not, or when the
+        pool reserves nothing).
+
+        Raises
+        ------
+        PoolSpaceError
+            If the pool file's file system has no room for them; nothing changed.
+        """
+        with self._lock:
+            if self._fd is None or n > self.n_frames - self._used:
+                return
+            rest = n - min(n, len(self._free))
+            if self._watermark + rest > self._reserved_end:
+                self._reserve_locked(self._watermark + rest)
+
     def allocate1(self) -> int:
         """Scalar ``allocate(1, zero=False)``: one frame whose bytes the caller
         overwrites at once (a copy-on-write clone of one page).
@@ -300,6 +512,8 @@ class PagePool:
         ------
         PoolExhaustedError
             If no frame is free; nothing is allocated.
+        PoolSpaceError
+            If the pool file's file system has no room for it; nothing is allocated.
         """
         with self._lock:
             if self._used >= self.n_frames:
@@ -310,6 +524,8 @@ class PagePool:
             if self._free:
                 frame = self._free.pop()
             else:
+                if self._watermark >= self._reserved_end:
+                    self._reserve_locked(self._watermark + 1)  # may raise: nothing changed
                 frame = self._watermark
                 self._watermark += 1
                 self._dirty_end = max(self._dirty_end, self._watermark)
@@ -437,3 +653,4 @@ class PagePool:
         assert np.all(self.pins[:wm][orphans] > 0), "orphan frame without pin"
         assert np.all(self.pins >= 0)
         assert wm <= self._dirty_end <= self.n_frames
+        assert wm <= self._reserved_end <= self.n_frames

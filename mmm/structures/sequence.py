@@ -505,6 +505,9 @@ class _PagedSequence(Structure):
                 frames = self._ps.frames[self._seqs[pos]]
                 need += int(np.count_nonzero(self._pm.pool.pins[frames] > 0))
         free = self._pm.pool.free_frames
+        if need > free:  # a full file system raises `PoolSpaceError` here
+            self._pm.pool.reserve_frames(need)
+            free = self._pm.pool.free_frames
         if need > free:
             raise PoolExhaustedError(
                 f"{self._what}: the operation needs up to {need} free page(s) "
