@@ -4,7 +4,8 @@ from __future__ import annotations
 __all__ = ["SparkStateError", "UnsupportedKeyTypeError", "SchemaChangedError",
            "OperatorMismatchError", "StateAheadError",
            "InputLogGapError", "PartitionLockTimeout", "NotStreamingError", "BatchTimeMissingError",
-           "FencedError", "UnrecoverableStateError"]
+           "FencedError", "UnrecoverableStateError",
+           "UnsupportedStateTypeError", "StateSchemaEvolutionError", "StateValueError"]
 
 
 class SparkStateError(Exception):
@@ -51,3 +52,18 @@ class FencedError(SparkStateError, RuntimeError):
 
 class UnrecoverableStateError(InputLogGapError):
     """No checkpoint plus input log rebuilds a partition's state (each way is named)."""
+
+
+class UnsupportedStateTypeError(SparkStateError, TypeError):
+    """A state variable's schema has a type that state values cannot hold (the variable and
+    the field are named)."""
+
+
+class StateSchemaEvolutionError(SchemaChangedError):
+    """A state variable's schema changed in a way its stored values cannot follow (the variable,
+    the field and the old and new types are named)."""
+
+
+class StateValueError(SparkStateError, ValueError):
+    """A value given to a state variable does not fit its schema (the variable and the field
+    are named)."""
