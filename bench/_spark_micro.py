@@ -117,7 +117,7 @@ def state_work_direct(n_keys: int = 100_000, partitions: int = 2, warm_batches: 
             rows.append(tbl.num_rows)
             t0 = time.perf_counter()
             st.apply(tbl, b)
-            pm._flush_structures()
+            pm.flush_structures()
             kept.append((time.perf_counter() - t0) * 1e3)
             b += 1
             pm.flush()
@@ -127,7 +127,7 @@ def state_work_direct(n_keys: int = 100_000, partitions: int = 2, warm_batches: 
             t1 = time.perf_counter()
             st2 = op.open(pm2, schema, key)
             st2.apply(tbl, b)
-            pm2._flush_structures()
+            pm2.flush_structures()
             t2 = time.perf_counter()
             att.append((t1 - t0) * 1e3)
             first.append((t2 - t1) * 1e3)
@@ -182,7 +182,7 @@ def rollback_file_1m_keys(n_keys: int = 1_000_000, rows: int = 50_000, repeats: 
             case = "cold" if r % 2 else "warm"
             before = m.get(probe)
             snap = pm.chkpt()
-            base = (snap.page_ids.copy(), snap._frames.copy())
+            base = (snap.page_ids.copy(), snap.frames.copy())
             bk = rng.integers(0, n_keys + n_keys // 20, size=rows, dtype=np.int64)
             m.upsert(bk, {"ts": np.full(rows, 10**9 + r, np.int64)}, SPEC)
             pm.flush()

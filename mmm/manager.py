@@ -538,9 +538,27 @@ class PageManager:
         ref = self._objects.get(name)
         return ref() if ref is not None else None
 
-    def _flush_structures(self) -> None:
+    def flush_structures(self) -> None:
+        """Push every open structure's buffered per-record operations into its pages.
+
+        The pool's bytes are not written to its file (`flush` does both): what a
+        caller about to read pages directly, or to freeze them without `chkpt`,
+        needs. Runtime complexity: O(buffered operations).
+        """
         for obj in list(self._flush_hooks):
             obj._flush()
+
+    _flush_structures = flush_structures
+
+    def page_sets(self) -> list[tuple[int, PageSet]]:
+        """Every page set as ``(psid, PageSet)``, by increasing PSID.
+
+        A `PageSet` gives its pages' sequence numbers (``seqs()``) and frames
+        (``frames[seqs]``), for callers that compare pages (versions, checksums)
+        across the whole manager. The list is a copy; the page sets are live.
+        Runtime complexity: O(page sets).
+        """
+        return [(psid, self._sets[psid]) for psid in self._psid_order]
 
     # -- snapshots ----------------------------------------------------------------------------------
     def chkpt(self, psids: Iterable[int] | None = None,

@@ -130,6 +130,19 @@ class Snapshot:
         return len(self.page_ids)
 
     @property
+    def frames(self) -> npt.NDArray[np.int64]:
+        """Frame of each frozen page, aligned with `page_ids` (a read-only view).
+
+        Together with `page_ids` this is the snapshot's page table: what a rollback
+        point records to find its pages in a pool file again (`PageManager.rollback`
+        in memory). The frames hold the frozen bytes while the snapshot is ACTIVE and
+        not `in_place`; staged pages' frames may already be reused (`n_staged`).
+        """
+        view = self._frames.view()
+        view.flags.writeable = False
+        return view
+
+    @property
     def nbytes(self) -> int:
         """Bytes of all frozen pages."""
         return len(self.page_ids) * self.page_bytes

@@ -629,7 +629,7 @@ def _replay_old(root: StorageRoot, layout: _V1, src: _Source, pm: PageManager, a
         t = t.drop_columns([KG_COLUMN])
         state.apply(t, x)
         n += t.num_rows
-    pm._flush_structures()
+    pm.flush_structures()
     return n
 
 

@@ -109,7 +109,7 @@ def _page_versions(pm: PageManager) -> tuple[npt.NDArray[np.uint64], npt.NDArray
     """Page ids and header versions of every live page."""
     ids, vers = [], []
     h = pm.pool.headers
-    for psid, ps in pm._sets.items():
+    for psid, ps in pm.page_sets():
         seqs = ps.seqs()
         ids.append((np.uint64(psid) << np.uint64(32)) | seqs.astype(np.uint64))
         vers.append(h["version"][ps.frames[seqs]])
@@ -276,7 +276,7 @@ class PartitionCheckpointer:
         pm = self._pm
         order = np.argsort(ids)
         ids, vers = ids[order], vers[order]
-        for psid, ps in pm._sets.items():
+        for psid, ps in pm.page_sets():
             seqs = ps.seqs()
             pid = (np.uint64(psid) << np.uint64(32)) | seqs.astype(np.uint64)
             pos = np.minimum(np.searchsorted(ids, pid), max(len(ids) - 1, 0))

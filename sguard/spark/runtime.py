@@ -328,7 +328,7 @@ class _Partition:
 
     def _flush(self) -> None:
         assert self.pm is not None
-        self.pm._flush_structures()  # per-record buffers into pages (no msync: not needed)
+        self.pm.flush_structures()  # per-record buffers into pages (no msync: not needed)
 
     # -- one batch ------------------------------------------------------------------------------
     def run(self, b: int, table: pa.Table) -> pa.Table:
@@ -404,7 +404,7 @@ class _Partition:
             if self.snap is not None:
                 self.snap.release()
             self.snap = self.pm.chkpt()
-            slot.write_base(self.snap.page_ids, self.snap._frames)
+            slot.write_base(self.snap.page_ids, self.snap.frames)
             self._write_marker("applying", b, b - 1)
             snapshot_ms = (time.perf_counter() - t_snap) * 1e3
             # 5. log the input (I/O thread) while applying it
@@ -419,7 +419,7 @@ class _Partition:
                 self._fault(b, "mid", table)  # kill / raise: the next attempt rolls back
                 self.pm.rollback(self.snap)     # the fault let us live: undo the half batch
                 self.snap = self.pm.chkpt()
-                slot.write_base(self.snap.page_ids, self.snap._frames)
+                slot.write_base(self.snap.page_ids, self.snap.frames)
                 self.state = self._open(self.pm)
             out = self.state.apply(table, b)
             self._flush()
