@@ -3,11 +3,12 @@
 Spark does not keep a partition in one Python worker (it moved in 9-15 of 24
 batch transitions here), so a partition's pages live in a *file-backed* mmm
 pool that whichever worker runs the partition re-attaches (about 1 ms). Each
-partition has its own directory under a local root (``/dev/shm`` by default,
-or Spark's local dir)::
+partition has its own directory under a local root (``/dev/shm`` when it has
+room, else Spark's local dir: `choose_local_dir`)::
 
     <local-dir>/sguard-<uid>/<state-id>/p0003/
-        pool        the mmm PagePool file (sparse: only touched pages use memory)
+        pool        the mmm PagePool file (sparse; its blocks are reserved as frames are
+                    handed out, so a full file system is `mmm.PoolSpaceError`, not SIGBUS)
         lock        flock()ed by the process that owns the partition
         marker.json the version marker (`Marker`), replaced atomically
         base.npy    the rollback point: page ids and frames of "after b-1"
@@ -27,10 +28,12 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,16 +42,128 @@ import numpy.typing as npt
 
 from sguard.spark.errors import PartitionLockTimeout
 
-__all__ = ["Marker", "PartitionSlot", "default_local_dir", "state_id", "root_key", "boot_id",
+__all__ = ["Marker", "PartitionSlot", "default_local_dir", "choose_local_dir", "LocalDirChoice",
+           "spark_local_dirs", "SHM_ROOM_BYTES", "state_id", "root_key", "boot_id",
            "record_path"]
 
+logger = logging.getLogger(__name__)
+
 _SHM = "/dev/shm"
+SHM_ROOM_BYTES = 1 << 30
+"""Free bytes /dev/shm must have for the live state to go there by default: the
+partitions' pages with room to spare (a container's 64 MB /dev/shm does not qualify)."""
 
 
-def default_local_dir() -> str:
-    """``/dev/shm/sguard-<uid>`` when /dev/shm is writable, else under the temp dir."""
-    base = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else tempfile.gettempdir()
-    return os.path.join(base, f"sguard-{os.getuid()}")
+@dataclass(frozen=True, slots=True)
+class LocalDirChoice:
+    """Where `choose_local_dir` put the live state, and why."""
+
+    path: str
+    """The local root: ``<candidate>/sguard-<uid>``."""
+    free_bytes: int
+    """Bytes free on its file system when chosen."""
+    reason: str
+    """One line naming the directory chosen and the ones passed over."""
+
+
+def spark_local_dirs() -> list[str]:
+    """Spark's own scratch directories: ``SPARK_LOCAL_DIRS``, else ``spark.local.dir`` of
+    the active SparkContext (when there is one in this process), else the temp dir."""
+    env = os.environ.get("SPARK_LOCAL_DIRS")
+    dirs = [d for d in (env or "").split(",") if d]
+    if not dirs:
+        try:
+            from pyspark import SparkContext
+            sc = SparkContext._active_spark_context
+            conf = sc.getConf().get("spark.local.dir") if sc is not None else None
+        except Exception:  # noqa: BLE001 - no Spark here: the temp dir
+            conf = None
+        dirs = [d for d in (conf or "").split(",") if d]
+    return dirs + [tempfile.gettempdir()]
+
+
+def _free_bytes(d: str) -> int | None:
+    """Bytes free in directory ``d``, or None when it is missing or not writable."""
+    if not (os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)):
+        return None
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+_LAST_REASON: str | None = None
+
+
+def choose_local_dir(need_bytes: int = SHM_ROOM_BYTES,
+                     candidates: Sequence[str] | None = None) -> LocalDirChoice:
+    """Choose the local root of the partitions' live state by free space.
+
+    The first candidate (/dev/shm) is taken when it is writable and has
+    ``need_bytes`` free; otherwise the first of the others (Spark's local
+    directories, `spark_local_dirs`) with ``need_bytes`` free, else the one of them
+    with the most room. The choice and its reason are logged (at INFO, once per
+    distinct reason).
+
+    Parameters
+    ----------
+    need_bytes : int
+        Room a directory must have (default `SHM_ROOM_BYTES`).
+    candidates : sequence of str, optional
+        Directories in order of preference, memory first (default: /dev/shm, then
+        `spark_local_dirs`).
+
+    Raises
+    ------
+    FileNotFoundError
+        If no candidate is a writable directory.
+    """
+    global _LAST_REASON
+    cands = list(candidates) if candidates is not None else [_SHM, *spark_local_dirs()]
+    if not cands:
+        raise ValueError("choose_local_dir: no candidate directory")
+    free = {d: _free_bytes(d) for d in cands}
+    passed: list[str] = []
+    pick: str | None = None
+    for d in cands:
+        f = free[d]
+        if f is None:
+            passed.append(f"{d} is not a writable directory")
+        elif f < need_bytes:
+            passed.append(f"{d} has {f} bytes free, less than {need_bytes}")
+        else:
+            pick = d
+            break
+    if pick is None:
+        usable = [d for d in cands[1:] if free[d] is not None] or [
+            d for d in cands if free[d] is not None]
+        if not usable:
+            raise FileNotFoundError("no writable directory for the live state among "
+                                    + ", ".join(cands))
+        pick = max(usable, key=lambda d: free[d] or 0)
+        why = f"the most room of {', '.join(usable)}"
+    else:
+        why = f"{free[pick]} bytes free, at least {need_bytes}"
+    reason = f"live state under {pick}: {why}" + (
+        f" ({'; '.join(passed)})" if passed else "")
+    if reason != _LAST_REASON:
+        _LAST_REASON = reason
+        logger.info("%s", reason)
+    return LocalDirChoice(os.path.join(pick, f"sguard-{os.getuid()}"), free[pick] or 0, reason)
+
+
+def default_local_dir(need_bytes: int = SHM_ROOM_BYTES,
+                      candidates: Sequence[str] | None = None) -> str:
+    """``<dir>/sguard-<uid>`` for the directory `choose_local_dir` picks: /dev/shm when it
+    has ``need_bytes`` free, else Spark's local directories.
+
+    Raises
+    ------
+    FileNotFoundError
+        If no candidate is a writable directory.
+    """
+    return choose_local_dir(need_bytes, candidates).path
 
 
 def record_path(pool_path: str) -> str:
