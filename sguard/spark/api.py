@@ -219,10 +219,12 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
             # parameters that may evolve between runs (a processor's state schemas)
             evolved = reconcile(existing.schema.get("params") or {})
             layout = dataclasses.replace(layout, schema={**layout.schema, "params": evolved})
-        _check_layout(existing, layout, root.uri)
-        if evolved is not None and evolved != existing.schema.get("params"):
+        was = existing
+        if evolved is not None:
             existing = dataclasses.replace(existing,
                                            schema={**existing.schema, "params": evolved})
+        _check_layout(existing, layout, root.uri)
+        if evolved is not None and evolved != was.schema.get("params"):
             write_layout(root, existing)
             logger.warning("state at %s: state variable schemas evolved (%s)", root.uri,
                            operator.kind)

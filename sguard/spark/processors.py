@@ -638,12 +638,11 @@ class _ProcessorGroup(OperatorState):
         vt = v.codec.to_arrow([vals[i] for i in o])
         t = t.append_column(pa.field("user_map_value" if v.spec.kind == "map" else "value",
                                      pa.struct(vt.schema)),
-                            pa.StructArray.from_arrays(vt.columns, fields=list(vt.schema))
-                            if vt.num_columns else pa.array([{}] * len(o)))
+                            _struct_array(vt))
         if v.spec.kind == "map":
             kt = v.key_codec.to_arrow([keys_[i] for i in o])
             t = t.add_column(len(self.keys.fields), pa.field("user_map_key", pa.struct(kt.schema)),
-                             pa.StructArray.from_arrays(kt.columns, fields=list(kt.schema)))
+                             _struct_array(kt))
         if v.spec.ttl_ms is not None:
             t = t.append_column("expiration_timestamp_ms",
                                 pa.array([exps[i] for i in o], pa.int64()))
@@ -664,6 +663,12 @@ class _ProcessorGroup(OperatorState):
 
     def n_keys(self) -> int:
         return self.store.n_keys()
+
+
+def _struct_array(t: pa.Table) -> pa.Array:
+    """The columns of `t` as one struct array."""
+    return pa.StructArray.from_arrays([c.combine_chunks() for c in t.columns],
+                                      fields=list(t.schema))
 
 
 def _to_pandas(t: pa.Table) -> Any:

@@ -260,7 +260,11 @@ def test_read_state_of_a_value_variable(spark: Any, tmp_path: Path) -> None:
     for b in sorted(got):
         for k, c in got[b]:
             final[k] = c
-    st = ss.read_state(spark, f"file://{tmp_path}/state", state_var="count")
+    uri = f"file://{tmp_path}/state"
+    # past the newest checkpoint the log replays through the processor: it must be given
+    with pytest.raises(Exception, match="pass processor="):
+        ss.read_state(spark, uri, state_var="count").collect()
+    st = ss.read_state(spark, uri, state_var="count", processor=CountProcessor())
     rows = {r["k"]: r["value"]["count"] for r in st.collect()}
     assert rows == final
 
@@ -324,3 +328,102 @@ def test_output_not_matching_schema_and_state_call_outside_a_key_fail_named(
     with pytest.raises(ProcessorPhaseError, match="current key"):
         op.open(ns, table.schema, "k").apply(table, 0)
     assert _json.loads(out)
+
+
+def test_failures_mid_batch_leave_output_equal_to_spark(tws_spark: Any, tmp_path: Path) -> None:
+    """A Python worker SIGKILLed mid-batch, an exception after the batch was applied, and
+    the local state deleted: sguard's output still equals Spark's, batch by batch."""
+    from sguard.spark import Fault, FaultPlan
+    d = _input(tmp_path / "in", 5, 300, 30, 8)
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    plan = FaultPlan((Fault("kill", 1, 0, "mid"), Fault("raise", 2, 1, "end"),
+                      Fault("delete_local", 3, 0, "start")), str(faults))
+    want, got = _both(tws_spark, tmp_path, d, "k long, v long, ts timestamp", ["k"],
+                      DedupProcessor, "k long, v long", "None", faults=plan)
+    assert len(want) == 5 and want == got
+    assert len(list(faults.glob("fired-*"))) == 3  # every fault fired
+
+
+def test_short_ttl_expires_between_batches_as_in_spark(tws_spark: Any, tmp_path: Path) -> None:
+    """A 1 ms TTL: every value has expired by the next batch, in Spark and in sguard."""
+    d = _input(tmp_path / "in", 3, 200, 10, 9)
+
+    class ShortTTL(CountProcessor):
+        def init(self, handle: StatefulProcessorHandle) -> None:
+            self.count = handle.getValueState("count", "count long", 1)
+
+    want, got = _both(tws_spark, tmp_path, d, "k long, v long, ts timestamp", ["k"], ShortTTL,
+                      "k long, count long", "ProcessingTime")
+    assert want == got
+    per_batch = [dict(got[b]) for b in sorted(got)]
+    t = pq.read_table(d / "part-00001.parquet").column("k").to_numpy()
+    assert per_batch[1] == {int(k): int(n) for k, n in zip(*np.unique(t, return_counts=True))}
+
+
+def test_rescale_between_runs_equals_spark(tws_spark: Any, tmp_path: Path) -> None:
+    """Two batches on 2 partitions, then the query restarts on 3: the output of every
+    batch equals Spark's (which cannot change its partitions, and need not)."""
+    d = tmp_path / "in"
+    src = _input(tmp_path / "all", 4, 300, 40, 10)
+    d.mkdir()
+    schema = "k long, v long, ts timestamp"
+    want: dict[int, Any] = {}
+    got: dict[int, Any] = {}
+    for run, files, parts in ((0, [0, 1], 2), (1, [2, 3], 3)):
+        for i in files:
+            f = src / f"part-{i:05d}.parquet"
+            (d / f.name).write_bytes(f.read_bytes())
+            os.utime(d / f.name, (1_700_000_000 + i, 1_700_000_000 + i))
+        sp = _stream(tws_spark, d, schema, None).groupBy("k").transformWithStateInPandas(
+            DedupProcessor(), "k long, v long", "Update", "None")
+        want.update(_collect(sp, tmp_path / "spark-ckpt"))
+        ours = ss.transform_with_state_in_pandas(
+            _stream(tws_spark, d, schema, None), "k", DedupProcessor(), "k long, v long",
+            "Update", "None", f"file://{tmp_path}/state", parts)
+        got.update(_collect(ours, tmp_path / "sguard-ckpt"))
+    assert len(want) == 4 and want == got
+
+
+class _KeyCount(StatefulProcessor):
+    SCHEMA = "count long, total long"
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", self.SCHEMA)
+
+    def handleInputRows(self, key: Any, rows: Iterator[Row],
+                        timerValues: TimerValues) -> Iterator[Row]:
+        cur = self.count.get()
+        n, s = (0, 0) if cur is None else (int(cur[0]), int(cur[1]))
+        for r in rows:
+            n, s = n + 1, s + r.v
+        self.count.update((n, s))
+        yield Row(k=key[0], count=n, total=s)
+
+    def close(self) -> None:
+        pass
+
+
+def test_state_schema_change_evolves_or_is_refused(spark: Any, tmp_path: Path) -> None:
+    d = _input(tmp_path / "in", 2, 50, 5, 11)
+    uri = f"file://{tmp_path}/state"
+
+    class V1(_KeyCount):
+        SCHEMA = "count int, total long"
+
+    class Narrow(_KeyCount):
+        SCHEMA = "count string, total long"
+
+    df = _stream(spark, d, "k long, v long, ts timestamp", None)
+    out_schema = "k long, count long, total long"
+    first = _collect(ss.transform_with_state(df, "k", V1(), out_schema, "Update", "None", uri, 2),
+                     tmp_path / "ckpt")
+    # int -> long widens: accepted, and the layout records both schemas
+    ss.transform_with_state(df, "k", _KeyCount(), out_schema, "Update", "None", uri)
+    from ioservice import open_root
+    from sguard.statelayout import read_layout
+    lay = read_layout(open_root(uri))
+    assert lay is not None and len(lay.schema["params"]["vars"][0]["schemas"]) == 2
+    with pytest.raises(Exception, match="count"):
+        ss.transform_with_state(df, "k", Narrow(), out_schema, "Update", "None", uri)
+    assert len(first) == 2
