@@ -6,6 +6,7 @@ import collections
 import datetime
 import decimal
 import math
+import re
 import struct
 from decimal import Decimal
 
@@ -284,6 +285,27 @@ def test_unsupported_types_are_refused(dt: DataType, field: str) -> None:
         StateCodec("buf", [S(("k", LongType()), ("a", dt))])
     assert f"state variable 'buf', field {field!r}" in str(ei.value)
     assert isinstance(ei.value, TypeError) and isinstance(ei.value, SparkStateError)
+
+
+def test_other_types_refused_and_collated_strings() -> None:
+    from pyspark.sql.types import CharType, TimeType, VarcharType, YearMonthIntervalType
+    for dt in (CharType(3), VarcharType(3), TimeType(), YearMonthIntervalType()):
+        with pytest.raises(UnsupportedStateTypeError, match=re.escape(f"field 'x': type {dt.simpleString()}")):
+            StateCodec("v", [S(("x", dt))])
+    schema = S(("x", StringType("UTF8_LCASE")), ("y", ArrayType(StringType("UNICODE_CI"))))
+    assert rt(schema, ("Ab", ["c", None])) == ("Ab", ["c", None])
+    StateCodec.check_evolution("v", S(("x", StringType())), S(("x", StringType("UTF8_LCASE"))))
+
+
+def test_many_type_combinations() -> None:
+    schema = StructType([StructField(f"f{i}", LongType() if i % 2 else StringType()) for i in range(8)])
+    c = StateCodec("v", [schema])
+    for mask in range(256):  # more combinations than are remembered
+        v = tuple(None if mask >> i & 1 else (i if i % 2 else str(i)) for i in range(8))
+        assert c.decode(c.encode(v)) == v
+        assert c.decode(c.encode(list(v))) == v
+    with pytest.raises(StateValueError, match="field 'f1'"):
+        c.encode(("0", "1") + (None,) * 6)
 
 
 def test_variant_and_duplicate_names_are_refused() -> None:
