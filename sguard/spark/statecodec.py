@@ -380,8 +380,8 @@ class _ArrayCodec(_Codec):
         self.ok_types = elem.ident_types if elem.fmt is not None else frozenset()
         self._structs: dict[int, struct.Struct] = {}
         if elem.fmt is not None:  # the hot paths of fixed-width elements, as closures
-            self.enc = self._make_fixed_enc()  # type: ignore[method-assign]
-            self.dec = self._make_fixed_dec()  # type: ignore[method-assign]
+            self.enc = self._make_fixed_enc()  # type: ignore[method-assign,assignment]
+            self.dec = self._make_fixed_dec()  # type: ignore[method-assign,assignment]
 
     def _make_fixed_enc(self) -> Callable[[Any], bytes]:
         ok, structs, st_of, nulls = self.ok_types, self._structs, self._st, self.nulls
@@ -462,7 +462,7 @@ class _ArrayCodec(_Codec):
         elif len(types) == 1 and _NoneType not in types:  # one type, no nulls
             try:
                 conv = elem.conv_for(next(iter(types)))
-                body = b"".join(map(conv, lst))
+                body = b"".join(map(conv, lst))  # type: ignore[arg-type]
             except Exception:
                 self._diagnose(lst)
                 raise
@@ -605,6 +605,8 @@ class _StructCodec(_Codec):
     """A struct: the top-level value (a tuple, written after the version tag) or a nested field
     (a Row)."""
 
+    reader: _StructReader  # how to read its own layout (set by `_codec`)
+
     def __init__(self, dt: StructType, fields: list[tuple[str, _Codec, bool]], *,
                  prefix: bytes = b"") -> None:
         super().__init__(dt)
@@ -623,7 +625,7 @@ class _StructCodec(_Codec):
         self.fixed = [i for i, f in enumerate(self.fields) if f.codec.fmt is not None]
         self.var = [i for i, f in enumerate(self.fields) if f.codec.fmt is None]
         self.flat = not self.var
-        fixfmt = "".join(self.fields[i].codec.fmt for i in self.fixed)
+        fixfmt = "".join(self.fields[i].codec.fmt or "" for i in self.fixed)
         pfmt = f"{len(prefix)}s" if prefix else ""
         self.head_struct = struct.Struct("<" + pfmt + self.bitfmt + fixfmt)  # encoding
         self.fixed_struct = struct.Struct("<" + fixfmt)  # decoding, after the bitmap
@@ -842,7 +844,7 @@ class _StructReader:
 _INT_FMT = {ByteType: "b", ShortType: "h", IntegerType: "i", LongType: "q"}
 
 
-def _codec(dt: DataType, var: str, path: list[str], prefix: bytes = b"") -> _Codec:
+def _codec(dt: Any, var: str, path: list[str], prefix: bytes = b"") -> Any:
     t = type(dt)
     if t in _INT_FMT:
         return _IntCodec(dt, _INT_FMT[t])
@@ -915,7 +917,7 @@ def _f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-def _reader(src: _Codec, dst: DataType) -> Any:
+def _reader(src: Any, dst: Any) -> Any:
     """How to read values written with codec `src` as values of type `dst` (evolution checked
     before: `_evolve_error` is None)."""
     s = src.dt
@@ -990,7 +992,7 @@ def _arr_dec(src: _ArrayCodec, er: Any, buf: Any, off: int) -> tuple[Any, int]:
 # -- evolution rules -------------------------------------------------------------------------
 
 _INTS = (ByteType, ShortType, IntegerType, LongType)
-_WIDER = {ByteType: (ShortType, IntegerType, LongType, FloatType, DoubleType),
+_WIDER: dict[type, tuple[type, ...]] = {ByteType: (ShortType, IntegerType, LongType, FloatType, DoubleType),
           ShortType: (IntegerType, LongType, FloatType, DoubleType),
           IntegerType: (LongType, FloatType, DoubleType),
           LongType: (FloatType, DoubleType),
@@ -1068,7 +1070,7 @@ class StateCodec:
         self.version = len(schemas) - 1
         for a, b in zip(schemas, schemas[1:]):
             self.check_evolution(var, a, b)
-        self._codec = _codec(self.schema, var, [], prefix=_varint(self.version))
+        self._codec: _StructCodec = _codec(self.schema, var, [], prefix=_varint(self.version))
         cur = self._codec
         self._readers: list[_StructReader] = []
         for v, s in enumerate(schemas):
@@ -1078,9 +1080,10 @@ class StateCodec:
                 c = _codec(s, var, [])
                 self._readers.append(_reader(c, self.schema))
         # the hot paths, as instance attributes (the methods below document them)
-        self.encode = self._make_encode()  # type: ignore[method-assign]
+        self.encode = self._make_encode()  # type: ignore[method-assign,assignment]
         slow = self._decode_slow
-        self.decode = cur.reader.top(self.version, slow) if self.version < 0x80 else slow  # type: ignore[method-assign]
+        self.decode = (  # type: ignore[method-assign,assignment]
+            cur.reader.top(self.version, slow) if self.version < 0x80 else slow)
 
     @staticmethod
     def check_evolution(var: str, old: StructType, new: StructType) -> None:
@@ -1154,7 +1157,7 @@ class StateCodec:
     def to_arrow(self, values: list[tuple], timezone: str = "UTC") -> Any:
         """Decoded values as an Arrow table of the current schema (`to_arrow_schema`;
         timestamps are instants in `timezone`)."""
-        import pyarrow as pa
+        import pyarrow as pa  # type: ignore[import-untyped]
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(self.schema, timezone=timezone)
