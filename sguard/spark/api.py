@@ -308,6 +308,9 @@ def local_session(master: str = "local[2]", app_name: str = "sguard", *,
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
          .config("spark.python.worker.faulthandler.enabled", "true")
+         # a loaded host: a Python worker's sockets to the JVM (e.g. a transformWithState
+         # state server) wait up to 2 minutes instead of 15 s before the query fails
+         .config("spark.python.authenticate.socketTimeout", "120s")
          # workers forked with sguard and its kernels loaded (`sguard.spark.daemon`)
          .config("spark.python.daemon.module", "sguard.spark.daemon"))
     if master.startswith("local-cluster"):

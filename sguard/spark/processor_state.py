@@ -249,7 +249,8 @@ class GroupStore:
         if kind == "value":
             if obj[0] <= self.now and v.spec.ttl_ms is not None:
                 return None
-            return struct.pack("<q", obj[0]) + v.codec.encode(obj[1]), obj[0]
+            enc = obj.enc if isinstance(obj, _Updated) else v.codec.encode(obj[1])
+            return struct.pack("<q", obj[0]) + enc, obj[0]
         items = obj if kind == "list" else list(obj.values())
         if v.spec.ttl_ms is not None:
             items = [x for x in items if x[0] > self.now]
@@ -430,6 +431,23 @@ class _Bound:
         return store, store.vars[self._name], kid
 
 
+class _Updated(tuple):  # type: ignore[type-arg]
+    """A value state's ``(expiry, value)`` after `update`: keeps the encoded bytes for the
+    write-back and decodes the value only if it is read again in the batch."""
+
+    def __new__(cls, expiry: int, codec: Any, enc: bytes) -> "_Updated":
+        self = tuple.__new__(cls, (expiry, None))
+        self.codec, self.enc, self._v = codec, enc, None
+        return self
+
+    def __getitem__(self, i: Any) -> Any:
+        if i == 1 or i == -1:
+            if self._v is None:
+                self._v = self.codec.decode(self.enc)
+            return self._v
+        return tuple.__getitem__(self, i)
+
+
 class ValueStateImpl(_Bound):
     """`pyspark.sql.streaming.ValueState` on sguard state (same methods, same semantics)."""
 
@@ -445,7 +463,7 @@ class ValueStateImpl(_Bound):
     def update(self, newValue: Any) -> None:
         store, v, kid = self._here()
         enc = v.codec.encode(newValue)  # validates now (a bad value fails here, named)
-        store.set(v, kid, (store.expiry(v), v.codec.decode(enc)))
+        store.set(v, kid, _Updated(store.expiry(v), v.codec, enc))
 
     def clear(self) -> None:
         store, v, kid = self._here()

@@ -448,8 +448,14 @@ class _ProcessorGroup(OperatorState):
         if self.op.flavour == "pandas":
             return _to_pandas(t), None
         from pyspark.sql import Row
-        R = Row(*t.column_names)
-        return None, [R(*x) for x in zip(*_pyvals(t, t.column_names))]
+        names = list(t.column_names)
+        new = tuple.__new__
+        rows = []
+        for x in zip(*_pyvals(t, names)):  # Row(*names)(*x) without its per-call checks
+            r = new(Row, x)
+            r.__fields__ = names
+            rows.append(r)
+        return None, rows
 
     # -- a batch ------------------------------------------------------------------------------
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
@@ -565,8 +571,12 @@ class _ProcessorGroup(OperatorState):
                         f"the processor's output lacks column(s) {missing} of output_schema "
                         f"{sch.names} (got {list(df.columns)})")
                 return pa.Table.from_pandas(df[sch.names], schema=sch, preserve_index=False)
-            cols: list[list[Any]] = [[] for _ in sch]
             n = len(sch)
+            names = sch.names
+            if all(getattr(r, "__fields__", None) == names for r in outs):  # Rows in order
+                return pa.Table.from_arrays([pa.array(list(c), f.type)
+                                             for c, f in zip(zip(*outs), sch)], schema=sch)
+            cols: list[list[Any]] = [[] for _ in sch]
             for r in outs:
                 if isinstance(r, dict):
                     r = tuple(r.get(f.name) for f in sch)
