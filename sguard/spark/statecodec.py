@@ -605,7 +605,10 @@ class _StructCodec(_Codec):
     """A struct: the top-level value (a tuple, written after the version tag) or a nested field
     (a Row)."""
 
-    reader: _StructReader  # how to read its own layout (set by `_codec`)
+    @functools.cached_property
+    def reader(self) -> _StructReader:
+        """How to read its own layout."""
+        return _reader(self, self.dt)  # type: ignore[no-any-return]
 
     def __init__(self, dt: StructType, fields: list[tuple[str, _Codec, bool]], *,
                  prefix: bytes = b"") -> None:
@@ -885,9 +888,7 @@ def _codec(dt: Any, var: str, path: list[str], prefix: bytes = b"") -> Any:
                 f"field names {dup}")
         fields = [(f.name, _codec(f.dataType, var, path + [f.name]), f.nullable)
                   for f in dt.fields]
-        sc = _StructCodec(dt, fields, prefix=prefix)
-        sc.reader = _reader(sc, dt)
-        return sc
+        return _StructCodec(dt, fields, prefix=prefix)
     raise UnsupportedStateTypeError(
         f"state variable {var!r}, field {_path_str(path) or '(value)'!r}: type "
         f"{dt.simpleString()} is not supported in state")
@@ -1068,17 +1069,26 @@ class StateCodec:
         self.schemas = list(schemas)
         self.schema = schemas[-1]
         self.version = len(schemas) - 1
-        for a, b in zip(schemas, schemas[1:]):
-            self.check_evolution(var, a, b)
         self._codec: _StructCodec = _codec(self.schema, var, [], prefix=_varint(self.version))
         cur = self._codec
+        olds: dict[str, Any] = {}  # each distinct older schema's codec (checks its types)
+        for s in schemas[:-1]:
+            k = s.json()
+            if s != self.schema and k not in olds:
+                olds[k] = _codec(s, var, [])
+        for a, b in zip(schemas, schemas[1:]):
+            if a != b:
+                self._refuse(var, _evolve_error(a, b))
         self._readers: list[_StructReader] = []
-        for v, s in enumerate(schemas):
-            if v == self.version:
+        readers: dict[str, _StructReader] = {}
+        for s in schemas:
+            if s == self.schema:
                 self._readers.append(cur.reader)
             else:
-                c = _codec(s, var, [])
-                self._readers.append(_reader(c, self.schema))
+                k = s.json()
+                if k not in readers:
+                    readers[k] = _reader(olds[k], self.schema)
+                self._readers.append(readers[k])
         # the hot paths, as instance attributes (the methods below document them)
         self.encode = self._make_encode()  # type: ignore[method-assign,assignment]
         slow = self._decode_slow
@@ -1091,7 +1101,10 @@ class StateCodec:
         with schema `new` (and `UnsupportedStateTypeError` for a type state cannot hold)."""
         _codec(old, var, [])
         _codec(new, var, [])
-        err = _evolve_error(old, new)
+        StateCodec._refuse(var, _evolve_error(old, new))
+
+    @staticmethod
+    def _refuse(var: str, err: str | None) -> None:
         if err:
             raise StateSchemaEvolutionError(f"state variable {var!r}: schema change refused: {err}")
 

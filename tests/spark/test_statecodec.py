@@ -555,3 +555,59 @@ def test_flat_fixed_round_trip(values: list[tuple]) -> None:
     for v in values:
         assert c.decode(c.encode(v)) == v
     assert c.decode_many(c.encode_many(values)) == values
+
+
+# -- evolution, generated ----------------------------------------------------------------------
+
+_WIDENINGS = {  # old type -> [(new type, what an old value reads as)]
+    "tinyint": [(ShortType(), int), (LongType(), int), (DoubleType(), float),
+                (FloatType(), lambda x: struct.unpack("<f", struct.pack("<f", x))[0])],
+    "int": [(LongType(), int), (DoubleType(), float)],
+    "bigint": [(DoubleType(), float), (FloatType(), lambda x: struct.unpack("<f", struct.pack("<f", x))[0])],
+    "float": [(DoubleType(), float)],
+    "string": [(BinaryType(), lambda x: x.encode())],
+    "binary": [(StringType(), lambda x: x.decode("utf-8", "replace"))],
+    "decimal(10,2)": [(DecimalType(20, 4), lambda x: x.quantize(Decimal("0.0001")))],
+}
+_OLD_TYPES = [ByteType(), IntegerType(), LongType(), FloatType(), StringType(), BinaryType(),
+              DecimalType(10, 2), DateType(), ArrayType(IntegerType())]
+
+
+@st.composite
+def _evolution(draw: st.DrawFn) -> tuple[StructType, StructType, tuple, tuple]:
+    n = draw(st.integers(1, 6))
+    olds = [draw(st.sampled_from(_OLD_TYPES)) for _ in range(n)]
+    v0 = StructType([StructField(f"f{i}", t) for i, t in enumerate(olds)])
+    value = tuple(draw(_strategy(t, True)) for t in olds)
+    fields, want = [], []
+    for i, (t, x) in enumerate(zip(olds, value)):
+        action = draw(st.sampled_from(["keep", "drop", "widen"]))
+        if action == "drop":
+            continue
+        conv = lambda y: y  # noqa: E731
+        nt = t
+        if action == "widen" and t.simpleString() in _WIDENINGS:
+            nt, conv = draw(st.sampled_from(_WIDENINGS[t.simpleString()]))
+        if isinstance(t, ArrayType) and action == "widen":
+            nt, conv = ArrayType(LongType()), lambda y: y
+        fields.append(StructField(f"f{i}", nt))
+        want.append((f"f{i}", None if x is None else conv(x)))
+    for j in range(draw(st.integers(0, 2))):
+        fields.append(StructField(f"new{j}", draw(st.sampled_from(_OLD_TYPES))))
+        want.append((f"new{j}", None))
+    order = draw(st.permutations(range(len(fields))))
+    v1 = StructType([fields[k] for k in order])
+    return v0, v1, value, tuple(want[k][1] for k in order)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_evolution())
+def test_generated_evolution(case: tuple) -> None:
+    v0, v1, value, want = case
+    old = StateCodec("v", [v0])
+    b = old.encode(value)
+    new = StateCodec("v", [v0, v1])
+    out = new.decode(b)
+    assert out == want
+    assert new.decode(new.encode(out)) == out
+    assert new.decode_many(b + new.encode(out)) == [out, out]
