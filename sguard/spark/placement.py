@@ -118,6 +118,8 @@ def choose_local_dir(need_bytes: int = SHM_ROOM_BYTES,
     ------
     FileNotFoundError
         If no candidate is a writable directory.
+    ValueError
+        If ``candidates`` is empty.
     """
     global _LAST_REASON
     cands = list(candidates) if candidates is not None else [_SHM, *spark_local_dirs()]
