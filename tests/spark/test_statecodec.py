@@ -611,3 +611,61 @@ def test_generated_evolution(case: tuple) -> None:
     assert out == want
     assert new.decode(new.encode(out)) == out
     assert new.decode_many(b + new.encode(out)) == [out, out]
+
+
+# -- Spark's own state -----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_same_values_as_sparks_own_state(spark, tmp_path) -> None:
+    """A processor on Spark's own transformWithState state stores a value and reads it back;
+    the codec gives the same Python values (types included)."""
+    import json
+
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    schema = S(("b", ByteType()), ("f", FloatType()), ("bin", BinaryType()), ("d", DecimalType(10, 2)),
+               ("d38", DecimalType(38, 18)), ("ts", TimestampType()), ("ntz", TimestampNTZType()),
+               ("dt", DateType()), ("arr", ArrayType(LongType())), ("arrs", ArrayType(INNER)),
+               ("m", MapType(StringType(), INNER)), ("st", INNER), ("e", ArrayType(IntegerType())),
+               ("em", MapType(StringType(), IntegerType())), ("z", DecimalType(38, 18)), ("s", StringType()),
+               ("n", LongType()))
+    value = (7, 0.1, b"\x00ab", Decimal("1.555"), Decimal("-12345678901234567890.123456789012345678"),
+             datetime.datetime(1969, 7, 20, 20, 17, 40, 123456), datetime.datetime(1900, 1, 1, 0, 0, 0, 1),
+             datetime.date(1, 1, 1), [1, None, 3], [(1, datetime.datetime(2020, 1, 1)), None],
+             {"a": (2, None)}, Row(x=5, ts=None), [], {}, Decimal(0), "héllo", None)
+
+    class Probe(StatefulProcessor):
+        def init(self, handle):  # type: ignore[no-untyped-def]
+            self.state = handle.getValueState("v", schema)
+
+        def handleInputRows(self, key, rows, timerValues):  # type: ignore[no-untyped-def]
+            for _ in rows:
+                pass
+            self.state.update(value)
+            got = self.state.get()
+            c = StateCodec("v", [schema])
+            ours = c.decode(c.encode(value))
+            same = got == ours and [type(x) for x in got] == [type(x) for x in ours] and \
+                [type(x) for x in got[9]] == [type(x) for x in ours[9]]
+            yield Row(k=key[0], same=same, got=repr(got), ours=repr(ours))
+
+        def close(self) -> None:
+            pass
+
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.json").write_text(json.dumps({"k": "a"}) + "\n")
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    out_schema = S(("k", StringType()), ("same", BooleanType()), ("got", StringType()), ("ours", StringType()))
+    rows: list = []
+    try:
+        q = (spark.readStream.schema("k string").json(str(src)).groupBy("k")
+             .transformWithState(Probe(), out_schema, "Update", "None")
+             .writeStream.foreachBatch(lambda b, _i: rows.extend(b.collect()))
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+        q.awaitTermination()
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    assert len(rows) == 1
+    assert rows[0].same, (rows[0].got, rows[0].ours)
