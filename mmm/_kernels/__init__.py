@@ -20,7 +20,7 @@ import numba
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["jit", "cacheable", "preload_cached"]
+__all__ = ["jit", "cacheable", "cached_signatures", "cached_kernels", "preload_cached"]
 
 #: every kernel `jit` made, in definition order (what `preload_cached` loads)
 _KERNELS: list[Any] = []
@@ -45,9 +45,42 @@ def jit(fn: F) -> F:
     return out
 
 
+def cached_signatures(kernel: Any) -> list[tuple[Any, ...]]:
+    """Argument types of every variant numba's disk cache holds for `kernel` (a kernel
+    made by `jit`) compiled from its current source, for this CPU and this numba; ``[]``
+    when it has no cache or the cache cannot be read.
+
+    numba has no public way to list a cache: a dispatcher's public side (``signatures``,
+    ``stats``, ``compile``) only knows what this process compiled or loaded, and the cache
+    index is read lazily, one signature at a time, at a call. So this one function reads
+    numba's private cache objects (the dispatcher's ``_cache``, its index file and index
+    key) and nothing else in the project does; it is guarded (any error means "nothing
+    cached") so a numba that moves them only turns preloading off, and
+    ``tests/mmm/test_preload_kernels.py`` pins the behaviour.
+
+    Runtime complexity: O(cached variants) plus reading one small index file.
+    """
+    try:
+        cache = kernel._cache
+        current = cache._index_key(None, kernel.targetctx.codegen())[1:]  # machine, source
+        keys = list(cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 - no cache (not cacheable, unreadable): nothing cached
+        return []
+    return [key[0] for key in keys if tuple(key[1:]) == tuple(current)]
+
+
+def cached_kernels() -> list[tuple[Any, tuple[Any, ...]]]:
+    """Every ``(kernel, argument types)`` numba's disk cache holds for the kernels defined
+    so far (`cached_signatures`), in definition order.
+
+    Runtime complexity: O(kernels + cached variants).
+    """
+    return [(k, sig) for k in list(_KERNELS) for sig in cached_signatures(k)]
+
+
 def preload_cached() -> tuple[int, int]:
     """Load, for every kernel defined so far, each compiled variant numba's disk cache
-    holds for its current source: ``(variants loaded, kernels)``.
+    holds for its current source (`cached_kernels`): ``(variants loaded, kernels)``.
 
     A kernel is otherwise loaded from the cache at its first call with new argument
     types, ~7-15 ms each, inside whatever operation called it first: a fresh process's
@@ -58,20 +91,10 @@ def preload_cached() -> tuple[int, int]:
     that fails to load is left to its first call. Starts no thread.
     """
     loaded = 0
-    for disp in list(_KERNELS):
+    for kernel, sig in cached_kernels():
         try:
-            cache = disp._cache
-            codegen = disp.targetctx.codegen()
-            current = cache._index_key(None, codegen)[1:]  # (machine, source hashes)
-            keys = list(cache._cache_file._load_index())
-        except Exception:  # noqa: BLE001 - no cache (not cacheable, unreadable): skip
+            kernel.compile(sig)  # finds the entry just listed: loads, compiles nothing
+        except Exception:  # noqa: BLE001 - left to its first call
             continue
-        for key in keys:
-            if tuple(key[1:]) != tuple(current):
-                continue
-            try:
-                disp.compile(key[0])  # finds the entry just listed: loads, compiles nothing
-            except Exception:  # noqa: BLE001 - left to its first call
-                continue
-            loaded += 1
+        loaded += 1
     return loaded, len(_KERNELS)

@@ -13,28 +13,20 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from ioservice import DamagedCheckpointWarning, StorageRoot, list_checkpoints, open_root
-from mmm import PageManager, PagePool
+from mmm import PageManager
 from sguard.spark import fencing, inputlog
 from sguard.spark.checkpointing import latest_checkpoint_batch
 from sguard.spark.groupstate import open_state
 from sguard.spark.operators import operator_from_params
 from sguard.spark.placement import PartitionSlot, default_local_dir, root_key, state_id
 from sguard.spark.recovery import checkpoint_restorer, rebuild_partition
-from sguard.spark.versions import _RollbackPool
+from sguard.spark.versions import attach_at
 from sguard.statelayout import OperatorLayout, read_layout, schema_from_layout
 
 __all__ = ["read_local_state", "read_durable_state", "read_partition_state", "load_layout"]
-
-
-class _PrivateRollbackPool(_RollbackPool):
-    def _open_file(self, path: str) -> Any:
-        PagePool._open_file(self, path)  # validates the file (never the shared cached mapping)
-        import os
-        return np.memmap(path, dtype=np.uint8, mode="c", shape=(os.path.getsize(path),))
 
 
 def load_layout(state_uri: str, storage_options: dict[str, Any] | None = None
@@ -81,10 +73,7 @@ def read_local_state(state_uri: str, *, local_dir: str | None = None,
             if m is None or not slot.has_pool():
                 raise FileNotFoundError(f"partition {p}: no local state in {slot.dir}")
             base = slot.read_base() if m.status == "applying" else None
-            pool: Any = _PrivateRollbackPool.__new__(_PrivateRollbackPool)
-            pool._keep = base
-            PagePool.__init__(pool, 1 << 16, 0, slot.pool_path, _attach=True)
-            pm = PageManager(_pool=pool)
+            pm = attach_at(slot.pool_path, 1 << 16, base, copy_on_write=True)
             parts.append(open_state(op, pm, schema, lay.key, lay.key_group_range(p)).dump())
             batches[p] = m.batch if m.status == "applied" else m.batch - 1
         finally:

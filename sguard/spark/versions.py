@@ -34,7 +34,8 @@ import numpy.typing as npt
 
 from mmm import PageManager, PagePool
 from mmm.page import PAGE_MAGIC
-from mmm.pool import _POOL_HEADER, _POOL_MAGIC, FREE, LIVE
+from mmm.pool import FREE, LIVE
+from mmm.poolfile import mapped_n_frames, populate_frame_headers
 from sguard.spark.placement import Marker, boot_id
 
 __all__ = ["Action", "Decision", "decide", "attach_at", "forget_mappings", "LocalStateDamaged"]
@@ -109,10 +110,15 @@ class _RollbackPool(PagePool):
 
     _keep: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None = None
     _fresh_map = False
+    _copy_on_write = False
 
     def _open_file(self, path: str) -> Any:
         """The process's existing shared mapping of `path` when it still maps this very
-        file (same device, inode and size), else a new one (validated by `PagePool`)."""
+        file (same device, inode and size), else a new one (validated by `PagePool`);
+        with ``_copy_on_write`` a private mapping of its own, never kept."""
+        if self._copy_on_write:
+            super()._open_file(path)  # validates the file
+            return np.memmap(path, dtype=np.uint8, mode="c", shape=(os.path.getsize(path),))
         try:
             st = os.stat(path)
         except OSError:
@@ -123,10 +129,9 @@ class _RollbackPool(PagePool):
             if st is not None and hit is not None and hit[0] == (st.st_dev, st.st_ino,
                                                                  st.st_size):
                 raw = hit[1]
-                hdr = raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)[0]
-                if (bytes(hdr["magic"]) == _POOL_MAGIC and int(hdr["page_bytes"])
-                        == self.page_bytes):
-                    self.n_frames = int(hdr["n_frames"])
+                n_frames = mapped_n_frames(raw, self.page_bytes)
+                if n_frames is not None:
+                    self.n_frames = n_frames
                     self._fresh_map = False
                     return raw
             raw = super()._open_file(path)
@@ -174,24 +179,11 @@ def _sweep_locked() -> None:
             del _MAPS[p]
 
 
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14; not in Python's mmap module before 3.13
-
-
 def _populate(pool: PagePool) -> None:
     """Map the header page of every used frame of a freshly mapped pool file up front
-    (one `MADV_POPULATE_WRITE` each, about 3x cheaper here than the page fault the attach
-    would take on it); a no-op where the kernel lacks it. Populating whole frames instead
-    costs more than the faults it saves."""
-    mm = getattr(pool._raw, "_mmap", None)
-    used = np.flatnonzero(pool.state)
-    if mm is None or not len(used):
-        return
-    start = pool.frames.ctypes.data - pool._raw.ctypes.data
-    try:
-        for off in (start + used * pool.page_bytes).tolist():
-            mm.madvise(_MADV_POPULATE_WRITE, off, 4096)
-    except (OSError, ValueError, OverflowError):
-        pass
+    (`mmm.poolfile.populate_frame_headers`): cheaper than the page fault the attach would
+    take on each."""
+    populate_frame_headers(pool, np.flatnonzero(pool.state))
 
 
 def forget_mappings() -> None:
@@ -201,8 +193,13 @@ def forget_mappings() -> None:
 
 
 def attach_at(path: str, page_bytes: int,
-              base: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None) -> PageManager:
+              base: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None, *,
+              copy_on_write: bool = False) -> PageManager:
     """Attach the pool file at `path`; with `base`, roll it back to that page table first.
+
+    With `copy_on_write` the file is mapped privately: the rollback and every later
+    write stay in this process's memory and the file is left exactly as it was (for a
+    reader of another process's live state).
 
     Raises
     ------
@@ -213,5 +210,6 @@ def attach_at(path: str, page_bytes: int,
     """
     pool: Any = _RollbackPool.__new__(_RollbackPool)
     pool._keep = base
+    pool._copy_on_write = copy_on_write
     PagePool.__init__(pool, page_bytes, 0, path, _attach=True)
     return PageManager(_pool=pool)

@@ -23,12 +23,15 @@ _PRELOAD = textwrap.dedent("""
     import json, os
     import mmm
     from mmm._kernels import pages
+    from mmm._kernels import cached_kernels, cached_signatures
     before = len(pages.copy_frames.signatures)
+    listed = [str(t) for t in cached_signatures(pages.copy_frames)]
+    in_all = sum(1 for k, _ in cached_kernels() if k is pages.copy_frames)
     loaded, kernels = mmm.preload_kernels()
     d = pages.copy_frames
-    print(json.dumps({"before": before, "after": len(d.signatures), "loaded": loaded,
-                      "kernels": kernels, "hits": sum(d._cache_hits.values()),
-                      "misses": sum(d._cache_misses.values()),
+    print(json.dumps({"listed": listed, "in_all": in_all, "before": before, "after": len(d.signatures), "loaded": loaded,
+                      "kernels": kernels, "hits": sum(d.stats.cache_hits.values()),
+                      "misses": sum(d.stats.cache_misses.values()),
                       "threads": len(os.listdir("/proc/self/task"))}))
 """)
 
@@ -53,3 +56,7 @@ def test_preload_loads_cached_variants_without_compiling(tmp_path: Path) -> None
     assert got["hits"] >= 1 and got["misses"] == 0  # from the cache, nothing compiled
     assert got["loaded"] >= got["after"] and got["kernels"] > 20
     assert got["loaded"] > cold["loaded"]
+    assert cold["listed"] == [] and cold["in_all"] == 0
+    assert len(got["listed"]) == 1 and got["listed"][0].startswith("(Array(uint8, 2")  # the variant written
+    assert got["in_all"] == 1
+    assert got["before"] == 0  # listing the cache loaded nothing
