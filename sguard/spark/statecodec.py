@@ -86,7 +86,7 @@ _NoneType = type(None)
 _EPOCH_ORDINAL = datetime.datetime(1970, 1, 1).toordinal()
 _DEC_CTX = decimal.Context(prec=120, rounding=decimal.ROUND_HALF_UP, Emax=999999, Emin=-999999)
 _VARINT1 = [bytes((i,)) for i in range(128)]
-_PLAN_CACHE_MAX = 64  # distinct field-type combinations remembered per struct
+_PLAN_CACHE_MAX = 128  # encoders generated per struct (one per combination of field types)
 
 
 class _Bad(Exception):
@@ -735,14 +735,40 @@ class _StructCodec(_Codec):
         key = tuple(map(type, vals))
         run = self._plans.get(key)
         if run is None:
-            run = self._plan(key)
-            if len(self._plans) < _PLAN_CACHE_MAX:
-                self._plans[key] = run
+            if len(self._plans) >= _PLAN_CACHE_MAX:  # many combinations (of nulls): no more code
+                return self._enc_generic(vals)
+            run = self._plans[key] = self._plan(key)
         try:
             return run(*vals)
         except Exception as e:  # find the field at fault
             self._diagnose(vals)
             raise _Bad(f"{e}") from None
+
+    def _enc_generic(self, vals: tuple) -> bytes:
+        """The bytes of a struct value, field by field (no generated code)."""
+        if len(vals) != self.n:
+            raise _Bad(f"{len(vals)} fields given, the schema has {self.n}")
+        bits = 0
+        fixed: list[Any] = [self.prefix] if self.prefix else []
+        var: list[bytes] = []
+        for f, x in zip(self.fields, vals):
+            c = f.codec
+            if x is None:
+                if not f.nullable:
+                    raise _Bad(f"null in a non-nullable {c.tname} field", [f.name])
+                bits |= f.bit
+                if c.fmt is not None:
+                    fixed.append(c.zero)
+                continue
+            try:
+                y = c.convert(x)
+            except _Bad as e:
+                e.path.insert(0, f.name)
+                raise
+            (fixed if c.fmt is not None else var).append(y)
+        if self.nb:
+            fixed.insert(1 if self.prefix else 0, self._bits_arg(bits))
+        return b"".join([self.head_struct.pack(*fixed), *var])
 
     def _diagnose(self, vals: tuple) -> None:
         for f, x in zip(self.fields, vals):
