@@ -238,6 +238,8 @@ class PagePool:
         self.clock = 1
         if _attach:
             self._rebuild_allocation()
+            if self._watermark > self._reserved_end:  # (a subclass revived frames above)
+                self._reserve_locked(self._watermark, step=False)
 
     # -- geometry -----------------------------------------------------------------
     def _state_pages(self, n_frames: int) -> int:
