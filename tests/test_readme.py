@@ -15,7 +15,9 @@ HDFS service, patterns with placeholders) are not run.
 De-duplication, to keep the run as long as it was when only the README was run: each
 distinct command line (as run, i.e. after its reduction below) runs once per test run, and
 each distinct python block once; a page that repeats a command another page already ran
-skips it. So a guide may repeat the README's commands for the reader at no cost.
+skips it. So a guide may repeat the README's commands for the reader at no cost. Under
+pytest-xdist (``--dist loadgroup``) the bash blocks form one group, so they share that
+one copy and its record of what ran; the python blocks are spread over the workers.
 
 Long commands run in a reduced form: the command exactly as written, with
 arguments appended that make it small (argparse takes the last value of an
@@ -228,6 +230,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Clone:
     return Clone(tmp_path_factory.mktemp("pages") / "clone")
 
 
+@pytest.mark.xdist_group("pages")  # one worker, one scratch copy, each command once
 @pytest.mark.parametrize(("page", "item"), [pytest.param(p, i, id=f"{p}:{i}")
                                             for p, i in bash_items()])
 def test_page_bash_block(page: str, item: str, clone: Clone) -> None:
