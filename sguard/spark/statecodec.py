@@ -51,9 +51,9 @@ removed and later added back with an unrelated type reads as null in values writ
 Speed: one `struct` pack/unpack per struct, with encoders and decoders generated per schema
 (straight-line code, no per-field loop or type dispatch; the field types of a value are looked
 up once per combination). CPU per value of encode + decode, ``python -m sguard.spark.statecodec``
-(CPython 3.11, a loaded 2-core machine; a pickle round trip of the same tuple in brackets): one
-bigint 0.9 us [0.6], four fixed fields 1.1 us [1.5], a string and a bigint 1.6 us [1.2], a
-nested struct with an array of 4 doubles 4.5 us [1.2].
+(CPython 3.11 on a loaded 2-core machine, best of 3 runs; a pickle round trip of the same tuple
+in brackets): one bigint 0.9 us [0.6], four fixed fields 1.1 us [0.7], a string and a bigint
+1.6 us [0.8], a nested struct with a string and an array of 4 doubles 4.8 us [1.1].
 """
 from __future__ import annotations
 
@@ -802,7 +802,7 @@ class _StructReader:
         self.post = None
         self.fmt = None
         ns: dict[str, Any] = {"unpack": src.fixed_struct.unpack_from, "rv": _read_varint,
-                              "_new": tuple.__new__, "Row": Row, "names": self.names,
+                              "_new": tuple.__new__, "Row": Row, "names": self.names, "_set": object.__setattr__,
                               "from_bytes": int.from_bytes}
         body: list[str] = []
         nb = src.nb
@@ -852,7 +852,7 @@ class _StructReader:
         src_text = "\n".join(
             ["def read(buf, off):"] + [ind + b for b in body] + [ind + f"return {tup}, off", ""]
             + ["def dec(buf, off):"] + [ind + b for b in body if b not in shortcut]
-            + ([ind + f"r = _new(Row, {tup})", ind + "r.__fields__ = names", ind + "return r, off"]
+            + ([ind + f"r = _new(Row, {tup})", ind + "_set(r, '__fields__', names)", ind + "return r, off"]
                if make_row else [ind + f"return {tup}, off"]))
         self.read = _compile(src_text + "\n", ns, "read")
         self.dec = ns["dec"]
