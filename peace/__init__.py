@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from peace.mincost import FlowBound, min_cost_flow_bound
     from peace.model import (MB, Network, Rack, SwitchLink, Topology, build_network,
                              figure5_topology, leaf_spine_topology, paper_topology)
-    from peace.placement import (RACK_AWARE, UNCONSTRAINED, ChunkPlacement, ReplicaTemplate,
-                                 Schedule, TimestepPlan, WriteRequest)
+    from peace.placement import (RACK_AWARE, UNCONSTRAINED, ChunkPlacement, ChunkRelease,
+                                 ReplicaTemplate, Schedule, TimestepPlan, WriteRequest)
     from peace.scheduler import PeaceScheduler
     from peace.validate import ScheduleReport, validate_schedule
     from peace.variants import SCHEDULER_VARIANTS, make_scheduler
@@ -48,7 +48,8 @@ _WHERE: dict[str, str] = {
                      "UnknownServerError"), "peace.errors"),
     **dict.fromkeys(("MB", "Network", "Rack", "SwitchLink", "Topology", "build_network",
                      "figure5_topology", "leaf_spine_topology", "paper_topology"), "peace.model"),
-    **dict.fromkeys(("RACK_AWARE", "UNCONSTRAINED", "ChunkPlacement", "ReplicaTemplate",
+    **dict.fromkeys(("RACK_AWARE", "UNCONSTRAINED", "ChunkPlacement", "ChunkRelease",
+                     "ReplicaTemplate",
                      "Schedule", "TimestepPlan", "WriteRequest"), "peace.placement"),
     "PeaceScheduler": "peace.scheduler",
     "SCHEDULER_VARIANTS": "peace.variants", "make_scheduler": "peace.variants",

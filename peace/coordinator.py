@@ -34,10 +34,17 @@ Thread-safe: one lock guards the state; callbacks run outside it, so a callback
 may call :meth:`Coordinator.complete`. For writers in other processes see
 :mod:`peace.service`.
 
+Which capacity rule a schedule keeps is the validator's definition
+(:func:`peace.validate.validate_schedule`): with ``hold_inflight`` (or
+``work_conserving``) the chunks in flight never exceed any edge's capacity, at
+any moment; without it each timestep's chunks, fills included, fit the capacity
+together. :meth:`Coordinator.log` is the history that
+:meth:`Coordinator.certify` checks against that rule.
+
 Invariants (checked by :meth:`Coordinator._check`): every in-flight chunk was
 assigned in a timestep ``<= timestep``; the held usage equals the sum of the
 in-flight chunks' edges and never exceeds capacity when ``hold_inflight``;
-a request is DONE exactly when all its chunks completed.
+a request is DONE exactly when all its chunks completed; the history certifies.
 """
 from __future__ import annotations
 
@@ -55,8 +62,10 @@ import numpy.typing as npt
 from peace.errors import (CannotScheduleNowError, CoordinatorStateError, ScheduleInfeasibleError,
                           UnknownRequestError)
 from peace.model import Network, Topology, build_network
-from peace.placement import RACK_AWARE, ChunkPlacement, ReplicaTemplate, WriteRequest
+from peace.placement import (RACK_AWARE, ChunkPlacement, ChunkRelease, ReplicaTemplate,
+                             WriteRequest)
 from peace.scheduler import Heuristics
+from peace.validate import ScheduleReport, validate_schedule
 from peace.variants import make_scheduler
 
 __all__ = ["RequestState", "RequestStatus", "CoordinatorStats", "Coordinator"]
@@ -168,6 +177,7 @@ class Coordinator:
         if max_pending_requests is not None and max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {max_pending_requests}")
         self.network = topology if isinstance(topology, Network) else build_network(topology)
+        self.templates = tuple(templates)
         self.scheduler = make_scheduler(self.network, templates, seed=seed,
                                         method=method, variant=variant, lookahead=lookahead)
         self.advance_fraction = advance_fraction
@@ -192,6 +202,7 @@ class Coordinator:
         self._rejected = 0
         self._feasible_cache: set[tuple[str, int]] = set()
         self._history: list[ChunkPlacement] = []
+        self._log: list[ChunkPlacement | ChunkRelease] = []
 
     # ------------------------------------------------------------------ API
     def submit(self, writer: str, replication: int, chunks: int, *,
@@ -290,6 +301,7 @@ class Coordinator:
                     f"(state {rec.state.name}, {rec.completed} of {req.chunks} completed)")
             for e in pl.edge_ids:
                 self._held[e] -= 1
+            self._log.append(ChunkRelease(request_id, chunk_index))
             if pl.timestep == self._timestep:
                 self._ts_done += 1
             rec.completed += 1
@@ -325,6 +337,7 @@ class Coordinator:
                 pl = self._inflight.pop(key)
                 for e in pl.edge_ids:
                     self._held[e] -= 1
+                self._log.append(ChunkRelease(*key))
                 if pl.timestep == self._timestep:
                     self._ts_done += 1
             rec.state = RequestState.FAILED
@@ -365,6 +378,36 @@ class Coordinator:
         """Every chunk placement ever assigned, in order (a certificate for the validator)."""
         with self._lock:
             return list(self._history)
+
+    def log(self) -> list[ChunkPlacement | ChunkRelease]:
+        """Every placement and every release (a completion, or an abandoned request's chunk
+        in flight), in the order they happened: the history `certify` checks."""
+        with self._lock:
+            return list(self._log)
+
+    def certify(self, *, complete: bool = False) -> ScheduleReport:
+        """Check the history so far with :func:`peace.validate.validate_schedule` under this
+        coordinator's capacity rule (``hold_inflight``) and templates.
+
+        Parameters
+        ----------
+        complete
+            Also require every chunk of every request to be placed (fails for a request
+            that was abandoned or dropped).
+
+        Raises
+        ------
+        InvalidScheduleError
+            If the history breaks the rule (a coordinator bug).
+
+        Notes
+        -----
+        Runtime complexity: O(history * hop length + edges * timesteps).
+        """
+        with self._lock:
+            log, reqs = list(self._log), [rec.request for rec in self._records.values()]
+        return validate_schedule(self.network, reqs, log, self.templates, complete=complete,
+                                 hold_inflight=self.hold_inflight)
 
     def requests(self) -> list[WriteRequest]:
         """Every accepted request, as submitted."""
@@ -459,6 +502,7 @@ class Coordinator:
     def _assign_locked(self, placements: Sequence[ChunkPlacement],
                        fired: list[tuple[_Record, ChunkPlacement]]) -> None:
         self._history.extend(placements)
+        self._log.extend(placements)
         for pl in placements:
             self._inflight[(pl.request_id, pl.chunk_index)] = pl
             for e in pl.edge_ids:
@@ -496,4 +540,5 @@ class Coordinator:
                 if rec.state is RequestState.FAILED:
                     assert all(k[0] != rid for k in self._inflight)
                 assert rec.completed <= rec.assigned <= rec.request.chunks
+            self.certify()
 

@@ -17,7 +17,7 @@ from peace.errors import InvalidRequestError, TemplateError
 from peace.model import Vertex
 
 __all__ = ["ReplicaTemplate", "RACK_AWARE", "UNCONSTRAINED", "check_templates", "WriteRequest",
-           "ChunkPlacement", "TimestepPlan", "Schedule", "Residual"]
+           "ChunkPlacement", "ChunkRelease", "TimestepPlan", "Schedule", "Residual"]
 
 Residual: TypeAlias = npt.NDArray[np.int64]
 """Residual capacity per edge id for one timestep (:meth:`peace.model.Network.new_residual`)."""
@@ -117,6 +117,16 @@ class ChunkPlacement:
     def replicas(self) -> tuple[str, ...]:
         """The replica servers in pipeline order."""
         return self.servers[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRelease:
+    """A placed chunk stops holding its pipeline's capacity: its write completed, or its
+    writer was abandoned. An online history (:meth:`peace.coordinator.Coordinator.log`)
+    interleaves these with the :class:`ChunkPlacement` entries, in the order they happened."""
+
+    request_id: int
+    chunk_index: int
 
 
 @dataclass(frozen=True, slots=True)

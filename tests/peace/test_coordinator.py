@@ -1,6 +1,7 @@
 """Tests of the online coordinator and its local service."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 
@@ -11,8 +12,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from peace.coordinator import Coordinator, RequestState
 from peace.errors import (CannotScheduleNowError, CoordinatorStateError, InfeasibleRequestError,
-                          InvalidRequestError, UnknownRequestError, UnknownServerError)
+                          InvalidRequestError, InvalidScheduleError, UnknownRequestError,
+                          UnknownServerError)
 from peace.model import figure5_topology, paper_topology
+from peace.placement import ChunkRelease
 from peace.scheduler import ChunkPlacement, WriteRequest
 from peace.service import CoordinatorClient, CoordinatorServer
 from peace.validate import validate_schedule
@@ -341,3 +344,118 @@ def test_requests_arriving_during_a_timestep_fill_its_spare_capacity() -> None:
         c.complete(first, 1)  # timestep 0 reaches its 80 %
         if not fill:
             assert c.stats().timestep == 1 and all(c.status(r).assigned == 2 for r in later)
+
+
+class HoldInflightMachine(CoordinatorMachine):
+    """The same with ``hold_inflight`` (and fills): the history certifies under the
+    in-flight rule after every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = Coordinator(self.topology, seed=0, advance_fraction=0.6, hold_inflight=True)
+
+    @invariant()
+    def consistent(self) -> None:
+        self.c._check()
+        validate_schedule(self.c.network, self.c.requests(), self.c.log(), complete=False,
+                          hold_inflight=True)
+
+
+TestHoldInflightMachine = HoldInflightMachine.TestCase
+TestHoldInflightMachine.settings = settings(max_examples=25, stateful_step_count=30,
+                                            deadline=None)
+
+
+def _fill_after_a_completion() -> Coordinator:
+    """hold_inflight: a writer's two chunks fill its link (2 chunks) in timestep 0; one
+    completes (timestep 0 still runs, advance_fraction=1); a new request of the same writer
+    takes the freed slot in timestep 0."""
+    t = paper_topology()  # 2 chunks per writer link
+    c = Coordinator(t, seed=0, hold_inflight=True, advance_fraction=1.0)
+    w = t.servers[0]
+    first = c.submit(w, 1, 2)
+    assert c.status(first).assigned == 2
+    c.complete(first, 0)
+    assert c.timestep == 0
+    second = c.submit(w, 1, 1)
+    assert c.status(second).assigned == 1 and c.timestep == 0
+    return c
+
+
+def test_validator_accepts_a_filled_timestep_that_never_overloads_in_flight() -> None:
+    """Three chunks of one timestep cross a 2-chunk link, never more than two at once: the
+    coordinator's history certifies under its rule (in flight), not per timestep."""
+    c = _fill_after_a_completion()
+    log = c.log()
+    assert sum(isinstance(e, ChunkRelease) for e in log) == 1
+    assert {p.timestep for p in c.history()} == {0} and len(c.history()) == 3
+    report = validate_schedule(c.network, c.requests(), log, hold_inflight=True)
+    assert report.max_edge_load == 2 and report.chunks == 3 and report.timesteps == 1
+    assert c.certify(complete=True) == report
+    with pytest.raises(InvalidScheduleError, match="carries 3 chunks, capacity 2"):
+        validate_schedule(c.network, c.requests(), c.history())  # per timestep: 3 > 2
+    c._check()
+
+
+def test_validator_rejects_a_history_that_overloads_a_link_in_flight() -> None:
+    """The same placements without the release in between put three chunks at once on the
+    writer's 2-chunk link: rejected, naming the chunk and the edge."""
+    c = _fill_after_a_completion()
+    overloading = [e for e in c.log() if not isinstance(e, ChunkRelease)]
+    with pytest.raises(InvalidScheduleError,
+                       match=r"request 1 chunk 0 \(timestep 0\): edge .* carries 3 chunks in "
+                             r"flight, capacity 2"):
+        validate_schedule(c.network, c.requests(), overloading, hold_inflight=True)
+    # the release moved after the third placement: overloaded just as well
+    log = c.log()
+    moved = [e for e in log if not isinstance(e, ChunkRelease)] + [ChunkRelease(0, 0)]
+    with pytest.raises(InvalidScheduleError, match="in flight, capacity 2"):
+        validate_schedule(c.network, c.requests(), moved, hold_inflight=True)
+
+
+def test_validator_rejects_inconsistent_histories() -> None:
+    """A release of a chunk not in flight, and a placement back in an earlier timestep."""
+    c = _fill_after_a_completion()
+    log = c.log()
+    with pytest.raises(InvalidScheduleError, match="request 0 chunk 0: released but not in"):
+        validate_schedule(c.network, c.requests(), log + [ChunkRelease(0, 0)],
+                          hold_inflight=True)
+    with pytest.raises(InvalidScheduleError, match="released but not in flight"):
+        validate_schedule(c.network, c.requests(), [ChunkRelease(1, 0)] + log,
+                          hold_inflight=True)
+    first, *rest = [e for e in log if isinstance(e, ChunkPlacement)]
+    later = dataclasses.replace(first, timestep=1)
+    with pytest.raises(InvalidScheduleError, match="placed after a chunk of timestep 1"):
+        validate_schedule(c.network, c.requests(), [later, *rest], hold_inflight=True)
+    with pytest.raises(ValueError, match="capacity_by_timestep"):
+        validate_schedule(c.network, c.requests(), log, hold_inflight=True,
+                          capacity_by_timestep={})
+
+
+@given(seed=st.integers(0, 2**16), order=st.randoms(use_true_random=False),
+       fill=st.booleans(), conserving=st.booleans())
+@settings(max_examples=20, deadline=None)
+def test_every_history_the_coordinator_produces_certifies(seed: int, order: object, fill: bool,
+                                                          conserving: bool) -> None:
+    """Submissions between completions in any order, with and without fills and the
+    work-conserving mode: the whole history certifies under the coordinator's rule."""
+    import random
+    assert isinstance(order, random.Random)
+    t = paper_topology(rack_sizes=(3, 3), link_chunks=2)
+    c = Coordinator(t, seed=seed, hold_inflight=True, fill_on_submit=fill,
+                    work_conserving=conserving, advance_fraction=0.6)
+    n = 0
+    for step in range(40):
+        fl = c.in_flight()
+        if n < 10 and (not fl or order.random() < 0.4):
+            c.submit(t.servers[order.randrange(6)], order.randint(1, 3), order.randint(1, 4))
+            n += 1
+        elif fl:
+            pl = fl[order.randrange(len(fl))]
+            c.complete(pl.request_id, pl.chunk_index)
+    while c.in_flight():
+        pl = c.in_flight()[0]
+        c.complete(pl.request_id, pl.chunk_index)
+    report = c.certify(complete=True)
+    assert report.chunks == sum(r.chunks for r in c.requests())
+    assert report.max_edge_load <= int(c.network.capacity.max())
