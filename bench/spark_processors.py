@@ -152,6 +152,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="repetitions of the sguard variants (default 3, --quick 2)")
     ap.add_argument("--no-agreement", action="store_true",
                     help="skip the output agreement check of Spark and sguard")
+    ap.add_argument("--agreement-only", action="store_true",
+                    help="only the output agreement check (no timed runs)")
     a = _harness.parse_args(ap, argv)
     vs = [v.strip() for v in a.variants.split(",") if v.strip()]
     bad = [v for v in vs if v not in VARIANTS]
@@ -676,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing: dict[str, str] = {}
     agree: dict[str, Any] = {}
     try:
-        for k in a.keys:  # the input, before anything is timed
+        for k in ([] if a.agreement_only else a.keys):  # the input, before any timing
             write_files(work / "input", k, pl["rows_per_batch"],
                         max(pl["batches"][v][k] for v in a.variants))
         if "sguard_vectorized_value" in a.variants:
@@ -686,20 +688,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log(f"sguard_vectorized_value: missing: {why}")
         spark = session(work)
         try:
-            log("warm-up (JVM, Python workers; discarded) ...")
+            log("warm-up (JVM, Python workers; discarded) ..." if not a.agreement_only
+                else "agreement only: no warm-up, no timed runs")
             wk = min(a.keys)
             write_files(work / "input", wk, 2_000, 2)
             for v in ([next((v for v in a.variants if v.startswith("spark_")), None)]
                       + [next((v for v in a.variants if v.startswith("sguard_")
                                and v not in missing), None)]):
-                if v is None:
+                if v is None or a.agreement_only:
                     continue
                 try:
                     run_retrying(spark, work, v, wk, 2_000, 2, f"warmup-{v}")
                 except Exception as e:  # noqa: BLE001 - the measured runs report failures
                     log(f"  warm-up {v} failed: {type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200]}")
-            runs = measure(spark, work, a, pl, errors, missing)
+            runs = ({k: {v: [] for v in a.variants} for k in a.keys} if a.agreement_only
+                    else measure(spark, work, a, pl, errors, missing))
             if not a.no_agreement and any(v.startswith("sguard") and v not in missing
                                           for v in a.variants):
                 log("agreement: each processor on both sides, 1000 keys, 4 batches ...")
