@@ -41,6 +41,7 @@ the same rows in the same order when a batch is replayed.
 """
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -86,9 +87,10 @@ def _struct(spark: Any, schema: Any, what: str) -> Any:
 class _Handle:
     """The handle a processor's ``init`` gets (a `StatefulProcessorHandle`)."""
 
-    def __init__(self, ctx: "_Ctx | None", spark: Any = None) -> None:
+    def __init__(self, ctx: "_Ctx | None", spark: Any = None, time_mode: str = "None") -> None:
         self._ctx = ctx
         self._spark = spark
+        self.time_mode = time_mode
         self.declared: dict[str, VarSpec] = {}
         self._parsed: dict[str, Any] = {}
 
@@ -101,6 +103,11 @@ class _Handle:
             raise ValueError(f"state variable {name!r}: ttlDurationMs must be a positive "
                              f"integer, got {ttl!r}")
         if self._ctx is None:  # on the driver: record the declaration
+            if ttl is not None and self.time_mode != "ProcessingTime":
+                raise ValueError(
+                    f"state variable {name!r}: a TTL needs time mode 'ProcessingTime' (TTL "
+                    f"runs on processing time, as in Spark); this query runs with "
+                    f"{self.time_mode!r}")
             if name in self.declared:
                 raise ValueError(f"state variable {name!r} is declared twice")
             s = _struct(self._spark, schema, f"state variable {name!r} schema")
@@ -760,9 +767,12 @@ def _transform(df: Any, key: Any, processor: Any, output_schema: Any, output_mod
                         vectorized_operator(spark, processor, out_st, tm, om), state_uri,
                         num_partitions, **kw)
     # init() on the driver, as Spark does: the declared variables and their schemas
-    rec = _Handle(None, spark)
-    processor.init(rec)
-    processor.close()
+    # (on a copy, as Spark runs it in a worker of its own: what init stores on the processor,
+    # such as the handle, must not travel to the executors with it)
+    rec = _Handle(None, spark, tm)
+    probe = copy.deepcopy(processor)
+    probe.init(rec)
+    probe.close()
     init_df = None if initial_state is None else _initial_table(initial_state, cols)
     opts = dict(kw.get("storage_options") or {})
     op = ProcessorOperator(

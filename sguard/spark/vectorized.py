@@ -79,15 +79,19 @@ def _fields(st: Any, var: str) -> list[tuple[str, str]]:
 
 
 class _VHandle:
-    def __init__(self, op: "VectorizedOperator", group: "_VGroup | None", spark: Any = None
-                 ) -> None:
-        self.op, self.group, self.spark = op, group, spark
+    def __init__(self, op: "VectorizedOperator", group: "_VGroup | None", spark: Any = None,
+                 time_mode: str = "None") -> None:
+        self.op, self.group, self.spark, self.time_mode = op, group, spark, time_mode
         self.declared: dict[str, dict[str, Any]] = {}
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None
                       ) -> Any:
         if self.group is None:  # on the driver
             from sguard.spark.processors import _struct
+            if ttlDurationMs is not None and self.time_mode != "ProcessingTime":
+                raise ValueError(f"state variable {stateName!r}: a TTL needs time mode "
+                                 f"'ProcessingTime' (as in Spark); this query runs with "
+                                 f"{self.time_mode!r}")
             st = _struct(self.spark, schema, f"state variable {stateName!r} schema")
             self.declared[stateName] = {"name": stateName, "fields": _fields(st, stateName),
                                         "ttl_ms": ttlDurationMs}
@@ -267,9 +271,11 @@ def vectorized_operator(spark: Any, processor: VectorizedProcessor, out_st: Any,
     if tm == "EventTime":
         raise SchemaChangedError("the vectorized form has no event-time timers; use time mode "
                                  "'None' or 'ProcessingTime'")
-    h = _VHandle(None, None, spark)  # type: ignore[arg-type]
-    processor.init(h)
-    processor.close()
+    import copy
+    h = _VHandle(None, None, spark, tm)  # type: ignore[arg-type]
+    probe = copy.deepcopy(processor)  # what init stores must not travel to the executors
+    probe.init(h)
+    probe.close()
     return VectorizedOperator(list(h.declared.values()), out_st.json(), tm, om,
                               f"{type(processor).__module__}.{type(processor).__qualname__}",
                               processor=processor)
