@@ -477,8 +477,7 @@ class _ProcessorGroup(OperatorState):
         store = self.store
         store.begin(ctx.now)
         if op.event_time is not None and table.num_rows:
-            ev = _wm.event_ms(table, op.event_time[0])
-            late = ev <= ctx.late
+            late = _wm.late_rows(table, op.event_time[0], ctx.late)
             if late.any():
                 table = table.filter(pa.array(~late))
         outs: list[Any] = []

@@ -108,23 +108,37 @@ def _compute(root: StorageRoot, b: int, delay_ms: int) -> tuple[int, int]:
     return wm, wm_prev
 
 
+def event_us(table: pa.Table, column: str) -> np.ndarray:
+    """The event times of `column` in µs (int64; nulls as int64 min), as Spark holds them."""
+    col = table.column(column)
+    t = col.type
+    if pa.types.is_timestamp(t):
+        per_s = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[t.unit]
+        raw = np.asarray(col.cast(pa.int64()).fill_null(np.iinfo(np.int64).min).to_numpy(),
+                         np.int64)
+        if per_s == 1_000_000:
+            return raw
+        ok = raw != np.iinfo(np.int64).min
+        out = raw.copy()
+        out[ok] = raw[ok] * 1_000_000 // per_s if per_s < 1_000_000 else raw[ok] // 1_000
+        return out
+    raise TypeError(f"the watermark column {column!r} has type {t}; Spark's withWatermark "
+                    f"needs a timestamp")
+
+
+def late_rows(table: pa.Table, column: str, late_ms: int) -> np.ndarray:
+    """Rows at or below the watermark `late_ms` (Spark's predicate, in µs)."""
+    return event_us(table, column) <= late_ms * 1000
+
+
 def max_event_ms(table: pa.Table, column: str) -> int | None:
-    """The largest event time (ms) of `column` in `table`, None if no row has one."""
+    """The largest event time (ms, µs floored as Spark divides them) of `column`, None if
+    no row has one."""
     if not table.num_rows:
         return None
-    col = table.column(column)
-    if pa.types.is_timestamp(col.type):
-        col = col.cast(pa.timestamp("ms", col.type.tz))
-    v = pa.compute.max(col.cast(pa.int64()) if not pa.types.is_integer(col.type) else col)
-    return None if not v.is_valid else int(v.as_py())
-
-
-def event_ms(table: pa.Table, column: str) -> np.ndarray:
-    """The event times of `column` in ms (int64; nulls as int64 min)."""
-    col = table.column(column)
-    if pa.types.is_timestamp(col.type):
-        col = col.cast(pa.timestamp("ms", col.type.tz)).cast(pa.int64())
-    return np.asarray(col.fill_null(np.iinfo(np.int64).min).to_numpy(), np.int64)
+    us = event_us(table, column)
+    us = us[us != np.iinfo(np.int64).min]
+    return None if not len(us) else int(us.max()) // 1000
 
 
 def record(root: StorageRoot, b: int, p: int, table: pa.Table, column: str) -> None:
