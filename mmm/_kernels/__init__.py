@@ -14,6 +14,7 @@ and ``NUMBA_CACHE_DIR`` overrides both.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, TypeVar
 
 import numba
@@ -47,8 +48,8 @@ def jit(fn: F) -> F:
 
 def cached_signatures(kernel: Any) -> list[tuple[Any, ...]]:
     """Argument types of every variant numba's disk cache holds for `kernel` (a kernel
-    made by `jit`) compiled from its current source, for this CPU and this numba; ``[]``
-    when it has no cache or the cache cannot be read.
+    made by `jit`) compiled from its current source, for this CPU and this numba, most
+    recently written first; ``[]`` when it has no cache or the cache cannot be read.
 
     numba has no public way to list a cache: a dispatcher's public side (``signatures``,
     ``stats``, ``compile``) only knows what this process compiled or loaded, and the cache
@@ -63,24 +64,47 @@ def cached_signatures(kernel: Any) -> list[tuple[Any, ...]]:
     try:
         cache = kernel._cache
         current = cache._index_key(None, kernel.targetctx.codegen())[1:]  # machine, source
-        keys = list(cache._cache_file._load_index())
+        index = dict(cache._cache_file._load_index())  # key -> its data file's name
+        data_path = cache._cache_file._data_path
     except Exception:  # noqa: BLE001 - no cache (not cacheable, unreadable): nothing cached
         return []
-    return [key[0] for key in keys if tuple(key[1:]) == tuple(current)]
+
+    def written(name: Any) -> float:
+        try:
+            return os.stat(data_path(name)).st_mtime
+        except (OSError, TypeError):
+            return 0.0
+    keys = [(written(name), n, key) for n, (key, name) in enumerate(index.items())
+            if tuple(key[1:]) == tuple(current)]
+    keys.sort(key=lambda x: (-x[0], x[1]))
+    return [key[0] for _, _, key in keys]
 
 
-def cached_kernels() -> list[tuple[Any, tuple[Any, ...]]]:
+def cached_kernels(max_per_kernel: int | None = None) -> list[tuple[Any, tuple[Any, ...]]]:
     """Every ``(kernel, argument types)`` numba's disk cache holds for the kernels defined
-    so far (`cached_signatures`), in definition order.
+    so far (`cached_signatures`), in definition order; with `max_per_kernel`, only each
+    kernel's most recently written variants.
+
+    Raises
+    ------
+    ValueError
+        If `max_per_kernel` is negative.
 
     Runtime complexity: O(kernels + cached variants).
     """
-    return [(k, sig) for k in list(_KERNELS) for sig in cached_signatures(k)]
+    if max_per_kernel is not None and max_per_kernel < 0:
+        raise ValueError(f"max_per_kernel must be >= 0 or None, got {max_per_kernel}")
+    return [(k, sig) for k in list(_KERNELS)
+            for sig in cached_signatures(k)[:max_per_kernel]]
 
 
-def preload_cached() -> tuple[int, int]:
+def preload_cached(max_per_kernel: int | None = None) -> tuple[int, int]:
     """Load, for every kernel defined so far, each compiled variant numba's disk cache
     holds for its current source (`cached_kernels`): ``(variants loaded, kernels)``.
+    With `max_per_kernel`, only each kernel's most recently written variants: a cache
+    that other work filled (a test run compiles many argument types) then costs a
+    bounded time, and a variant left out is loaded at its first call as without
+    preloading.
 
     A kernel is otherwise loaded from the cache at its first call with new argument
     types, ~7-15 ms each, inside whatever operation called it first: a fresh process's
@@ -91,7 +115,7 @@ def preload_cached() -> tuple[int, int]:
     that fails to load is left to its first call. Starts no thread.
     """
     loaded = 0
-    for kernel, sig in cached_kernels():
+    for kernel, sig in cached_kernels(max_per_kernel):
         try:
             kernel.compile(sig)  # finds the entry just listed: loads, compiles nothing
         except Exception:  # noqa: BLE001 - left to its first call

@@ -60,3 +60,39 @@ def test_preload_loads_cached_variants_without_compiling(tmp_path: Path) -> None
     assert len(got["listed"]) == 1 and got["listed"][0].startswith("(Array(uint8, 2")  # the variant written
     assert got["in_all"] == 1
     assert got["before"] == 0  # listing the cache loaded nothing
+
+
+_WRITE_INT32 = textwrap.dedent("""
+    import numpy as np
+    from mmm._kernels import pages
+    frames = np.zeros((4, 64), np.uint8)
+    pages.copy_frames(frames, np.array([0, 1], np.int32), np.array([2, 3], np.int32))
+""")
+
+_PRELOAD_ONE = textwrap.dedent("""
+    import json
+    import mmm
+    from mmm._kernels import cached_signatures, pages
+    listed = [str(t) for t in cached_signatures(pages.copy_frames)]
+    mmm.preload_kernels(max_per_kernel=1)
+    print(json.dumps({"listed": listed,
+                      "loaded": [str(t) for t in pages.copy_frames.signatures]}))
+""")
+
+
+def test_preload_with_a_bound_loads_each_kernels_newest_variants(tmp_path: Path) -> None:
+    cache = tmp_path / "numba-cache"
+    _run(_WRITE, cache)
+    _run(_WRITE_INT32, cache)  # written later: the newer variant
+    got = json.loads(_run(_PRELOAD_ONE, cache))
+    assert len(got["listed"]) == 2 and "int32" in got["listed"][0]  # newest first
+    assert "int32" not in got["listed"][1]
+    assert got["loaded"] == got["listed"][:1]  # only the newest one is in memory
+
+
+def test_preload_bound_must_not_be_negative() -> None:
+    import pytest
+
+    from mmm._kernels import cached_kernels
+    with pytest.raises(ValueError, match="max_per_kernel"):
+        cached_kernels(-1)

@@ -30,3 +30,20 @@ def test_workers_start_with_sguard_loaded_and_frozen(spark: Any) -> None:
         assert r.daemon == "sguard.spark.daemon", r
         assert r.runtime_loaded, r  # imported before the fork, not by this task
         assert r.frozen > 50_000, r  # sguard, numba, pyarrow, pyspark.worker: ~130k objects
+
+
+def test_preload_bound_comes_from_the_environment(monkeypatch: Any) -> None:
+    """Unset: `PRELOAD_VARIANTS_PER_KERNEL`; ``all``: no bound; a count; anything else is
+    a ValueError naming the variable (the daemon then reports it and starts unpreloaded)."""
+    import pytest
+
+    from sguard.spark import daemon
+    monkeypatch.delenv("SGUARD_PRELOAD_VARIANTS_PER_KERNEL", raising=False)
+    assert daemon._bound_from_env() == daemon.PRELOAD_VARIANTS_PER_KERNEL
+    monkeypatch.setenv("SGUARD_PRELOAD_VARIANTS_PER_KERNEL", "all")
+    assert daemon._bound_from_env() is None
+    monkeypatch.setenv("SGUARD_PRELOAD_VARIANTS_PER_KERNEL", "2")
+    assert daemon._bound_from_env() == 2
+    monkeypatch.setenv("SGUARD_PRELOAD_VARIANTS_PER_KERNEL", "-1")
+    with pytest.raises(ValueError, match="SGUARD_PRELOAD_VARIANTS_PER_KERNEL"):
+        daemon._bound_from_env()
