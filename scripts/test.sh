@@ -12,12 +12,22 @@
 # 5. runs pytest on a copy of tests/ outside the checkout, so `import mmm` can only find the
 #    installed package (tests/sguard/test_install.py asserts it is under site-packages).
 #
+# SGUARD_TEST_WORKERS=N runs pytest in N parallel workers (default 2; 0: one process).
 # SGUARD_TEST_SOURCE=1 skips 2-5 and runs pytest on the source tree in .venv (a quicker loop
 # while editing; CI never uses it).
 source "$(dirname "$0")/_venv.sh"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
+# The suite runs in SGUARD_TEST_WORKERS pytest-xdist workers (default 2, this machine's cores;
+# 0 runs it in this process). --dist loadfile sends each test file to one worker, so that its
+# module fixtures start once; session fixtures (the SparkSession, the SeaweedFS cluster) start
+# once per worker. A -n given in the arguments wins.
+WORKERS="${SGUARD_TEST_WORKERS:-2}"
+PAR=()
+if [ "$WORKERS" != 0 ]; then
+  PAR=(-n "$WORKERS" --dist loadfile)
+fi
 if [ "${SGUARD_TEST_SOURCE:-0}" = 1 ]; then
-  exec python -m pytest -q "$@"
+  exec python -m pytest -q ${PAR[@]+"${PAR[@]}"} "$@"
 fi
 
 WORK="${SGUARD_TEST_WORK:-$ROOT/build/test-wheel}"
@@ -83,7 +93,7 @@ step "the test suite against the installed package"
 cp -rp "$ROOT/tests" "$ROOT/notebooks" "$ROOT/pytest.ini" "$RUN/"
 export SGUARD_REPO="$ROOT" SGUARD_TEST_INSTALLED=1
 set +e
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$RUN" "$@"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$RUN" ${PAR[@]+"${PAR[@]}"} "$@"
 rc=$?
 set -e
 step "done, pytest exit status $rc"
