@@ -18,7 +18,7 @@ partition from a checkpoint and the log), `metrics` (JSON-lines metrics), `state
 (reading state back), `reader` (the durable state as a DataFrame: `read_state`),
 `ttl` (state time-to-live), `processors` (PySpark StatefulProcessors on sguard state:
 `transform_with_state`), `processor_state` (their state variables and timers in pages),
-`vectorized` (the vectorized processor form), `watermark` (the query's event-time
+`vectorized` (the vectorized processor form), `hosting` (what both share), `watermark` (the query's event-time
 watermark), `rescaling` (repartitioning at start-up), `cli`
 (``sguard spark demo|status``), `demo` (the main job).
 """

@@ -138,9 +138,10 @@ class GroupStore:
 
     def _clear(self) -> None:
         for v in self.vars.values():
-            v.stored.clear(), v.raw.clear(), v.live.clear(), v.dirty.clear()
-        self.t_stored.clear(), self.t_live.clear(), self.t_dirty.clear()
-        self.fetched.clear()
+            for c in (v.stored, v.raw, v.live, v.dirty):
+                c.clear()
+        for c in (self.t_stored, self.t_live, self.t_dirty, self.fetched):
+            c.clear()
 
     def prefetch(self, kids: npt.NDArray[Any]) -> None:
         """Read every variable's stored entry of keys `kids` (one lookup per variable)."""
@@ -434,6 +435,10 @@ class _Bound:
 class _Updated(tuple):  # type: ignore[type-arg]
     """A value state's ``(expiry, value)`` after `update`: keeps the encoded bytes for the
     write-back and decodes the value only if it is read again in the batch."""
+
+    codec: Any
+    enc: bytes
+    _v: Any
 
     def __new__(cls, expiry: int, codec: Any, enc: bytes) -> "_Updated":
         self = tuple.__new__(cls, (expiry, None))

@@ -50,12 +50,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sguard.spark.errors import SchemaChangedError, SparkStateError
+from sguard.spark.errors import SchemaChangedError
+from sguard.spark.hosting import HostedOperator, ProcessorOutputError, parse_struct
 from sguard.spark.keys import KeyIndex
-from sguard.spark.operators import Operator, OperatorState, register_operator
+from sguard.spark.operators import OperatorState, register_operator
 from sguard.spark.processor_state import (GroupStore, ListStateImpl, MapStateImpl,
                                           ProcessorPhaseError, ValueStateImpl, VarSpec)
 from sguard.spark import watermark as _wm
+from sguard.spark.vectorized import VectorizedProcessor, vectorized_operator
 
 __all__ = ["transform_with_state", "transform_with_state_in_pandas", "ProcessorOperator",
            "ProcessorOutputError", "ProcessorPhaseError", "INITIAL_STATE_FILE"]
@@ -64,23 +66,6 @@ INITIAL_STATE_FILE = "initial/state.arrow"
 """Where the initial state is kept under the state URI (Arrow IPC, with key groups)."""
 _TIME_MODES = {"none": "None", "processingtime": "ProcessingTime", "eventtime": "EventTime"}
 _OUTPUT_MODES = {"append": "Append", "update": "Update", "complete": "Complete"}
-
-
-class ProcessorOutputError(SparkStateError, ValueError):
-    """A processor's output does not fit its ``output_schema``."""
-
-
-def _struct(spark: Any, schema: Any, what: str) -> Any:
-    """A pyspark StructType from a StructType or a DDL string (parsed by Spark)."""
-    from pyspark.sql.types import StructType
-    if isinstance(schema, StructType):
-        return schema
-    if isinstance(schema, str):
-        st = spark._parse_ddl(schema)
-        if not isinstance(st, StructType):
-            raise TypeError(f"{what}: {schema!r} is not a struct schema")
-        return st
-    raise TypeError(f"{what} must be a StructType or a DDL string, got {type(schema).__name__}")
 
 
 # ------------------------------------------------------------------------------ the handle
@@ -110,8 +95,8 @@ class _Handle:
                     f"{self.time_mode!r}")
             if name in self.declared:
                 raise ValueError(f"state variable {name!r} is declared twice")
-            s = _struct(self._spark, schema, f"state variable {name!r} schema")
-            ks = (_struct(self._spark, key_schema, f"state variable {name!r} key schema")
+            s = parse_struct(self._spark, schema, f"state variable {name!r} schema")
+            ks = (parse_struct(self._spark, key_schema, f"state variable {name!r} key schema")
                   if kind == "map" else None)
             from sguard.spark.statecodec import StateCodec
             StateCodec(name, [s])  # refuses unsupported types now, naming the field
@@ -191,7 +176,7 @@ def _handle_class() -> type:
     """`_Handle` as a subclass of PySpark's `StatefulProcessorHandle` (isinstance checks)."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle
 
-    class StatefulProcessorHandleImpl(_Handle, StatefulProcessorHandle):  # type: ignore[misc]
+    class StatefulProcessorHandleImpl(_Handle, StatefulProcessorHandle):
         pass
     return StatefulProcessorHandleImpl
 
@@ -222,7 +207,7 @@ class _Ctx:
 
 
 @register_operator
-class ProcessorOperator(Operator):
+class ProcessorOperator(HostedOperator):
     """The sguard operator that hosts a ``StatefulProcessor`` (built by
     `transform_with_state`; its parameters are what the layout records)."""
 
@@ -256,13 +241,6 @@ class ProcessorOperator(Operator):
                 "watermark": None if self.watermark is None else list(self.watermark),
                 "initial_state": self.initial_state, "processor_class": self.processor_class}
 
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, ProcessorOperator) and self.params() == other.params()
-                and type(self.processor) is type(other.processor))
-
-    def __hash__(self) -> int:
-        return hash(json.dumps(self.params(), sort_keys=True))
-
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["_ctx"] = None
@@ -271,10 +249,6 @@ class ProcessorOperator(Operator):
 
     def var(self, name: str) -> VarSpec | None:
         return next((v for v in self.vars if v.name == name), None)
-
-    @property
-    def needs_batch_time(self) -> bool:
-        return True
 
     @property
     def event_time(self) -> tuple[str, int] | None:
@@ -291,15 +265,6 @@ class ProcessorOperator(Operator):
         if self.event_time is not None and self.event_time[0] not in schema.names:
             raise SchemaChangedError(f"the watermark column {self.event_time[0]!r} is not in "
                                      f"the stream's columns {schema.names}")
-
-    def arrow_output_schema(self) -> pa.Schema:
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import StructType
-        return to_arrow_schema(StructType.fromJson(json.loads(self.output_schema_json)),
-                               timezone="UTC")
-
-    def output_schema(self, schema: pa.Schema, key: Any) -> pa.Schema:
-        return self.arrow_output_schema()
 
     def open(self, pm: Any, schema: pa.Schema, key: Any) -> OperatorState:
         return _ProcessorGroup(self, pm, schema, key)
@@ -483,7 +448,7 @@ class _ProcessorGroup(OperatorState):
         outs: list[Any] = []
         t, ids, starts, ends = self._groups(table) if table.num_rows else (table, None, [], [])
         init_t = op.initial_rows(self.kg)
-        init_groups: dict[int, tuple[pa.Table, int, int]] = {}
+        init_groups: dict[int, tuple[int, int]] = {}
         init_keys: dict[int, tuple[Any, ...]] = {}
         if init_t is not None and init_t.num_rows:
             it, iids, ist, ien = self._groups(init_t)
@@ -638,13 +603,20 @@ class _ProcessorGroup(OperatorState):
         exps: list[int] = []
         for kid, obj in store.dump_var(name):
             if v.spec.kind == "value":
-                kids.append(kid), vals.append(obj[1]), exps.append(obj[0])
+                kids.append(kid)
+                vals.append(obj[1])
+                exps.append(obj[0])
             elif v.spec.kind == "list":
                 for e, x in obj:
-                    kids.append(kid), vals.append(x), exps.append(e)
+                    kids.append(kid)
+                    vals.append(x)
+                    exps.append(e)
             else:
                 for e, k, x in obj.values():
-                    kids.append(kid), keys_.append(k), vals.append(x), exps.append(e)
+                    kids.append(kid)
+                    keys_.append(k)
+                    vals.append(x)
+                    exps.append(e)
         idx = np.array(kids, self.keys.dtype)
         order = self.keys.order(idx) if len(idx) else np.zeros(0, np.int64)
         o = order.tolist()
@@ -668,7 +640,8 @@ class _ProcessorGroup(OperatorState):
         kids, ts = [], []
         for kid, t in self.store.dump_timers():
             for x in t:
-                kids.append(kid), ts.append(x)
+                kids.append(kid)
+                ts.append(x)
         idx = np.array(kids, self.keys.dtype)
         order = self.keys.order(idx) if len(idx) else np.zeros(0, np.int64)
         arrays = self.keys.arrays(idx[order]) if len(idx) else [pa.array([], f.type)
@@ -729,7 +702,6 @@ def _transform(df: Any, key: Any, processor: Any, output_schema: Any, output_mod
     from sguard.spark.keys import key_columns
     from sguard.statelayout import read_layout
 
-    from sguard.spark.vectorized import VectorizedProcessor, vectorized_operator
     if not getattr(df, "isStreaming", False):
         raise NotStreamingError("transform_with_state needs a streaming DataFrame "
                                 "(spark.readStream...); this one is a batch DataFrame")
@@ -745,7 +717,7 @@ def _transform(df: Any, key: Any, processor: Any, output_schema: Any, output_mod
         raise ValueError(f"output_mode must be 'Append' or 'Update' (as Spark allows for "
                          f"transformWithState), got {output_mode!r}")
     spark = df.sparkSession
-    out_st = _struct(spark, output_schema, "output_schema")
+    out_st = parse_struct(spark, output_schema, "output_schema")
     to_arrow_schema(out_st, timezone="UTC")
     cols = key_columns(key)
     missing = [c for c in cols if c not in df.columns]

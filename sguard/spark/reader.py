@@ -191,7 +191,7 @@ def _dump(state: Any, view: tuple[str | None, bool]) -> pa.Table:
     (``view[1]``)."""
     var, timers = view
     if var is None and not timers:
-        return state.dump()  # type: ignore[no-any-return]
+        return state.dump()
     if not hasattr(state, "dump_var") and not hasattr(state, "dump_each"):
         raise ValueError("state_var= and timers= read a processor's state "
                          "(sguard.spark.transform_with_state); this state URI holds another "

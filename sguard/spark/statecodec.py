@@ -151,7 +151,7 @@ class _Codec:
     fmt: str | None = None
     zero: Any = 0
     post: Callable[[Any], Any] | None = None
-    ident_types: frozenset = frozenset()  # Python types packed as they are (fixed codecs)
+    ident_types: frozenset[type] = frozenset()  # Python types packed as they are (fixed codecs)
     hashable_key = True
 
     def __init__(self, dt: DataType) -> None:
@@ -162,7 +162,8 @@ class _Codec:
     # encoding
     def conv_for(self, t: type) -> Callable[[Any], Any] | None:
         try:
-            return self._convs[t]
+            conv: Callable[[Any], Any] | None = self._convs[t]
+            return conv
         except KeyError:
             pass
         c = self._make_conv(t)
@@ -401,11 +402,11 @@ class _ArrayCodec(_Codec):
             return head + body_of(lst)
         return enc
 
-    def _make_fixed_dec(self) -> Callable[[Any, int], tuple[list, int]]:
+    def _make_fixed_dec(self) -> Callable[[Any, int], tuple[list[Any], int]]:
         structs, st_of, nulls, post = self._structs, self._st, self.nulls, self.elem.post
         body_of = self.dec_body
 
-        def dec(buf: Any, off: int) -> tuple[list, int]:
+        def dec(buf: Any, off: int) -> tuple[list[Any], int]:
             n = buf[off]
             if n < 0x80:
                 off += 1
@@ -504,7 +505,7 @@ class _ArrayCodec(_Codec):
             return [], off
         return self.dec_body(buf, off, n)
 
-    def dec_body(self, buf: Any, off: int, n: int, reader: Any = None) -> tuple[list, int]:
+    def dec_body(self, buf: Any, off: int, n: int, reader: Any = None) -> tuple[list[Any], int]:
         r = reader if reader is not None else self.elem
         bits = 0
         if self.nulls:
@@ -542,7 +543,7 @@ class _MapCodec(_Codec):
             return self.enc
         return super()._make_conv(t)
 
-    def enc(self, m: Mapping) -> bytes:
+    def enc(self, m: Mapping[Any, Any]) -> bytes:
         n = len(m)
         if n == 0:
             return b"\x00"
@@ -633,7 +634,7 @@ class _StructCodec(_Codec):
         self.head_struct = struct.Struct("<" + pfmt + self.bitfmt + fixfmt)  # encoding
         self.fixed_struct = struct.Struct("<" + fixfmt)  # decoding, after the bitmap
         self.hashable_key = all(f.codec.hashable_key for f in self.fields)
-        self._plans: dict[tuple, Callable[..., bytes]] = {}
+        self._plans: dict[tuple[Any, ...], Callable[..., bytes]] = {}
         self.is_row = not prefix
 
     # -- encoding
@@ -642,7 +643,7 @@ class _StructCodec(_Codec):
             raise _Bad(f"{_a(t)} is not a struct")
         return self.enc
 
-    def as_tuple(self, v: Any) -> tuple:
+    def as_tuple(self, v: Any) -> tuple[Any, ...]:
         """`v` as a tuple in field order (as `StructType.toInternal` takes it)."""
         if isinstance(v, tuple):
             return v
@@ -662,7 +663,7 @@ class _StructCodec(_Codec):
             return bits.to_bytes(self.nb, "little")
         return bits
 
-    def _plan(self, key: tuple) -> Callable[..., bytes]:
+    def _plan(self, key: tuple[Any, ...]) -> Callable[..., bytes]:
         """The encoder of values whose fields have the Python types `key`: a function of the
         fields (checked as far as their types tell; the packing checks ranges)."""
         if len(key) != self.n:
@@ -719,7 +720,8 @@ class _StructCodec(_Codec):
             body = f"join(({packed}, {', '.join(var)}))"
         args = ", ".join(f"v{i}" for i in range(self.n))
         src = "".join(f"    {p}\n" for p in pre)
-        return _compile(f"def run({args}):\n{src}    return {body}\n", ns, "run")
+        return _compile(  # type: ignore[no-any-return]
+            f"def run({args}):\n{src}    return {body}\n", ns, "run")
 
     def enc(self, v: Any) -> bytes:
         """The bytes of a struct value."""
@@ -744,7 +746,7 @@ class _StructCodec(_Codec):
             self._diagnose(vals)
             raise _Bad(f"{e}") from None
 
-    def _enc_generic(self, vals: tuple) -> bytes:
+    def _enc_generic(self, vals: tuple[Any, ...]) -> bytes:
         """The bytes of a struct value, field by field (no generated code)."""
         if len(vals) != self.n:
             raise _Bad(f"{len(vals)} fields given, the schema has {self.n}")
@@ -770,7 +772,7 @@ class _StructCodec(_Codec):
             fixed.insert(1 if self.prefix else 0, self._bits_arg(bits))
         return b"".join([self.head_struct.pack(*fixed), *var])
 
-    def _diagnose(self, vals: tuple) -> None:
+    def _diagnose(self, vals: tuple[Any, ...]) -> None:
         for f, x in zip(self.fields, vals):
             if x is None:
                 continue
@@ -782,7 +784,8 @@ class _StructCodec(_Codec):
 
     # -- decoding (this struct's own layout; see _StructReader for evolution)
     def dec(self, buf: Any, off: int) -> tuple[Any, int]:
-        return self.reader.dec(buf, off)
+        got: tuple[Any, int] = self.reader.dec(buf, off)
+        return got
 
 
 class _StructReader:
@@ -863,9 +866,11 @@ class _StructReader:
                          + "".join(ind + b + "\n" for b in tbody) + ind + f"return {tup}\n")
         self._ns = ns
 
-    def top(self, version: int, slow: Callable[[Any], tuple]) -> Callable[[Any], tuple]:
+    def top(self, version: int, slow: Callable[[Any], tuple[Any, ...]]
+            ) -> Callable[[Any], tuple[Any, ...]]:
         ns = dict(self._ns, V=version, slow=slow)
-        return _compile(self._top_src, ns, "top")
+        return _compile(  # type: ignore[no-any-return]
+            self._top_src, ns, "top")
 
 
 # -- compiling schemas -------------------------------------------------------------------------
@@ -941,7 +946,8 @@ def _same(a: DataType, b: DataType) -> bool:
 
 
 def _f32(x: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", x))[0]
+    f: float = struct.unpack("<f", struct.pack("<f", x))[0]
+    return f
 
 
 def _reader(src: Any, dst: Any) -> Any:
@@ -1118,7 +1124,7 @@ class StateCodec:
         # the hot paths, as instance attributes (the methods below document them)
         self.encode = self._make_encode()  # type: ignore[method-assign,assignment]
         slow = self._decode_slow
-        self.decode = (  # type: ignore[method-assign,assignment]
+        self.decode = (  # type: ignore[method-assign]
             cur.reader.top(self.version, slow) if self.version < 0x80 else slow)
 
     @staticmethod
@@ -1168,21 +1174,22 @@ class StateCodec:
         return StateValueError(f"state variable {self.var!r}: {e.msg}")
 
     # -- decoding
-    def decode(self, data: bytes | memoryview) -> tuple:
+    def decode(self, data: bytes | memoryview) -> tuple[Any, ...]:
         """A value of any version's bytes as a tuple of the current schema."""
         return self.decode(data)  # pragma: no cover - replaced per instance in __init__
 
-    def _decode_slow(self, data: Any) -> tuple:
+    def _decode_slow(self, data: Any) -> tuple[Any, ...]:
         return self._decode_at(data, 0)[0]
 
-    def _decode_at(self, data: Any, off: int) -> tuple[tuple, int]:
+    def _decode_at(self, data: Any, off: int) -> tuple[tuple[Any, ...], int]:
         v, off = _read_varint(data, off)
         if v >= len(self._readers):
             raise StateValueError(f"state variable {self.var!r}: bytes of schema version {v}; "
                                   f"this codec knows versions 0..{self.version}")
-        return self._readers[v].read(data, off)
+        got: tuple[tuple[Any, ...], int] = self._readers[v].read(data, off)
+        return got
 
-    def decode_many(self, data: bytes | memoryview) -> list[tuple]:
+    def decode_many(self, data: bytes | memoryview) -> list[tuple[Any, ...]]:
         """The values of `encode_many` bytes (or of several concatenated)."""
         out = []
         off, n = 0, len(data)
@@ -1193,10 +1200,10 @@ class StateCodec:
         return out
 
     # -- Arrow
-    def to_arrow(self, values: list[tuple], timezone: str = "UTC") -> Any:
+    def to_arrow(self, values: list[tuple[Any, ...]], timezone: str = "UTC") -> Any:
         """Decoded values as an Arrow table of the current schema (`to_arrow_schema`;
         timestamps are instants in `timezone`)."""
-        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(self.schema, timezone=timezone)

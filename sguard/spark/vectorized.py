@@ -40,8 +40,9 @@ import pyarrow as pa
 from mmm import HashMap
 from sguard.spark.errors import SchemaChangedError, SparkStateError
 from sguard.spark.keys import KeyIndex
-from sguard.spark.operators import Operator, OperatorState, register_operator
+from sguard.spark.operators import OperatorState, register_operator
 from sguard.spark.processor_state import NEVER, ProcessorPhaseError
+from sguard.spark.hosting import HostedOperator, ProcessorOutputError, parse_struct
 
 __all__ = ["VectorizedProcessor", "VectorizedOperator", "ColumnarValueState"]
 
@@ -87,12 +88,11 @@ class _VHandle:
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None
                       ) -> Any:
         if self.group is None:  # on the driver
-            from sguard.spark.processors import _struct
             if ttlDurationMs is not None and self.time_mode != "ProcessingTime":
                 raise ValueError(f"state variable {stateName!r}: a TTL needs time mode "
                                  f"'ProcessingTime' (as in Spark); this query runs with "
                                  f"{self.time_mode!r}")
-            st = _struct(self.spark, schema, f"state variable {stateName!r} schema")
+            st = parse_struct(self.spark, schema, f"state variable {stateName!r} schema")
             self.declared[stateName] = {"name": stateName, "fields": _fields(st, stateName),
                                         "ttl_ms": ttlDurationMs}
             return None
@@ -186,7 +186,6 @@ class _VGroup(OperatorState):
         try:
             return out.select(self.out_schema.names).cast(self.out_schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            from sguard.spark.processors import ProcessorOutputError
             raise ProcessorOutputError(f"the vectorized processor's output {out.schema} does "
                                        f"not fit output_schema {self.out_schema}: {exc}"
                                        ) from exc
@@ -213,7 +212,7 @@ class _VGroup(OperatorState):
 
 
 @register_operator
-class VectorizedOperator(Operator):
+class VectorizedOperator(HostedOperator):
     """The sguard operator that hosts a `VectorizedProcessor`."""
 
     kind = "vectorized_processor"
@@ -232,17 +231,6 @@ class VectorizedOperator(Operator):
                 "output_schema": self.output_schema_json, "time_mode": self.time_mode,
                 "output_mode": self.output_mode, "processor_class": self.processor_class}
 
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, VectorizedOperator) and self.params() == other.params()
-                and type(self.processor) is type(other.processor))
-
-    def __hash__(self) -> int:
-        return hash(json.dumps(self.params(), sort_keys=True))
-
-    @property
-    def needs_batch_time(self) -> bool:
-        return True
-
     @property
     def visits_every_key_group(self) -> bool:
         return False  # TTL is checked on read; nothing runs for a key group without rows
@@ -250,15 +238,6 @@ class VectorizedOperator(Operator):
     def check_input(self, schema: pa.Schema, key: Any) -> None:
         from sguard.spark.keys import key_spec
         key_spec(schema, key)
-
-    def arrow_output_schema(self) -> pa.Schema:
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import StructType
-        return to_arrow_schema(StructType.fromJson(json.loads(self.output_schema_json)),
-                               timezone="UTC")
-
-    def output_schema(self, schema: pa.Schema, key: Any) -> pa.Schema:
-        return self.arrow_output_schema()
 
     def open(self, pm: Any, schema: pa.Schema, key: Any) -> OperatorState:
         return _VGroup(self, pm, schema, key)
