@@ -12,16 +12,16 @@
 # 5. runs pytest on a copy of tests/ outside the checkout, so `import mmm` can only find the
 #    installed package (tests/sguard/test_install.py asserts it is under site-packages).
 #
-# SGUARD_TEST_WORKERS=N runs pytest in N parallel workers (default 2; 0: one process).
+# SGUARD_TEST_WORKERS=N runs pytest in N parallel pytest-xdist workers (default 0: one process).
 # SGUARD_TEST_SOURCE=1 skips 2-5 and runs pytest on the source tree in .venv (a quicker loop
 # while editing; CI never uses it).
 source "$(dirname "$0")/_venv.sh"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
-# The suite runs in SGUARD_TEST_WORKERS pytest-xdist workers (default 2, this machine's cores;
-# 0 runs it in this process). --dist loadfile sends each test file to one worker, so that its
+# The suite runs in SGUARD_TEST_WORKERS pytest-xdist workers (default 0: in this process, as CI
+# runs it; 2 for this machine's cores). --dist loadfile sends each test file to one worker, so that its
 # module fixtures start once; session fixtures (the SparkSession, the SeaweedFS cluster) start
 # once per worker. A -n given in the arguments wins.
-WORKERS="${SGUARD_TEST_WORKERS:-2}"
+WORKERS="${SGUARD_TEST_WORKERS:-0}"
 PAR=()
 if [ "$WORKERS" != 0 ]; then
   PAR=(-n "$WORKERS" --dist loadfile)
