@@ -64,6 +64,7 @@ REDUCED: dict[tuple[str, ...], list[str]] = {
     (".venv/bin/python", "-m", "bench.spark_stateful"): ["--help"],
     (".venv/bin/python", "-m", "bench.rescale"): ["--help"],
     (".venv/bin/python", "-m", "bench.peace_live"): ["--help"],
+    (".venv/bin/python", "-m", "bench.spark_processors"): ["--help"],
     (".venv/bin/python", "-m", "bench.keydict"): ["--help"],
     (".venv/bin/python", "-m", "bench.spark_keys"): ["--help"],
     (".venv/bin/python", "-m", "bench.spark_ttl"): ["--help"],
