@@ -3,12 +3,7 @@ given room, the query goes on exactly once. And the default local directory is c
 by free space."""
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +11,8 @@ import pytest
 
 import sguard.spark as ss
 from sguard.spark.placement import choose_local_dir, default_local_dir
+from tests.mmm.test_space import small_tmpfs  # the tmpfs mount, one definition
 from tests.spark.helpers import make_input, running_oracle, stream
-
-
-@contextlib.contextmanager
-def small_tmpfs(size_bytes: int) -> Iterator[Path]:
-    """A tmpfs of ``size_bytes`` mounted on a fresh temporary directory, unmounted after."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    d = tempfile.mkdtemp(prefix="sguard-small-tmpfs-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", d],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        os.rmdir(d)
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield Path(d)
-    finally:
-        gc.collect()
-        if subprocess.run(["umount", d], capture_output=True).returncode != 0:
-            # Python workers may still map a pool file there: freed with their mappings
-            subprocess.run(["umount", "--lazy", d], check=True)
-        os.rmdir(d)
 
 
 def test_default_local_dir_prefers_shm_with_room_else_disk(tmp_path: Path) -> None:
