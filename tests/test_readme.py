@@ -303,7 +303,8 @@ def test_bare_sguard_is_not_assumed_on_path(page: str) -> None:
 
 
 def test_no_page_speaks_of_sessions() -> None:
-    """The pages date what they report; "this session" and the like mean nothing to a reader.
+    """The pages date what they report; a reference to when the docs were worked on means
+    nothing to a reader.
 
     A SparkSession (``local_session``) or a process session of its own (``setsid``) is fine.
     """
