@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from mmm._kernels import jit
-from mmm._kernels.hashmap import (HDR, NIL, OFF_AUX0, OFF_COUNT, OFF_FLAGS, OFF_NEXT,
-                                  OFF_START, _bucket, _home, _mix, _step, _tag)
+from mmm._kernels.hashmap import (NIL, OFF_AUX0, OFF_COUNT, OFF_FLAGS, OFF_NEXT, OFF_START,
+                                  _bucket, _ca, _cga, _home, _ka, _mix, _step, _tag, _va)
 
 __all__ = ["plan", "place", "gather_full", "DONE", "DUPLICATE"]
 
@@ -110,12 +110,13 @@ def place(pool: Any, frames: Any, first_page: Any, starts: Any, order: Any, h: A
     ``vw`` the same as uint64 words when the value size is a multiple of 8
     (else empty); ``geo``
     = (n_buckets, S, G, n_groups, key_off, val_off, key_size, val_size,
-    page_bytes, max_fill). Returns `DONE`, or `DUPLICATE` with ``state[0]``
+    page_bytes, max_fill, then the map's layout tuple: `mmm._kernels.hashmap`). Returns `DONE`, or `DUPLICATE` with ``state[0]``
     the input row (``order`` maps sorted rows to input rows) whose key an
     earlier row already had.
     """
-    nbk, S, G, nb, ko, vo, ks, vs, pb, max_fill = (geo[0], geo[1], geo[2], geo[3], geo[4],
-                                                    geo[5], geo[6], geo[7], geo[8], geo[9])
+    nbk, G, nb, ks, vs, pb, max_fill = (geo[0], geo[2], geo[3], geo[6], geo[7], geo[8],
+                                        geo[9])
+    lay = (geo[10], geo[11], geo[12], geo[13], geo[14], geo[15], geo[16], geo[17])
     u8 = pool
     u16 = pool.view(np.uint16)
     u32 = pool.view(np.uint32)
@@ -153,12 +154,12 @@ def place(pool: Any, frames: Any, first_page: Any, starts: Any, order: Any, h: A
                 base = frames[p] * pb
                 g = home
                 for _ in range(nb):
-                    c0 = base + HDR + g * G
+                    c0 = _cga(base, g, lay)
                     empty = -1
                     for j in range(G):
                         c = u8[c0 + j]
                         if c == tag:
-                            ka = base + ko + (g * G + j) * ks
+                            ka = _ka(base, g * G + j, lay)
                             eq = True
                             if ks == 8:
                                 eq = u64[ka >> 3] == kw[i, 0]
@@ -180,15 +181,15 @@ def place(pool: Any, frames: Any, first_page: Any, starts: Any, order: Any, h: A
                     if g >= nb:
                         g -= nb
             base = frames[cur] * pb
-            u8[base + HDR + slot] = tag
-            ka = base + ko + slot * ks
+            u8[_ca(base, slot, lay)] = tag
+            ka = _ka(base, slot, lay)
             if k_words:
                 for t in range(kwn):
                     u64[(ka >> 3) + t] = kw[i, t]
             else:
                 for t in range(ks):
                     u8[ka + t] = kb[i, t]
-            va = base + vo + slot * vs
+            va = _va(base, slot, lay)
             if v_words:
                 for t in range(vwn):
                     u64[(va >> 3) + t] = vw[i, t]
@@ -210,12 +211,14 @@ def gather_full(pool: Any, frames: Any, starts: Any, geo: Any, kout: Any, vout: 
 
     Frame ``frames[p]``'s rows go to ``kout[starts[p]:starts[p + 1]]`` (its
     header count's share), in slot order: the storage order `HashMap.items`
-    returns. ``geo`` = (S, key_off, val_off, key_size, val_size, page_bytes);
+    returns. ``geo`` = (S, key_off, val_off, key_size, val_size, page_bytes, then the
+    map's layout tuple);
     ``kout``/``vout`` are ``(n, key_size)`` / ``(n, value_size)`` uint8, and
     ``kw``/``vw`` the same buffers flat as uint64 when the key size is 8 / the
     value size a multiple of 8 (else empty).
     """
-    S, ko, vo, ks, vs, pb = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    S, ks, vs, pb = geo[0], geo[3], geo[4], geo[5]
+    lay = (geo[6], geo[7], geo[8], geo[9], geo[10], geo[11], geo[12], geo[13])
     u8 = pool
     u64 = pool.view(np.uint64)
     k8 = ks == 8
@@ -225,9 +228,9 @@ def gather_full(pool: Any, frames: Any, starts: Any, geo: Any, kout: Any, vout: 
         base = frames[p] * pb
         r = starts[p]
         for s in range(S):
-            if u8[base + HDR + s] >= 0x80:
-                ka = base + ko + s * ks
-                va = base + vo + s * vs
+            if u8[_ca(base, s, lay)] >= 0x80:
+                ka = _ka(base, s, lay)
+                va = _va(base, s, lay)
                 if k8:
                     kw[r] = u64[ka >> 3]
                 else:

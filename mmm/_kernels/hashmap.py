@@ -2,10 +2,18 @@
 
 The kernels work on the page pool as one flat uint8 array (viewed inside as
 the integer and float types they need) and on the page table arrays of the
-map. Page layout (see the HashMap module
-docstring)::
+map. Page layouts (see the HashMap module docstring): version 1 keeps each kind of
+bytes in its own region, version 2 (new maps) keeps a probe group's bytes together::
 
-    [header 64 B][ctrl: S bytes, padded to 8][keys: S keys, padded to 8][values: S values]
+    1: [header 64 B][ctrl: S bytes, padded to 8][keys: S keys, padded to 8][values: S values]
+    2: [header 64 B][group 0][group 1]...  group = [16 ctrl][16 records: key (pad) value]
+
+Every kernel addresses a slot through the map's *layout tuple* ``lay`` = (ctrl offset,
+ctrl group stride, key offset, key group stride, key slot stride, value offset, value
+group stride, value slot stride): slot ``s`` of group ``s >> 4`` (position ``s & 15``;
+a page of fewer than 16 slots is one group) has its ctrl byte at ``lay[0] + (s >> 4) *
+lay[1] + (s & 15)``, its key at ``lay[2] + (s >> 4) * lay[3] + (s & 15) * lay[4]`` and
+its value likewise from ``lay[5]``; one code path serves both versions.
 
 Keys arrive as ``kw``, a ``(n, W)`` uint64 array: each key's canonical bytes
 zero-padded to whole words (the hash input), and ``kb``, the same bytes as a
@@ -112,6 +120,41 @@ def _step(h: Any, nb: Any) -> Any:
 @_scalar
 def _tag(h: Any) -> Any:
     return np.uint8(((h >> np.uint64(24)) & np.uint64(0x7F)) | np.uint64(0x80))
+
+
+LAY = 13  # the layout tuple's first entry in ``geo`` (`rows`, `rechain`)
+
+
+@_scalar
+def _lay_at(G: Any, at: Any) -> Any:
+    """The layout tuple (module docstring) stored as 8 int64 at address ``G + 8 * at``."""
+    return (_ld_i64(G + 8 * at), _ld_i64(G + 8 * at + 8), _ld_i64(G + 8 * at + 16),
+            _ld_i64(G + 8 * at + 24), _ld_i64(G + 8 * at + 32), _ld_i64(G + 8 * at + 40),
+            _ld_i64(G + 8 * at + 48), _ld_i64(G + 8 * at + 56))
+
+
+@_scalar
+def _ca(base: Any, s: Any, lay: Any) -> Any:
+    """Address of slot ``s``'s ctrl byte in the page at address ``base``."""
+    return base + lay[0] + (s >> 4) * lay[1] + (s & 15)
+
+
+@_scalar
+def _cga(base: Any, g: Any, lay: Any) -> Any:
+    """Address of group ``g``'s ctrl bytes in the page at address ``base``."""
+    return base + lay[0] + g * lay[1]
+
+
+@_scalar
+def _ka(base: Any, s: Any, lay: Any) -> Any:
+    """Address of slot ``s``'s key in the page at address ``base``."""
+    return base + lay[2] + (s >> 4) * lay[3] + (s & 15) * lay[4]
+
+
+@_scalar
+def _va(base: Any, s: Any, lay: Any) -> Any:
+    """Address of slot ``s``'s value in the page at address ``base``."""
+    return base + lay[5] + (s >> 4) * lay[6] + (s & 15) * lay[7]
 
 
 def _emit_prefetch(builder: Any, ptr: Any) -> None:
@@ -346,11 +389,11 @@ def _group_free(cg: Any, G: Any) -> Any:
 
 
 @_scalar
-def _probe_group(cg: Any, s0: Any, G: Any, tag: Any, ka0: Any, ks: Any, k0: Any,
+def _probe_group(cg: Any, s0: Any, G: Any, tag: Any, ka0: Any, krs: Any, ks: Any, k0: Any,
                  kp: Any) -> Any:
     """The slot of the key in the group of ctrl bytes at address ``cg`` (slots ``s0`` on,
-    keys from address ``ka0``), or -1 if the group has an EMPTY slot (the key is not in the
-    page), or -2 (the probe goes on)."""
+    the group's keys from address ``ka0``, ``krs`` bytes apart), or -1 if the group has an
+    EMPTY slot (the key is not in the page), or -2 (the probe goes on)."""
     empty = False
     if G == 16:  # 16 ctrl bytes as two words: tag matches and EMPTY bytes at once
         rep = np.uint64(tag) * ONES
@@ -360,15 +403,15 @@ def _probe_group(cg: Any, s0: Any, G: Any, tag: Any, ka0: Any, ks: Any, k0: Any,
                 empty = True
             m = _zero_bytes(w ^ rep)
             while m != 0:
-                sl = s0 + 8 * half + (np.int64(trailing_zeros(m)) >> 3)
-                if _key_eq(ka0 + sl * ks, ks, k0, kp):
-                    return sl
+                at = 8 * half + (np.int64(trailing_zeros(m)) >> 3)
+                if _key_eq(ka0 + at * krs, ks, k0, kp):
+                    return s0 + at
                 m &= m - np.uint64(1)
     else:
         for j in range(G):
             c = _ld_u8(cg + j)
             if c == tag:
-                if _key_eq(ka0 + (s0 + j) * ks, ks, k0, kp):
+                if _key_eq(ka0 + j * krs, ks, k0, kp):
                     return s0 + j
             elif c == 0:
                 empty = True
@@ -376,14 +419,15 @@ def _probe_group(cg: Any, s0: Any, G: Any, tag: Any, ka0: Any, ks: Any, k0: Any,
 
 
 @_scalar
-def _find_in_page(base: Any, home: Any, h: Any, G: Any, nb: Any, ko: Any, ks: Any,
+def _find_in_page(base: Any, home: Any, h: Any, G: Any, nb: Any, lay: Any, ks: Any,
                   k0: Any, kp: Any) -> Any:
     """The slot of the key (hash ``h``) in the page at address ``base``, or -1."""
     tag = _tag(h)
     g = home
     step = np.int64(-1)
     for _ in range(nb):
-        s = _probe_group(base + HDR + g * G, g * G, G, tag, base + ko, ks, k0, kp)
+        s = _probe_group(_cga(base, g, lay), g * G, G, tag, _ka(base, g * G, lay), lay[4],
+                         ks, k0, kp)
         if s != -2:
             return s
         g, step = _next_group(g, step, h, nb)
@@ -391,13 +435,13 @@ def _find_in_page(base: Any, home: Any, h: Any, G: Any, nb: Any, ko: Any, ks: An
 
 
 @_scalar
-def _first_free(base: Any, home: Any, h: Any, G: Any, nb: Any) -> Any:
+def _first_free(base: Any, home: Any, h: Any, G: Any, nb: Any, lay: Any) -> Any:
     """The first free slot on the probe sequence of hash ``h`` in the page at address
     ``base``, or -1."""
     g = home
     step = np.int64(-1)
     for _ in range(nb):
-        j = _group_free(base + HDR + g * G, G)
+        j = _group_free(_cga(base, g, lay), G)
         if j >= 0:
             return g * G + j
         g, step = _next_group(g, step, h, nb)
@@ -405,22 +449,22 @@ def _first_free(base: Any, home: Any, h: Any, G: Any, nb: Any) -> Any:
 
 
 @_scalar
-def _slot_holds(base: Any, sl: Any, tag: Any, ko: Any, ks: Any, k0: Any, kp: Any) -> Any:
+def _slot_holds(base: Any, sl: Any, tag: Any, lay: Any, ks: Any, k0: Any, kp: Any) -> Any:
     """Slot ``sl`` of the page at address ``base`` holds the key."""
-    return _ld_u8(base + HDR + sl) == tag and _key_eq(base + ko + sl * ks, ks, k0, kp)
+    return _ld_u8(_ca(base, sl, lay)) == tag and _key_eq(_ka(base, sl, lay), ks, k0, kp)
 
 
 @_scalar
-def _insert(base: Any, home: Any, h: Any, G: Any, nb: Any, ko: Any, ks: Any, vo: Any,
+def _insert(base: Any, home: Any, h: Any, G: Any, nb: Any, lay: Any, ks: Any,
             vs: Any, kp: Any) -> Any:
     """Put the key (bytes at address ``kp``, hash ``h``) with a zero value into the first
     free slot of the page at address ``base``; returns the slot."""
-    s = _first_free(base, home, h, G, nb)
-    cp = base + HDR + s
+    s = _first_free(base, home, h, G, nb, lay)
+    cp = _ca(base, s, lay)
     was_empty = _ld_u8(cp) == 0
     _st_u8(cp, _tag(h))
-    _copy(base + ko + s * ks, kp, ks)
-    _zero(base + vo + s * vs, vs)
+    _copy(_ka(base, s, lay), kp, ks)
+    _zero(_va(base, s, lay), vs)
     _add_u32(base + OFF_COUNT, 1)
     if was_empty:
         _add_u32(base + OFF_START, 1)
@@ -428,9 +472,9 @@ def _insert(base: Any, home: Any, h: Any, G: Any, nb: Any, ko: Any, ks: Any, vo:
 
 
 @_scalar
-def _tombstone(base: Any, s: Any) -> None:
+def _tombstone(base: Any, s: Any, lay: Any) -> None:
     """Delete the record in slot ``s`` of the page at address ``base``."""
-    _st_u8(base + HDR + s, np.uint8(1))
+    _st_u8(_ca(base, s, lay), np.uint8(1))
     _add_u32(base + OFF_COUNT, -1)
 
 
@@ -483,7 +527,8 @@ def _hash_chunk(c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any, BS: Any, K
                 kst: Any, W: Any) -> None:
     """Pass 1: hash each row, note its bucket, primary page and home group, and prefetch the
     home group's ctrl bytes."""
-    nbk, lvl, G, nb, pb = _i64(GEO, 0), _i64(GEO, 1), _i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 9)
+    nbk, lvl, nb, pb = _i64(GEO, 0), _i64(GEO, 1), _i64(GEO, 4), _i64(GEO, 9)
+    lay = _lay_at(GEO, LAY)
     for i in range(c0, c1):
         r = i - c0
         h = _hash_at(K + i * kst, W)
@@ -494,19 +539,23 @@ def _hash_chunk(c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any, BS: Any, K
         _st_i64(_sc(SC, SC_BUCKET, r), b)
         _st_i64(_sc(SC, SC_PAGE, r), q)
         _st_i64(_sc(SC, SC_HOME, r), gp)
-        _prefetch_at(_page(P, FS, q, pb) + HDR + gp * G)
+        _prefetch_at(_cga(_page(P, FS, q, pb), gp, lay))
 
 
 @_scalar
-def _prefetch_slot(mode: Any, base: Any, sp: Any, GEO: Any) -> None:
-    """Prefetch the key and value (not for a delete) of slot ``sp`` of the page at ``base``."""
-    ko, vo, ks, vs = _i64(GEO, 5), _i64(GEO, 6), _i64(GEO, 7), _i64(GEO, 8)
-    _prefetch_at(base + ko + sp * ks)
-    if ks & (ks - 1) != 0:  # a key may straddle two cache lines
-        _prefetch_at(base + ko + sp * ks + ks - 1)
+def _prefetch_slot(mode: Any, base: Any, sp: Any, ks: Any, vs: Any, lay: Any) -> None:
+    """Prefetch the key and value (not for a delete) of slot ``sp`` of the page at ``base``
+    (the lines they span; in layout 2 they are mostly one)."""
+    ka = _ka(base, sp, lay)
+    _prefetch_at(ka)
+    if (ka ^ (ka + ks - 1)) >= 64:  # a key straddling two cache lines
+        _prefetch_at(ka + ks - 1)
     if mode != MODE_DELETE:
-        _prefetch_at(base + vo + sp * vs)
-        _prefetch_at(base + vo + sp * vs + vs - 1)
+        va = _va(base, sp, lay)
+        if (va ^ ka) >= 64:
+            _prefetch_at(va)
+        if ((va + vs - 1) ^ ka) >= 64:
+            _prefetch_at(va + vs - 1)
 
 
 @_scalar
@@ -514,39 +563,42 @@ def _match_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any
     """Pass 2: match the tag in the home group (its ctrl line is in flight or in cache),
     and prefetch the key and value of the first match, or of the first free slot (an
     insert)."""
-    G, pb = _i64(GEO, 3), _i64(GEO, 9)
+    G, ks, vs, pb = _i64(GEO, 3), _i64(GEO, 7), _i64(GEO, 8), _i64(GEO, 9)
+    lay = _lay_at(GEO, LAY)
     for r in range(c1 - c0):
         _st_i64(_sc(SC, SC_CAND, r), -1)
         if G != 16:
             continue
         base = _page(P, FS, _i64(_sc(SC, SC_PAGE, r), 0), pb)
         home = _i64(_sc(SC, SC_HOME, r), 0)
-        cg = base + HDR + home * G
+        cg = _cga(base, home, lay)
         j = _group_match(cg, _tag(_ld_u64(_sc(SC, SC_HASH, r))))
         if j >= 0:
             _st_i64(_sc(SC, SC_CAND, r), home * G + j)
         elif mode == MODE_UPSERT:
             j = _group_free(cg, G)
+            if j >= 0:  # probably a new key: its page's fill count is read and written
+                _prefetch_at(base)
         if j >= 0:
-            _prefetch_slot(mode, base, home * G + j, GEO)
+            _prefetch_slot(mode, base, home * G + j, ks, vs, lay)
 
 
 @_scalar
 def _find(r: Any, k0: Any, kp: Any, GEO: Any, SC: Any, P: Any, FS: Any, NX: Any,
-          BS: Any) -> Any:
+          BS: Any, lay: Any) -> Any:
     """Find row ``r``'s key (first word ``k0``, bytes at ``kp``): its candidate slot first
     (most keys sit there), then along its bucket's chain. Returns ``(page seq, slot)``,
     page -1 if absent."""
-    G, nb, ko, ks, pb = _i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 5), _i64(GEO, 7), _i64(GEO, 9)
+    G, nb, ks, pb = _i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 7), _i64(GEO, 9)
     h = _ld_u64(_sc(SC, SC_HASH, r))
     s = _i64(_sc(SC, SC_CAND, r), 0)
     q = _i64(_sc(SC, SC_PAGE, r), 0)
-    if s >= 0 and _slot_holds(_page(P, FS, q, pb), s, _tag(h), ko, ks, k0, kp):
+    if s >= 0 and _slot_holds(_page(P, FS, q, pb), s, _tag(h), lay, ks, k0, kp):
         return q, s
     q = _i64(BS, _i64(_sc(SC, SC_BUCKET, r), 0))
     home = _i64(_sc(SC, SC_HOME, r), 0)
     while q >= 0:
-        s = _find_in_page(_page(P, FS, q, pb), home, h, G, nb, ko, ks, k0, kp)
+        s = _find_in_page(_page(P, FS, q, pb), home, h, G, nb, lay, ks, k0, kp)
         if s >= 0:
             return q, s
         q = _i64(NX, q)
@@ -555,11 +607,10 @@ def _find(r: Any, k0: Any, kp: Any, GEO: Any, SC: Any, P: Any, FS: Any, NX: Any,
 
 @_scalar
 def _insert_row(r: Any, kp: Any, GEO: Any, SC: Any, P: Any, FS: Any, LS: Any, PN: Any,
-                ST: Any) -> Any:
+                ST: Any, lay: Any) -> Any:
     """Insert row ``r``'s key (bytes at ``kp``) into the last page of its chain. Returns
     ``(status, page seq, slot)``; a status other than ``DONE`` wrote nothing."""
-    G, nb, ko, vo, ks, vs, pb = (_i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 5), _i64(GEO, 6),
-                                 _i64(GEO, 7), _i64(GEO, 8), _i64(GEO, 9))
+    G, nb, ks, vs, pb = _i64(GEO, 3), _i64(GEO, 4), _i64(GEO, 7), _i64(GEO, 8), _i64(GEO, 9)
     if _i64(ST, 0) + 1 > _i64(GEO, 11):
         return NEED_SPLIT, np.int64(-1), np.int64(-1)
     b = _i64(_sc(SC, SC_BUCKET, r), 0)
@@ -572,7 +623,7 @@ def _insert_row(r: Any, kp: Any, GEO: Any, SC: Any, P: Any, FS: Any, LS: Any, PN
         _st_i64(ST + 16, q)
         return NEED_CLONE, np.int64(-1), np.int64(-1)
     home = _i64(_sc(SC, SC_HOME, r), 0)
-    s = _insert(base, home, _ld_u64(_sc(SC, SC_HASH, r)), G, nb, ko, ks, vo, vs, kp)
+    s = _insert(base, home, _ld_u64(_sc(SC, SC_HASH, r)), G, nb, lay, ks, vs, kp)
     _st_i64(ST, _i64(ST, 0) + 1)
     return DONE, q, s
 
@@ -604,36 +655,37 @@ def _apply_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any
                  KB: Any, kbst: Any, O: Any, ost: Any, U: Any, UD: Any) -> Any:
     """Pass 3: find each row's key, in input order; insert new keys (noting each row's value
     address); get / delete act here. Returns ``(status, row stopped at)``."""
-    vo, vs, pb, epoch = _i64(GEO, 6), _i64(GEO, 8), _i64(GEO, 9), _i64(GEO, 12)
+    vs, pb, epoch = _i64(GEO, 8), _i64(GEO, 9), _i64(GEO, 12)
+    lay = _lay_at(GEO, LAY)
     for i in range(c0, c1):
         r = i - c0
         kp = KB + i * kbst
-        fq, s = _find(r, _ld_u64(K + i * kst), kp, GEO, SC, P, FS, NX, BS)
+        fq, s = _find(r, _ld_u64(K + i * kst), kp, GEO, SC, P, FS, NX, BS, lay)
         if mode == MODE_GET:
             _st_u8(FOUND + i, np.uint8(fq >= 0))
             if fq >= 0 and O != 0:
-                _copy(O + i * ost, _page(P, FS, fq, pb) + vo + s * vs, vs)
+                _copy(O + i * ost, _va(_page(P, FS, fq, pb), s, lay), vs)
             continue
         if fq >= 0:
             pn = _ld_i32(PN + 4 * _i64(FS, fq))
             if pn > 0 and (mode != MODE_UPSERT or pn >= HARD_PIN or not _log_before(
-                    U, UD, _i64(FS, fq), vo + s * vs, vs, P, pb)):
+                    U, UD, _i64(FS, fq), _va(0, s, lay), vs, P, pb)):
                 _st_i64(ST + 16, fq)
                 return NEED_CLONE, i
         if mode == MODE_DELETE:
             _st_u8(FOUND + i, np.uint8(fq >= 0))
             if fq >= 0:
                 _st_i64(MD + 8 * fq, epoch)
-                _tombstone(_page(P, FS, fq, pb), s)
+                _tombstone(_page(P, FS, fq, pb), s, lay)
                 _st_i64(ST, _i64(ST, 0) - 1)
             continue
         new = fq < 0  # upsert
         if new:
-            code, fq, s = _insert_row(r, kp, GEO, SC, P, FS, LS, PN, ST)
+            code, fq, s = _insert_row(r, kp, GEO, SC, P, FS, LS, PN, ST, lay)
             if code != DONE:
                 return code, i
         _st_i64(MD + 8 * fq, epoch)
-        va = _page(P, FS, fq, pb) + vo + s * vs
+        va = _va(_page(P, FS, fq, pb), s, lay)
         _st_i64(_sc(SC, SC_VALUE, r), va)
         _st_i64(_sc(SC, SC_NEW, r), np.int64(new))
         if O != 0:  # fields the spec does not write; the combine fills in the others
@@ -811,8 +863,8 @@ def _check_tables(fseq: Any, next_of: Any, bucket_seq: Any, last_seq: Any, pins:
         if t.itemsize != 8 or (t.shape[0] > 1 and t.strides[0] != 8):
             raise TypeError("hashmap.rows: page tables, geo, state and scratch must be "
                             "contiguous int64")
-    if geo.shape[0] < 13 or state.shape[0] < 3 or scratch.shape[0] < SCRATCH:
-        raise ValueError("hashmap.rows: geo needs 13 entries, state 3, scratch SCRATCH = 7 * CHUNK")
+    if geo.shape[0] < LAY + 8 or state.shape[0] < 3 or scratch.shape[0] < SCRATCH:
+        raise ValueError("hashmap.rows: geo needs 21 entries, state 3, scratch SCRATCH = 7 * CHUNK")
     if (pins.itemsize != 4 or (pins.shape[0] > 1 and pins.strides[0] != 4)
             or found.itemsize != 1 or (found.shape[0] > 1 and found.strides[0] != 1)):
         raise TypeError("hashmap.rows: pins must be contiguous int32, found bool")
@@ -834,7 +886,7 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
     ``pool`` is the flat uint8 view of every frame; ``pins``, ``undo`` and ``undo_data``
     are the pool's pin counts and undo log (`mmm.pool`). ``geo`` = (n_buckets,
     level, S, G, n_groups, key_off, val_off, key_size, val_size, page_bytes,
-    max_fill, split_limit, epoch). ``state`` = [len, row, arg]: the map's
+    max_fill, split_limit, epoch, then the layout tuple). ``state`` = [len, row, arg]: the map's
     length (updated), and on return the row the kernel stopped at and the page
     seq (``NEED_CLONE``) or bucket (``NEED_PAGE``). ``out`` (``(n, val_size)``
     uint8, or 0 rows) receives each row's value: after the row was applied
@@ -895,23 +947,25 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
 def _gather(pages: Any, pool: Any, fseq: Any, geo: Any, kbuf: Any, vbuf: Any) -> Any:
     """Copy the key and value of every record of ``pages`` into rows of ``kbuf`` and
     ``vbuf``; returns the count."""
-    S, ko, vo, ks, vs, pb = geo[2], geo[5], geo[6], geo[7], geo[8], geo[9]
+    S, ks, vs, pb = geo[2], geo[7], geo[8], geo[9]
+    lay = _lay_at(_addr(geo), LAY)
     P = _addr(pool)
     m = 0
     for p in range(pages.shape[0]):
         base = P + fseq[pages[p]] * pb
         for s in range(S):
-            if _ld_u8(base + HDR + s) >= 0x80:
-                _copy(_addr(kbuf) + m * kbuf.strides[0], base + ko + s * ks, ks)
-                _copy(_addr(vbuf) + m * vbuf.strides[0], base + vo + s * vs, vs)
+            if _ld_u8(_ca(base, s, lay)) >= 0x80:
+                _copy(_addr(kbuf) + m * kbuf.strides[0], _ka(base, s, lay), ks)
+                _copy(_addr(vbuf) + m * vbuf.strides[0], _va(base, s, lay), vs)
                 m += 1
     return m
 
 
 @_scalar
-def _reset_page(base: Any, S: Any) -> None:
+def _reset_page(base: Any, S: Any, lay: Any) -> None:
     """Empty the page at address ``base``: no records, no next page, not a primary."""
-    _zero(base + HDR, S)
+    for g in range((S + 15) >> 4):  # every group's ctrl bytes EMPTY
+        _zero(_cga(base, g, lay), min(16, S - 16 * g))
     _st_u32(base + OFF_COUNT, np.uint32(0))
     _st_u32(base + OFF_START, np.uint32(0))
     _st_u64(base + OFF_NEXT, NIL)
@@ -923,10 +977,11 @@ def _reset(pages: Any, primaries: Any, pool: Any, fseq: Any, next_of: Any, geo: 
            spare: Any) -> Any:
     """Empty ``pages``; the ones not in ``primaries`` go to ``spare``. Returns their count."""
     P = _addr(pool)
+    lay = _lay_at(_addr(geo), LAY)
     n_spare = 0
     for p in range(pages.shape[0]):
         q = pages[p]
-        _reset_page(P + fseq[q] * geo[9], geo[2])
+        _reset_page(P + fseq[q] * geo[9], geo[2], lay)
         next_of[q] = -1
         is_primary = False
         for t in range(primaries.shape[0]):
@@ -966,8 +1021,9 @@ def _place(m: Any, pool: Any, fseq: Any, next_of: Any, last_seq: Any, geo: Any, 
            kwbuf: Any, kbuf: Any, vbuf: Any, spare: Any, n_spare: Any) -> Any:
     """Put gathered records ``0..m-1`` into the last page of their bucket's chain, taking a
     page of ``spare`` when that is full. Returns how many it took, -1 if they ran out."""
-    nbk, lvl, G, nb, ko, vo, ks, vs, pb, max_fill = (geo[0], geo[1], geo[3], geo[4], geo[5],
-                                                    geo[6], geo[7], geo[8], geo[9], geo[10])
+    nbk, lvl, G, nb, ks, vs, pb, max_fill = (geo[0], geo[1], geo[3], geo[4], geo[7], geo[8],
+                                             geo[9], geo[10])
+    lay = _lay_at(_addr(geo), LAY)
     P = _addr(pool)
     used = 0
     for r in range(m):
@@ -985,10 +1041,10 @@ def _place(m: Any, pool: Any, fseq: Any, next_of: Any, last_seq: Any, geo: Any, 
             next_of[q] = nq
             last_seq[b] = nq
             base = nbase
-        s = _first_free(base, _home(h, nb), h, G, nb)  # no tombstones: the first EMPTY
-        _st_u8(base + HDR + s, _tag(h))
-        _copy(base + ko + s * ks, _addr(kbuf) + r * kbuf.strides[0], ks)
-        _copy(base + vo + s * vs, _addr(vbuf) + r * vbuf.strides[0], vs)
+        s = _first_free(base, _home(h, nb), h, G, nb, lay)  # no tombstones: the first EMPTY
+        _st_u8(_ca(base, s, lay), _tag(h))
+        _copy(_ka(base, s, lay), _addr(kbuf) + r * kbuf.strides[0], ks)
+        _copy(_va(base, s, lay), _addr(vbuf) + r * vbuf.strides[0], vs)
         _add_u32(base + OFF_COUNT, 1)
         _add_u32(base + OFF_START, 1)
     return used

@@ -4,7 +4,17 @@ Layout
 ------
 Bucket ``b`` is a chain of pages: a primary page (header flag ``PRIMARY``,
 ``aux0 = b``) and overflow pages linked by the header's ``next`` PageID. Inside
-a page, slots form an open-addressing table probed by *groups* of 16 slots::
+a page, slots form an open-addressing table probed by *groups* of 16 slots. A
+map is created in layout 2, which keeps each group's bytes together, so a probe
+reads its group's ctrl bytes and the matching record from neighbouring cache
+lines of one 4 KiB page::
+
+    [header 64 B][group 0][group 1]...  group = [16 ctrl][16 records: key, pad, value]
+
+(the key is padded to 8 bytes when the value size is a multiple of 8, and the
+record to 8 bytes when the key size is). Maps written before it are in layout
+1 and stay in it (the ``layout`` parameter of the structure's metadata; absent
+means 1), read and written by the same kernels::
 
     [header 64 B][ctrl: S bytes][keys: S keys][values: S values]
 
@@ -281,11 +291,13 @@ class HashMap(Structure):
     PAGE_FILL = 0.85
     _BUFFER_LIMIT = 65536
     GROUP = 16
+    LAYOUT = 2  # the page layout of new maps (module docstring)
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def create(cls, pm: PageManager | Namespace, name: str, key: npt.DTypeLike, value: npt.DTypeLike,
-               *, page_slots: int | None = None) -> "HashMap":
+               *, page_slots: int | None = None, expected_keys: int | None = None
+               ) -> "HashMap":
         """Create the map ``name`` or reopen it (after a restart, load or rollback).
 
         Parameters
@@ -297,6 +309,11 @@ class HashMap(Structure):
             Fixed-size numpy dtypes (structured or scalar, no object fields).
         page_slots : int, optional
             Slots per page (default: as many as fit); tests use tiny values.
+        expected_keys : int, optional
+            A capacity hint: a new map starts with the buckets ``expected_keys``
+            keys need (as a table sized up front), so filling it splits no
+            bucket. Ignored when the map already exists; the map still grows
+            past it, and shrinks below it only after deletes.
 
         Raises
         ------
@@ -304,20 +321,59 @@ class HashMap(Structure):
             Object, unicode or zero-sized fields.
         SchemaMismatchError
             ``name`` exists with another kind or schema.
+        ValueError
+            ``page_slots`` or ``expected_keys`` out of range (nothing created).
+        PoolExhaustedError
+            The pool has too few free frames for the pages ``expected_keys``
+            needs (nothing created).
         """
         kdt = as_schema(key, f"hash map {name!r}: key")
         vdt = as_schema(value, f"hash map {name!r}: value")
+        if expected_keys is not None and (isinstance(expected_keys, bool) or not isinstance(
+                expected_keys, (int, np.integer)) or expected_keys < 0):
+            raise ValueError(f"hash map {name!r}: expected_keys={expected_keys!r} must be an "
+                             f"integer >= 0")
         schema = {"key": dtype_to_text(kdt), "value": dtype_to_text(vdt)}
         obj = cls._existing(pm, name, schema)
         if obj is not None:
             return obj  # type: ignore[no-any-return]
-        slots = cls._slots_for(pm.page_bytes, kdt.itemsize, vdt.itemsize, page_slots, name)
-        return cls(pm, name, kdt, vdt, schema, slots)
+        slots = cls._slots_for(pm.page_bytes, kdt.itemsize, vdt.itemsize, page_slots, name,
+                               cls.LAYOUT)
+        buckets = 1
+        if expected_keys:
+            buckets = max(1, math.ceil(int(expected_keys) / (cls.MAX_LOAD * slots)))
+            mgr = pm.manager if isinstance(pm, Namespace) else pm
+            if buckets + 2 > mgr.pool.free_frames:
+                raise PoolExhaustedError(
+                    f"hash map {name!r}: expected_keys={int(expected_keys)} needs {buckets} "
+                    f"pages, the pool has {mgr.pool.free_frames} free frames")
+        return cls(pm, name, kdt, vdt, schema, slots, buckets)
 
     @staticmethod
-    def _slots_for(page_bytes: int, ks: int, vs: int, page_slots: int | None, name: str) -> int:
-        s = (page_bytes - HEADER_BYTES - 16) // (1 + ks + vs)
-        while s > 0 and HEADER_BYTES + pad8(s) + pad8(s * ks) + s * vs > page_bytes:
+    def _record_bytes(ks: int, vs: int) -> tuple[int, int]:
+        """Layout 2: ``(key bytes with padding, record stride)`` of one slot."""
+        kpad = pad8(ks) if vs % 8 == 0 else ks
+        rs = kpad + vs
+        return kpad, pad8(rs) if ks % 8 == 0 else rs
+
+    @staticmethod
+    def _page_fits(s: int, page_bytes: int, ks: int, vs: int, layout: int) -> bool:
+        if layout == 1:
+            return HEADER_BYTES + pad8(s) + pad8(s * ks) + s * vs <= page_bytes
+        g = min(s, HashMap.GROUP)
+        rs = HashMap._record_bytes(ks, vs)[1]
+        return HEADER_BYTES + -(-s // g) * pad8(pad8(g) + g * rs) <= page_bytes
+
+    @staticmethod
+    def _slots_for(page_bytes: int, ks: int, vs: int, page_slots: int | None, name: str,
+                   layout: int) -> int:
+        if layout == 1:
+            s = (page_bytes - HEADER_BYTES - 16) // (1 + ks + vs)
+        else:
+            rs = HashMap._record_bytes(ks, vs)[1]
+            s = HashMap.GROUP * ((page_bytes - HEADER_BYTES) // (16 + HashMap.GROUP * rs))
+            s = max(s, (page_bytes - HEADER_BYTES - 16) // (1 + rs))  # pages of one group
+        while s > 0 and not HashMap._page_fits(s, page_bytes, ks, vs, layout):
             s -= 1
         if page_slots is not None:
             if not isinstance(page_slots, int) or page_slots < 2:
@@ -336,7 +392,7 @@ class HashMap(Structure):
         return s
 
     def __init__(self, pm: PageManager | Namespace, name: str, kdt: np.dtype[Any], vdt: np.dtype[Any],
-                 schema: dict[str, str], slots: int) -> None:
+                 schema: dict[str, str], slots: int, buckets: int = 1) -> None:
         self.key_dtype = kdt
         self.value_dtype = vdt
         self._float_key = kdt.kind == "f"
@@ -352,8 +408,7 @@ class HashMap(Structure):
         self._put_spec: _Lanes | None = None
         self._applying = False
         self._scratch: list[Any] | None = None
-        super().__init__(pm, name, schema, {"page_slots": slots})
-        self.S = int(self._params["page_slots"])
+        super().__init__(pm, name, schema, {"page_slots": slots, "layout": self.LAYOUT})
         if self._ps.n_pages == 1:  # new: one empty bucket
             self._gen = -1
             seq = pm.allocate(self.psid, 1, Layout.HASH)
@@ -361,30 +416,61 @@ class HashMap(Structure):
             pm.pool.headers["flags"][frame] = PRIMARY
             pm.pool.headers["aux0"][frame] = 0
             self._sync()
+            if buckets > 1:  # sized up front (`create`'s expected_keys): empty buckets
+                try:
+                    while self._n_buckets < buckets:
+                        self._split(buckets - self._n_buckets)
+                except BaseException:
+                    self.destroy()
+                    raise
 
     def _views(self) -> None:
         S, kdt, vdt = self.S, self.key_dtype, self.value_dtype
         pool = self._pm.pool
         frames = pool.frames
-        self._ks = kdt.itemsize
-        self._vs = vdt.itemsize
-        self._ko = HEADER_BYTES + pad8(S)
-        self._vo = self._ko + pad8(S * kdt.itemsize)
-        self._ctrl = frames[:, HEADER_BYTES:HEADER_BYTES + S]
-        self._keys = frames[:, self._ko:self._ko + S * kdt.itemsize].view(self._cmp_dtype)
-        self._vals = frames[:, self._vo:self._vo + S * vdt.itemsize].view(vdt)
+        ks = self._ks = kdt.itemsize
+        vs = self._vs = vdt.itemsize
+        self.G = G = min(self.GROUP, S)
+        if self.layout == 1:
+            ko = HEADER_BYTES + pad8(S)
+            vo = ko + pad8(S * ks)
+            lay = (HEADER_BYTES, G, ko, G * ks, ks, vo, G * vs, vs)
+        else:
+            kpad, rs = self._record_bytes(ks, vs)
+            gs = pad8(pad8(G) + G * rs)
+            ko = HEADER_BYTES + pad8(G)
+            lay = (HEADER_BYTES, gs, ko, gs, rs, ko + kpad, gs, rs)
+        self._lay = np.array(lay, np.int64)
+        self._ko, self._vo = lay[2], lay[5]
+        sl = np.arange(S)
+        hi, lo = sl >> 4, sl & 15
+        self._ctrl_off = lay[0] + hi * lay[1] + lo  # byte offsets of each slot's parts
+        self._key_off = lay[2] + hi * lay[3] + lo * lay[4]
         self._hdr = pool.headers
         self.max_fill = max(1, min(S - 1, int(S * self.PAGE_FILL)))
-        self.G = min(self.GROUP, S)
         self.n_blocks = S // self.G
         self._pb = self._pm.page_bytes
         self._flat = frames.reshape(-1)
         self._no_ops = _Lanes((), vdt, self._vo, "")
         self._W = pad8(self._ks) // 8
 
+    def _ctrl_of(self, frames: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
+        """The ctrl bytes of ``frames``: ``(len(frames), S)``, slot order (a copy)."""
+        out: npt.NDArray[np.uint8] = self._pm.pool.frames[
+            np.asarray(frames)[:, None], self._ctrl_off[None, :]]
+        return out
+
+    def _keys_of(self, frame: int) -> npt.NDArray[Any]:
+        """The S keys of one frame (comparison dtype, slot order, a copy)."""
+        f = self._pm.pool.frames[frame]
+        kb = f[self._key_off[:, None] + np.arange(self._ks)[None, :]]
+        return np.ascontiguousarray(kb).view(self._cmp_dtype).reshape(self.S)
+
     def _rebuild(self) -> None:
-        if not hasattr(self, "S"):
-            self.S = int(self._params["page_slots"])
+        # the parameters of the map in the pages (a load may bring another layout)
+        self._params = self._pm.read_meta(self.psid).get("params", self._params)
+        self.S = int(self._params["page_slots"])
+        self.layout = int(self._params.get("layout", 1))
         self._views()
         self._no_out = np.zeros((0, self._vs), np.uint8)
         self._no_found = np.zeros(0, np.bool_)
@@ -464,9 +550,10 @@ class HashMap(Structure):
 
     def _geo(self) -> npt.NDArray[np.int64]:
         n = self._n_buckets
-        return np.array([n, n.bit_length() - 1, self.S, self.G, self.n_blocks, self._ko,
-                         self._vo, self._ks, self._vs, self._pb, self.max_fill,
-                         int(self.MAX_LOAD * self.S * n), self._pm.epoch], dtype=np.int64)
+        return np.concatenate((np.array(
+            [n, n.bit_length() - 1, self.S, self.G, self.n_blocks, self._ko, self._vo,
+             self._ks, self._vs, self._pb, self.max_fill, int(self.MAX_LOAD * self.S * n),
+             self._pm.epoch], dtype=np.int64), self._lay))
 
     # -- page bookkeeping -----------------------------------------------------------------------------
     def _grow_next_of(self) -> None:
@@ -975,7 +1062,8 @@ class HashMap(Structure):
         vout = np.empty((n, vs), np.uint8)
         none = np.empty(0, np.uint64)
         gather_full(self._flat, fr, starts,
-                    np.array([self.S, self._ko, self._vo, ks, vs, self._pb], np.int64),
+                    np.concatenate((np.array([self.S, self._ko, self._vo, ks, vs, self._pb],
+                                             np.int64), self._lay)),
                     kout, vout, kout.reshape(-1).view(np.uint64) if ks == 8 else none,
                     vout.reshape(-1).view(np.uint64) if vs % 8 == 0 else none)
         return kout.view(self.key_dtype).reshape(n), vout.view(self.value_dtype).reshape(n)
@@ -1008,7 +1096,7 @@ class HashMap(Structure):
         self._last_seq = self._bucket_seq.copy()
         self._next_of[:] = -1
         self._n_buckets = 1
-        self._ctrl[frame] = EMPTY
+        self._pm.pool.frames[frame, self._ctrl_off] = EMPTY
         self._hdr["count"][frame] = 0
         self._hdr["start"][frame] = 0
         self._hdr["next"][frame] = NIL_INT
@@ -1319,7 +1407,7 @@ class HashMap(Structure):
         primary = (hdr["flags"][fr] & PRIMARY).astype(bool)
         assert int(primary.sum()) == self._n_buckets
         assert sorted(hdr["aux0"][fr[primary]].tolist()) == list(range(self._n_buckets))
-        ctrl = self._ctrl[fr]
+        ctrl = self._ctrl_of(fr)
         assert np.array_equal((ctrl >= FULL_BIT).sum(1), hdr["count"][fr])
         assert np.array_equal((ctrl != EMPTY).sum(1), hdr["start"][fr])
         assert np.all(hdr["start"][fr] <= self.max_fill + 0), "page overfilled"
@@ -1339,15 +1427,16 @@ class HashMap(Structure):
                 else:
                     assert self._next_of[q] == -1
                     assert self._last_seq[b] == q
-                full = self._ctrl[f] >= FULL_BIT
-                k = self._keys[f][full]
+                cf = self._ctrl_of(np.array([f]))[0]
+                full = cf >= FULL_BIT
+                k = self._keys_of(f)[full]
                 if len(k):
                     hk = self._hash(k)
                     assert np.all(self._bucket_of(hk) == b), "key in wrong bucket"
                     tags = ((hk >> _U64(24)) & _U64(0x7F)).astype(np.uint8) | np.uint8(FULL_BIT)
-                    assert np.array_equal(tags, self._ctrl[f][full]), "bad tag"
+                    assert np.array_equal(tags, cf[full]), "bad tag"
                     blk = np.flatnonzero(full) // self.G
-                    has_empty = (self._ctrl[f][:nb * self.G].reshape(nb, self.G) == EMPTY).any(1)
+                    has_empty = (cf[:nb * self.G].reshape(nb, self.G) == EMPTY).any(1)
                     homes = (((hk >> _U64(32)) * _U64(nb)) >> _U64(32)).astype(np.int64)
                     h2 = K.hash_keys((hk ^ _U64(0x5851F42D4C957F2D)).reshape(-1, 1))
                     steps = (np.zeros(len(hk), np.int64) if nb == 1 else
@@ -1423,8 +1512,9 @@ class HashMap(Structure):
         np.cumsum(chain, out=first[1:])
         pm = self._pm
         seqs = pm.allocate(self.psid, int(first[-1]), Layout.HASH)  # may raise: nothing changed
-        geo = np.array([nbk, self.S, self.G, self.n_blocks, self._ko, self._vo, self._ks,
-                        self._vs, self._pb, self.max_fill], np.int64)
+        geo = np.concatenate((np.array([nbk, self.S, self.G, self.n_blocks, self._ko, self._vo,
+                                        self._ks, self._vs, self._pb, self.max_fill], np.int64),
+                              self._lay))
         state = np.zeros(1, np.int64)
         if KB.place(self._flat, self._ps.frames[seqs], first, starts, order, h, kw,
                     kw.view(np.uint8), vb, vw, geo, self.psid, seqs, state) != KB.DONE:
