@@ -217,7 +217,7 @@ def test_an_expected_keys_beyond_the_pool_is_refused_and_creates_nothing() -> No
 @settings(max_examples=20, deadline=None)
 @given(n=st.integers(0, 3000), slots=st.sampled_from([3, 16, 48, None]))
 def test_a_sized_map_holds_what_it_was_given(n: int, slots: int | None) -> None:
-    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 23)
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 25)
     m = HashMap.create(pm, "m", key="<u8", value="<i8", page_slots=slots, expected_keys=n)
     keys = np.arange(n, dtype="<u8") * 2654435761
     m.put(keys, np.arange(n))
