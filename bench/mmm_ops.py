@@ -11,8 +11,10 @@ count + min + max with ``ufunc.at``); a second reference, the *hash floor*, is
 the same aggregate in a minimal compiled open-addressing table (one flat array
 of 32-byte records, linear probing, sized up front: what any hash map pays for
 a key's random cache line), and the same table *growing* from 16 slots by doubling (what
-a map that does not know the number of groups pays, as the dict does); and the cold
-start of the first operator call in a fresh process, with and without a warm numba cache.
+a map that does not know the number of groups pays, as the dict does); the batch API
+once more with the map sized up front (``HashMap.create(..., expected_keys=groups)``,
+the counterpart of the sized floor); and the cold start of the first operator call in a
+fresh process, with and without a warm numba cache.
 
 The join's batch variant keeps both windows in `PagedDeque` pages and joins each
 batch in one compiled pass (`_join_batch`); its *floor* is that same compiled
@@ -29,6 +31,8 @@ Writes ``DIR/mmm_ops.json`` (default ``bench/out``; summary: ``agg_batch_speedup
 ``agg_batch_speedup_vs_dict_1m``, ``agg_ns_per_tuple``, ``agg_ns_per_tuple_over_floor``,
 ``agg_hash_floor_ns_per_tuple``, ``agg_ns_per_tuple_over_hash_floor`` (and ``_1m``),
 ``agg_ns_per_tuple_over_growing_hash_floor``, ``agg_hash_floor_speedup_vs_dict``,
+``agg_batch_speedup_vs_dict_sized`` and ``agg_ns_per_tuple_over_hash_floor_sized`` (the
+map sized by ``expected_keys``, each also ``_1m``),
 ``agg_growing_hash_floor_speedup_vs_dict`` (each also ``_1m``: the floors' own speedups
 over the dict bound the batch speedup any hash map can reach),
 ``agg_record_slowdown_vs_dict_by_groups``, ``agg_cpu_time_by_groups`` (the batch and
@@ -64,7 +68,7 @@ from bench._latency_loop import dict_update
 from mmm._kernels import jit
 from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque, PagedList
-from sguard.operators import Aggregate
+from sguard.operators import AGG_VALUE, Aggregate
 
 AGG_SPEC = {"count": "count", "first_ts": ("min", "ts"), "last_ts": ("max", "ts")}
 
@@ -98,6 +102,29 @@ def agg_mmm_record(keys: list[int], ts: list[int]) -> Aggregate:
 def agg_mmm_batch(keys: np.ndarray, ts: np.ndarray, batch: int) -> Aggregate:
     """(c) the mmm batch API over numpy batches."""
     op = Aggregate(mmm.PageManager())
+    for i in range(0, len(keys), batch):
+        op.process(keys[i:i + batch], ts[i:i + batch])
+    return op
+
+
+class SizedAggregate(Aggregate):
+    """`Aggregate` over a map sized up front for ``groups`` keys (``expected_keys``)."""
+
+    def __init__(self, pm: mmm.PageManager, groups: int) -> None:
+        self.pm = pm
+        self.state = mmm.HashMap.create(pm, "aggregate", key="<u4", value=AGG_VALUE,
+                                        expected_keys=groups)
+        self.tuples = 0
+
+    def process(self, keys: np.ndarray, ts: np.ndarray) -> None:
+        self.state.upsert(keys, {"ts": ts}, AGG_SPEC)
+        self.tuples += len(keys)
+
+
+def agg_mmm_batch_sized(keys: np.ndarray, ts: np.ndarray, batch: int,
+                        groups: int) -> Aggregate:
+    """(c) with the map sized for the groups up front (the capacity hint)."""
+    op = SizedAggregate(mmm.PageManager(), groups)
     for i in range(0, len(keys), batch):
         op.process(keys[i:i + batch], ts[i:i + batch])
     return op
@@ -230,6 +257,7 @@ def bench_aggregate(n: int, groups: int, batch: int, repeats: int) -> dict[str, 
     keys = rng.integers(0, groups, n, dtype=np.uint32)
     ts = rng.permutation(n).astype(np.int64)
     times: dict[str, list[float]] = {"dict": [], "mmm_record": [], "mmm_batch": [],
+                                     "mmm_batch_sized": [],
                                      "floor_add_at": [], "floor_count_min_max": [],
                                      "floor_hash_table": [], "floor_hash_table_growing": [],
                                      "conversion": []}
@@ -255,6 +283,9 @@ def bench_aggregate(n: int, groups: int, batch: int, repeats: int) -> dict[str, 
         b = agg_mmm_batch(keys, ts, batch)
         times["mmm_batch"].append(time.perf_counter() - t)
         cpu["mmm_batch"].append(time.process_time() - c)
+        t = time.perf_counter()
+        bs = agg_mmm_batch_sized(keys, ts, batch, groups)
+        times["mmm_batch_sized"].append(time.perf_counter() - t)
         fa, fc = agg_floor(keys, ts, groups)
         times["floor_add_at"].append(fa)
         times["floor_count_min_max"].append(fc)
@@ -264,14 +295,18 @@ def bench_aggregate(n: int, groups: int, batch: int, repeats: int) -> dict[str, 
         times["floor_hash_table_growing"].append(fg)
         check_agg(d, r)
         check_agg(d, b)
+        check_agg(d, bs)
         for t_ in (tab, gtab):
             used = t_[t_[:, 0] != 0]
             assert len(used) == len(d) and int(used[:, 1].sum()) == n
             assert all(d[int(k) - 1] == [c, lo, hi] for k, c, lo, hi in used[:100].tolist())
-        del d, r, b, kl, tl
+        del d, r, b, bs, kl, tl
     out: dict[str, Any] = {name: stats(v) for name, v in times.items()}
     out["conversion_ms"] = out["conversion"]["min"] * 1e3
     out["batch_speedup_vs_dict"] = out["dict"]["min"] / out["mmm_batch"]["min"]
+    out["batch_speedup_vs_dict_sized"] = out["dict"]["min"] / out["mmm_batch_sized"]["min"]
+    out["batch_sized_over_hash_floor"] = (out["mmm_batch_sized"]["min"]
+                                          / out["floor_hash_table"]["min"])
     out["record_slowdown_vs_dict"] = out["mmm_record"]["min"] / out["dict"]["min"]
     out["ns_per_tuple"] = {name: 1e9 * out[name]["min"] / n for name in times}
     out["batch_over_floor"] = out["mmm_batch"]["min"] / out["floor_add_at"]["min"]
@@ -657,7 +692,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{a['ns_per_tuple']['floor_add_at']:.1f} ns; {a['batch_over_hash_floor']:.1f}x "
               f"a minimal hash table's {a['ns_per_tuple']['floor_hash_table']:.1f} ns, "
               f"{a['batch_over_growing_hash_floor']:.1f}x the same table grown from empty: "
-              f"{a['ns_per_tuple']['floor_hash_table_growing']:.1f} ns), per-record "
+              f"{a['ns_per_tuple']['floor_hash_table_growing']:.1f} ns); sized up front "
+              f"{a['batch_speedup_vs_dict_sized']:.2f}x faster than dict "
+              f"({a['ns_per_tuple']['mmm_batch_sized']:.0f} ns/tuple, "
+              f"{a['batch_sized_over_hash_floor']:.1f}x the sized table), per-record "
               f"{a['record_slowdown_vs_dict']:.2f}x the dict time; in CPU time "
               f"{a['cpu_time']['batch_speedup_vs_dict']:.2f}x and "
               f"{a['cpu_time']['record_slowdown_vs_dict']:.2f}x; tolist() of the input "
@@ -702,6 +740,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 agg["100000"]["batch_over_growing_hash_floor"],
             "agg_ns_per_tuple_over_growing_hash_floor_1m":
                 agg["1000000"]["batch_over_growing_hash_floor"],
+            # the map sized by expected_keys, against the table sized up front
+            "agg_batch_speedup_vs_dict_sized": agg["100000"]["batch_speedup_vs_dict_sized"],
+            "agg_batch_speedup_vs_dict_1m_sized":
+                agg["1000000"]["batch_speedup_vs_dict_sized"],
+            "agg_ns_per_tuple_over_hash_floor_sized":
+                agg["100000"]["batch_sized_over_hash_floor"],
+            "agg_ns_per_tuple_over_hash_floor_1m_sized":
+                agg["1000000"]["batch_sized_over_hash_floor"],
             "agg_hash_floor_speedup_vs_dict": agg["100000"]["hash_floor_speedup_vs_dict"],
             "agg_hash_floor_speedup_vs_dict_1m": agg["1000000"]["hash_floor_speedup_vs_dict"],
             "agg_growing_hash_floor_speedup_vs_dict":
@@ -718,6 +764,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "agg_conversion_ms_1m": agg["1000000"]["conversion_ms"]})
         summary["targets"].update({"agg_batch_speedup_vs_dict": ">= 20",
                                    "agg_batch_speedup_vs_dict_1m": ">= 15",
+                                   "agg_batch_speedup_vs_dict_1m_sized": ">= 15",
+                                   "agg_ns_per_tuple_over_growing_hash_floor": "<= 1.0",
+                                   "agg_ns_per_tuple_over_growing_hash_floor_1m": "<= 1.0",
                                    "agg_ns_per_tuple_over_floor": "<= 4",
                                    "agg_record_slowdown_vs_dict": "<= 1",
                                    "agg_cold_start_s.warm_cache": "<= 0.5"})
@@ -743,7 +792,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     gs = params["groups"]
     for name, label in (("dict", "(a) dict"), ("mmm_record", "(b) mmm per-record"),
-                        ("mmm_batch", "(c) mmm batch")):
+                        ("mmm_batch", "(c) mmm batch"),
+                        ("mmm_batch_sized", "(c) sized (expected_keys)")):
         if agg:
             a1.plot(gs, [args.tuples / agg[str(g)][name]["min"] / 1e6 for g in gs], "o-",
                     label=label)
