@@ -340,7 +340,7 @@ class HashMap(Structure):
         slots = cls._slots_for(pm.page_bytes, kdt.itemsize, vdt.itemsize, page_slots, name,
                                cls.LAYOUT)
         buckets = 1
-        if expected_keys:
+        if expected_keys and not pm.exists(name):
             buckets = max(1, math.ceil(int(expected_keys) / (cls.MAX_LOAD * slots)))
             mgr = pm.manager if isinstance(pm, Namespace) else pm
             if buckets + 2 > mgr.pool.free_frames:

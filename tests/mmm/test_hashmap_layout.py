@@ -193,6 +193,17 @@ def test_expected_keys_is_ignored_when_the_map_exists() -> None:
     assert again is m and m._n_buckets == 1 and len(m) == 10
     zero = HashMap.create(pm, "z", key="<u4", value=VALUE, expected_keys=0)
     assert zero._n_buckets == 1
+    # a map restored into a page manager (no object yet) keeps its own size, even where
+    # the pool could not hold the hint's pages
+    snap = pm.chkpt()
+    pages = snap.copy_pages(np.arange(len(snap)))
+    snap.release()
+    pm2 = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 20)
+    loader = pm2.begin_load()
+    loader.add(pages)
+    loader.finish()
+    back = HashMap.create(pm2, "m", key="<u4", value=VALUE, expected_keys=10**9)
+    assert back._n_buckets == 1 and len(back) == 10
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "100", True, None.__class__])
