@@ -158,6 +158,7 @@ class KitchenSink(StatefulProcessor):
 
 KITCHEN_OUT = "k long, kind string, a long, b long, c long, d long"
 SCHEMA = "k long, v long, ts timestamp"
+INITIAL = [(k, 100 * k) for k in range(0, 40, 3)]  #: `KitchenSink`'s initial state rows
 
 
 # --------------------------------------------------------------------------------- harness
@@ -198,12 +199,16 @@ def _spark_run(make_out: Any, ckpt: Path) -> dict[int, list[tuple[Any, ...]]]:
     raise AssertionError("unreachable")
 
 
+def sort_rows(rows: Iterator[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A batch's output rows in one order (nulls last): the comparison is order aside."""
+    return sorted(rows, key=lambda r: tuple((x is None, x) for x in r))
+
+
 def _collect(out: Any, ckpt: Path) -> dict[int, list[tuple[Any, ...]]]:
     got: dict[int, list[tuple[Any, ...]]] = {}
 
     def sink(bdf: Any, bid: int) -> None:
-        got[bid] = sorted((tuple(r) for r in bdf.collect()),
-                          key=lambda r: tuple((x is None, x) for x in r))  # nulls last
+        got[bid] = sort_rows(tuple(r) for r in bdf.collect())
 
     q = (out.writeStream.foreachBatch(sink).option("checkpointLocation", str(ckpt))
          .trigger(availableNow=True).start())
@@ -239,8 +244,7 @@ def kitchen(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("kitchen")
     d = _input(tmp / "in", 5, 300, 20, 3)
     with _tws(spark):
-        init = spark.createDataFrame([(k, 100 * k) for k in range(0, 40, 3)],
-                                     "k long, start long")
+        init = spark.createDataFrame(INITIAL, "k long, start long")
         want = _spark_run(lambda: _stream(spark, d, SCHEMA, "2 seconds").groupBy("k")
                           .transformWithStateInPandas(KitchenSink(), KITCHEN_OUT, "Update",
                                                       "EventTime",
