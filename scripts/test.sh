@@ -12,16 +12,21 @@
 # 5. runs pytest on a copy of tests/ outside the checkout, so `import mmm` can only find the
 #    installed package (tests/sguard/test_install.py asserts it is under site-packages).
 #
-# SGUARD_TEST_WORKERS=N runs pytest in N parallel pytest-xdist workers (default 0: one process).
+# SGUARD_TEST_WORKERS=N runs pytest in N parallel pytest-xdist workers (default: the machine's
+# cores, at most 4; 0 runs every test in one process, in collection order).
 # SGUARD_TEST_SOURCE=1 skips 2-5 and runs pytest on the source tree in .venv (a quicker loop
 # while editing; CI never uses it).
 source "$(dirname "$0")/_venv.sh"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
-# The suite runs in SGUARD_TEST_WORKERS pytest-xdist workers (default 0: in this process, as CI
-# runs it; 2 for this machine's cores). --dist loadfile sends each test file to one worker, so that its
-# module fixtures start once; session fixtures (the SparkSession, the SeaweedFS cluster) start
-# once per worker. A -n given in the arguments wins.
-WORKERS="${SGUARD_TEST_WORKERS:-0}"
+# The suite runs in SGUARD_TEST_WORKERS pytest-xdist workers (default: one per core, at most 4;
+# each Spark test itself keeps 2 cores busy, so more workers than cores only adds load).
+# --dist loadfile sends each test file to one worker, so that its module fixtures start once;
+# session fixtures (the SparkSession, the SeaweedFS cluster) start once per worker. A -n given in
+# the arguments wins; SGUARD_TEST_WORKERS=0 runs in this process.
+CORES="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
+WORKERS="${SGUARD_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"
+case "$WORKERS" in ''|*[!0-9]*) echo "SGUARD_TEST_WORKERS must be a number, not '$WORKERS'" >&2; exit 2;; esac
+if [ "$WORKERS" = 1 ]; then WORKERS=0; fi   # one worker is one process: no xdist needed
 PAR=()
 if [ "$WORKERS" != 0 ]; then
   PAR=(-n "$WORKERS" --dist loadfile)

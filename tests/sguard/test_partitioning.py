@@ -1,9 +1,6 @@
 """`sguard.partitioning` against real Spark: the hash and the partition of every key."""
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -16,17 +13,6 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    """A local Spark session (the JVM computes every expected value)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (SparkSession.builder.master("local[1]").appName("test_partitioning")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    yield session
-    session.stop()  # the Spark tests start their own session with another master
 
 
 def _random_columns(seed: int, n: int) -> list[tuple[str, Any, list[Any], Any]]:
