@@ -216,3 +216,72 @@ def rollback_file_1m_keys(n_keys: int = 1_000_000, rows: int = 50_000, repeats: 
 def _new_pool(path: str) -> str:
     mmm.PagePool(1 << 16, 1 << 30, path).flush()
     return path
+
+
+def state_work_interleaved(kinds: tuple[str, ...] = ("int", "str", "composite"),
+                           n_keys: int = 100_000, partitions: int = 2, warm_batches: int = 6,
+                           repeats: int = 9, local_dir: str | None = None) -> dict[str, Any]:
+    """The operator's ``apply`` on one partition's rows (as `state_work_direct`'s
+    ``kept_ms``) for each key kind, measured steadily: one state per kind, all built and
+    warmed (every key known, kernels compiled) before the clock starts, then ``repeats``
+    rounds that each apply the next batch to every kind, forward order on even rounds and
+    reversed on odd ones, so drift and order effects fall on every kind alike. The inputs
+    are built before each round (outside the timings).
+
+    Returns per kind the apply times (``ms``), and per non-int kind ``over_int_of_best``:
+    the best (least disturbed) apply over the int path's best, the steady figure on a
+    shared machine, where other load only ever adds time; ``over_int``: the per-round
+    ratios of back-to-back applies (median, min, max), which show the noise.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    import pyarrow as pa
+    import sguard.spark as ss
+
+    from bench._spark_variants import KEY_COLUMNS, batch_columns, batch_table
+
+    op = ss.RunningAggregate(value="ts", aggs=("count", "min", "max"))
+    d = tempfile.mkdtemp(prefix="sguard-bench-inter-", dir=local_dir)
+
+    def part(b: int, kind: str) -> Any:
+        k, _ = batch_columns(n_keys, b)
+        return batch_table(n_keys, b, kind).filter(pa.array((k % partitions) == 0))
+
+    states: dict[str, tuple[Any, Any]] = {}
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    try:
+        for kind in kinds:
+            cols = KEY_COLUMNS[kind]
+            key: Any = cols[0] if len(cols) == 1 else list(cols)
+            pm = mmm.PageManager(capacity_bytes=1 << 30, path=os.path.join(d, kind))
+            st = op.open(pm, batch_table(8, 0, kind).schema, key)
+            for b in range(warm_batches):
+                st.apply(part(b, kind), b)
+            pm.flush_structures()
+            states[kind] = (pm, st)
+        for r in range(repeats):
+            b = warm_batches + r
+            order = list(kinds) if r % 2 == 0 else list(kinds)[::-1]
+            tables = {kind: part(b, kind) for kind in kinds}
+            for kind in order:
+                pm, st = states[kind]
+                t0 = time.perf_counter()
+                st.apply(tables[kind], b)
+                pm.flush_structures()
+                times[kind].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        for pm, _ in states.values():
+            pm.close()
+        shutil.rmtree(d, ignore_errors=True)
+    out: dict[str, Any] = {"n_keys": n_keys, "partitions": partitions, "repeats": repeats,
+                           "warm_batches": warm_batches,
+                           "ms": {k: _st(v) for k, v in times.items()}}
+    if "int" in kinds:
+        base = np.asarray(times["int"])
+        out["over_int"] = {k: _st((np.asarray(v) / base).tolist())
+                           for k, v in times.items() if k != "int"}
+        out["over_int_of_best"] = {k: float(np.min(v) / base.min())
+                                   for k, v in times.items() if k != "int"}
+    return out
