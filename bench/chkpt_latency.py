@@ -13,24 +13,25 @@ temporary directory; every variant fsyncs what it writes). Variants:
 * ``none (mmm)`` / ``none (dict)``: no checkpoint; state in an mmm `HashMap`
   (the `Aggregate` operator, batch API) or in a Python dict of
   ``[count, first, last]`` lists updated tuple by tuple (the idiomatic operator);
-* ``mmm``: `ioservice.CheckpointManager` in the configuration for latency-bound
-  operators (``--profile latency``, the default here): one I/O thread, run
-  ``SCHED_IDLE`` (`IOService(1, idle=True)`), and no staging
-  (`CheckpointPolicy(stage_mb=0)`), so checkpoint work takes only CPU time the
-  operator leaves and keeps to one core (on this 2-vCPU VM, two threads in the
-  kernel's write path at once delay every other thread's wake-up by up to a
-  4 ms tick). The baselines' background work runs under the same policy
-  (``async pickle``'s writer thread and ``fork``'s child: ``SCHED_IDLE``
-  too). ``--profile default`` runs the library's defaults instead (two
-  I/O threads at normal priority and a stager; every background at normal
-  priority). Prepare = freeze pages, then the I/O
-  threads write them while the operator runs; with staging, a background thread first copies
-  the pages to write out of the pool and releases them (off: ``--no-stage``),
-  `CheckpointPolicy.stage_mb`, so the operator writes them in place; it clones
-  only the pinned pages it touches before they were staged; and it updates the
-  value of a key in a page not yet staged in place, logging the old bytes for
-  the writers, instead of cloning the page: `CheckpointPolicy.in_place`, off:
-  ``--no-in-place``);
+* ``mmm``: `ioservice.CheckpointManager` at the library's defaults, as the
+  Spark runtime builds it: `IOService(2)` (``--workers``) and
+  `CheckpointPolicy()`. Its checkpoint writers run ``SCHED_IDLE`` and at most
+  one core fewer than the machine has write at once (on this 2-vCPU VM: one;
+  two threads in the kernel's write path at once delay every other thread's
+  wake-up by up to a 4 ms tick), with no staging. Prepare = freeze pages, then
+  the I/O threads write them while the operator runs; the operator updates
+  the value of a key in a frozen page in place, logging the old bytes for the
+  writers, instead of cloning the page (`CheckpointPolicy.in_place`, off:
+  ``--no-in-place``). The baselines' background work runs under the same
+  policy (``async pickle``'s writer thread and ``fork``'s child:
+  ``SCHED_IDLE`` too);
+* ``mmm (previous)``: the same at the defaults before them, for the trade's
+  other side: `IOService(2, idle=False, write_threads=2)` (two writers at
+  normal priority) and `CheckpointPolicy(stage_mb=256)` (a background thread
+  first copies the pages to write out of the pool and releases them). Each
+  run records its checkpoints' own durations (start to commit, seen at the
+  next batch: 10 ms resolution); ``checkpoint_s_over_previous_default`` is
+  mmm's mean duration over this variant's, paired within a round;
 * ``sync pickle``: ``pickle.dumps`` of the dict, write and fsync the file, all
   in the operator thread;
 * ``async pickle``: ``pickle.dumps`` in the operator thread; write and fsync in
@@ -75,7 +76,9 @@ Objects built before the runs are moved out of the garbage collector's reach
 
 Run: ``python -m bench.chkpt_latency [--quick] [--rounds N] [--priority rt|normal]
 [--out DIR]``. Writes ``DIR/chkpt_latency.json`` (default ``bench/out``; summary:
-``mmm_mean_ratio_1p``, ``mmm_p99_ratio_1p``, ``spike_ratio_sync_pickle_over_mmm``,
+``mmm_mean_ratio_1p``, ``mmm_p99_ratio_1p``, ``checkpoint_s_over_previous_default``
+and ``checkpoint_s_mean_1p`` (a checkpoint's own duration beside the latency figures),
+``mmm_previous_p99_ratio_1p``, ``spike_ratio_sync_pickle_over_mmm``,
 ``spike_ratio_fork_over_mmm``, ``mmm_mean_over_dict_none_1p`` — mmm with
 checkpoints over the dict without —, ``mmm_service_mean_ratio_1p`` — the
 operator thread's own time per batch with checkpoints over without —, the
@@ -87,6 +90,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import gc
+import inspect
 import os
 import pickle
 import shutil
@@ -107,7 +111,12 @@ from ioservice import CheckpointManager, CheckpointPolicy, IOService
 from sguard.operators import Aggregate
 
 MB = 1 << 20
-VARIANTS = ("none (mmm)", "none (dict)", "mmm", "sync pickle", "async pickle", "fork")
+IO_IDLE_DEFAULT: bool = inspect.signature(IOService).parameters["idle"].default
+"""Whether the library runs checkpoint writers ``SCHED_IDLE`` by default (the baselines'
+background work follows it)."""
+VARIANTS = ("none (mmm)", "none (dict)", "mmm", "mmm (previous)", "sync pickle", "async pickle",
+            "fork")
+MMM_VARIANTS = ("none (mmm)", "mmm", "mmm (previous)")
 
 
 # -- state -------------------------------------------------------------------------------------
@@ -140,31 +149,30 @@ class Runner:
     """One variant with P partitions: process a batch; start a partition's checkpoint."""
 
     def __init__(self, variant: str, ops: list[Aggregate], dicts: list[dict[int, list[int]]],
-                 workdir: str, n_workers: int, stage: bool = True,
-                 in_place: bool = True, io_nice: int | None = None,
-                 io_idle: bool = False) -> None:
+                 workdir: str, n_workers: int, in_place: bool = True) -> None:
         self.variant = variant
         self.ops, self.dicts = ops, dicts
         self.workdir = workdir
         self.mgrs: list[CheckpointManager] = []
+        self.ios: list[IOService] = []
         self.pool: cf.ThreadPoolExecutor | None = None
         self.round = 0
-        self.uses_mmm = variant in ("none (mmm)", "mmm")
-        self.own_io = io_nice is not None or io_idle
-        if variant == "mmm":
+        self.uses_mmm = variant in MMM_VARIANTS
+        if variant in ("mmm", "mmm (previous)"):
             root = os.path.join(workdir, "mmm")
-            self.mgrs = [CheckpointManager(op.pm, "file://" + root, f"agg{p}",
-                                           policy=CheckpointPolicy(
-                                               keep=2, in_place=in_place,
-                                               **({} if stage else {"stage_mb": 0})),
-                                           n_workers=n_workers,
-                                           **({} if not self.own_io else
-                                              {"io": IOService(n_workers, nice=io_nice or 0,
-                                                               idle=io_idle)}))
-                         for p, op in enumerate(ops)]
+            previous = variant == "mmm (previous)"
+            for p, op in enumerate(ops):
+                io = (IOService(n_workers, idle=False, write_threads=n_workers) if previous
+                      else IOService(n_workers))
+                policy = (CheckpointPolicy(keep=2, in_place=in_place, stage_mb=256.0)
+                          if previous else CheckpointPolicy(keep=2, in_place=in_place))
+                self.ios.append(io)
+                self.mgrs.append(CheckpointManager(op.pm, "file://" + root, f"agg{p}",
+                                                   policy=policy, io=io))
         if variant == "async pickle":  # its writer thread scheduled as mmm's I/O thread
-            self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pickle-writer",
-                                              initializer=background_idle if io_idle else None)
+            self.pool = cf.ThreadPoolExecutor(
+                1, thread_name_prefix="pickle-writer",
+                initializer=background_idle if IO_IDLE_DEFAULT else None)
 
     def process(self, parts: list[tuple[Any, Any]]) -> None:
         if self.uses_mmm:
@@ -180,7 +188,7 @@ class Runner:
     def checkpoint(self, p: int) -> Any:
         """Start (or, if synchronous, do) the checkpoint of partition ``p``."""
         v = self.variant
-        if v == "mmm":
+        if self.mgrs:
             return self.mgrs[p].checkpoint()
         path = self._path(p)
         if v == "sync pickle":
@@ -205,8 +213,8 @@ class Runner:
     def close(self) -> None:
         for m in self.mgrs:
             m.close()
-            if self.own_io:  # the services made here for --io-nice / --io-idle
-                m.io.shutdown()
+        for io in self.ios:  # made here, so shut down here
+            io.shutdown()
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
@@ -217,6 +225,9 @@ def _record(out: dict[str, Any]) -> dict[str, Any]:
     s.update(out["diag"])
     s["checkpoints"] = out["events"]
     s["max_pause_ms"] = max((e["pause_s"] * 1e3 for e in out["events"]), default=0.0)
+    durs = [e["end_s"] - e["start_s"] for e in out["events"] if e["end_s"] is not None]
+    s["checkpoint_s_mean"] = float(np.mean(durs)) if durs else 0.0
+    s["checkpoint_s_max"] = float(np.max(durs)) if durs else 0.0
     return s
 
 
@@ -228,8 +239,9 @@ def _print_run(r: int, v: str, s: dict[str, Any], out: dict[str, Any]) -> None:
           f"{s['wake_delay_p99_ms']:6.2f}/{s['wake_delay_max_ms']:6.1f}  late "
           f"{s['late_batches']:4d}  load {s['loadavg_1min']:4.1f}  gc "
           f"{s['gc_ms']:5.1f} ms  ({len(out['events'])} chkpts, max pause "
-          f"{s['max_pause_ms']:.1f} ms)", flush=True)
-    if v == "mmm":
+          f"{s['max_pause_ms']:.1f} ms, checkpoint {s['checkpoint_s_mean']:.3f} s mean)",
+          flush=True)
+    if v.startswith("mmm"):
         print(f"      pages cloned by the operator {s.get('pages_cloned')}, values written "
               f"in place {s.get('values_written_in_place')}, staged "
               f"{s.get('pages_staged')}; slowest batches (latency/service/cpu/queued ms, "
@@ -271,37 +283,20 @@ def parse_plan(argv: Sequence[str] | None) -> Plan:
     ap.add_argument("--duration-s", type=float, default=None,
                     help="length of each run (default 30, --quick 4)")
     ap.add_argument("--page-bytes", type=int, default=1 << 16)
-    ap.add_argument("--profile", choices=("latency", "default"), default="latency",
-                    help="mmm's checkpoint configuration: latency (the default here) = one "
-                         "I/O worker, no staging, SCHED_IDLE I/O thread "
-                         "(`IOService(1, idle=True)`, `CheckpointPolicy(stage_mb=0)`); "
-                         "default = the library's defaults (2 workers, staging, normal "
-                         "priority)")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="mmm I/O worker threads (default: the profile's)")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="mmm's `IOService(n_workers)` (default 2, as the Spark runtime's)")
     ap.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--no-in-place", action="store_true",
                     help="mmm without in-place writes (`CheckpointPolicy(in_place=False)`): "
                          "the operator clones every frozen page it writes")
-    ap.add_argument("--no-stage", action="store_true",
-                    help="mmm without staging (`CheckpointPolicy(stage_mb=0)`): the operator "
-                         "clones every pinned page it writes")
     ap.add_argument("--priority", choices=("rt", "normal"), default="normal",
                     help="scheduling of the timed runs: rt = SCHED_FIFO for this process's "
                          "threads (children reset to normal) when permitted; opt-in")
-    ap.add_argument("--io-nice", type=int, default=None,
-                    help="mmm's I/O and staging threads' nice (`IOService(nice=...)`); "
-                         "default: the library's")
-    ap.add_argument("--io-idle", action="store_true",
-                    help="mmm's I/O and staging threads SCHED_IDLE (`IOService(idle=True)`)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="runs of every variant, interleaved (default 5, --quick 3)")
     args = parse_args(ap, argv)
-    if args.profile == "latency":
-        args.workers = args.workers or 1
-        args.no_stage = args.io_idle = True
-    else:
-        args.workers = args.workers or 2
+    if args.workers < 1:
+        ap.error(f"--workers must be >= 1, got {args.workers}")
     duration = args.duration_s or (4.0 if args.quick else 30.0)
     period = args.period_ms / 1e3
     return Plan(args=args, n_rounds=args.rounds or (3 if args.quick else 5),
@@ -362,8 +357,7 @@ def run_variant(v: str, state: State, plan: Plan, workdir: str
     the pages staged in this run.
     """
     runner = Runner(v, state.ops, state.dicts, workdir, plan.args.workers,
-                    stage=not plan.args.no_stage, in_place=not plan.args.no_in_place,
-                    io_nice=plan.args.io_nice, io_idle=plan.args.io_idle)
+                    in_place=not plan.args.no_in_place)
     st0 = [op.pm.stats() for op in state.ops]
     try:
         out = run(runner, state.cols if runner.uses_mmm else state.recs, plan.period,
@@ -421,6 +415,10 @@ def paired_ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, list[flo
     return {
         "mmm_mean_ratio": paired("mmm", "none (mmm)", "mean_ms"),
         "mmm_p99_ratio": paired("mmm", "none (mmm)", "p99_ms"),
+        "mmm_previous_mean_ratio": paired("mmm (previous)", "none (mmm)", "mean_ms"),
+        "mmm_previous_p99_ratio": paired("mmm (previous)", "none (mmm)", "p99_ms"),
+        "checkpoint_s_over_previous_default": paired("mmm", "mmm (previous)",
+                                                     "checkpoint_s_mean"),
         "mmm_service_mean_ratio": paired("mmm", "none (mmm)", "service_mean_ms"),
         "mmm_mean_over_dict_none": paired("mmm", "none (dict)", "mean_ms"),
         "mmm_none_mean_over_dict_none": paired("none (mmm)", "none (dict)", "mean_ms"),
@@ -443,7 +441,7 @@ def measure_partitioning(plan: Plan, n_parts: int, workdir: str,
     state = build_state(plan, n_parts)
     fork_base = ForkBaseline(state.n_keys, n_parts, plan.n_batches, plan.args.batch, 1,
                              plan.period, plan.interval, plan.first, workdir, plan.args.priority,
-                             idle=plan.args.io_idle)
+                             idle=IO_IDLE_DEFAULT)
     res: dict[str, Any] = {"n_keys": state.n_keys, "mmm_state_bytes": state.mmm_bytes,
                            "pickled_bytes": state.pickled_bytes, "variants": {},
                            "fork_process_rss_mb": fork_base.info["rss_mb"],
@@ -474,6 +472,13 @@ def summarize_partitioning(res: dict[str, Any], tag: str) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     summary[f"mmm_mean_ratio_{tag}"] = ratio("mmm_mean_ratio")
     summary[f"mmm_p99_ratio_{tag}"] = ratio("mmm_p99_ratio")
+    # the trade's other side: a checkpoint's own duration, and the previous defaults' figures
+    summary["checkpoint_s_over_previous_default" + ("" if tag == "1p" else "_4p")] = \
+        ratio("checkpoint_s_over_previous_default")
+    summary[f"checkpoint_s_mean_{tag}"] = {
+        v: res["variants"][v]["checkpoint_s_mean"] for v in ("mmm", "mmm (previous)")}
+    summary[f"mmm_previous_mean_ratio_{tag}"] = ratio("mmm_previous_mean_ratio")
+    summary[f"mmm_previous_p99_ratio_{tag}"] = ratio("mmm_previous_p99_ratio")
     # mmm *with* checkpoints against the dict operator *without* any
     summary[f"mmm_mean_over_dict_none_{tag}"] = ratio("mmm_mean_over_dict_none")
     summary[f"mmm_none_mean_over_dict_none_{tag}"] = ratio("mmm_none_mean_over_dict_none")
@@ -493,7 +498,8 @@ def summarize_partitioning(res: dict[str, Any], tag: str) -> dict[str, Any]:
     # across the runs of the variants without pauses in the operator thread: how
     # much of the spread of the mean latency the wake-up delay explains (Pearson r;
     # near 1: the machine's scheduling, not the variant)
-    runs = [x for v in ("none (mmm)", "none (dict)", "mmm") for x in var[v]["rounds"]]
+    runs = [x for v in ("none (mmm)", "none (dict)", "mmm", "mmm (previous)")
+            for x in var[v]["rounds"]]
     lat_m = np.array([x["mean_ms"] for x in runs])
     wake_m = np.array([x["wake_delay_mean_ms"] for x in runs])
     summary[f"spread_r_mean_vs_wake_{tag}"] = (
@@ -513,11 +519,20 @@ def summarize_all(plan: Plan, results: dict[str, Any], load_before: float) -> di
     summary["loadavg_1min_before_after"] = [load_before, os.getloadavg()[0]]
     summary["cpus"] = os.cpu_count()
     summary["targets"] = {"mmm_mean_ratio_1p": "<= 1.1", "mmm_p99_ratio_1p": "<= 1.5",
+                          "mmm_p99_ratio_4p": "<= 1.5",
+                          "checkpoint_s_over_previous_default": "<= 1.5",
                           "spike_ratio_sync_pickle_over_mmm": ">= 10",
                           "spike_ratio_fork_over_mmm": ">= 5",
                           "mmm_mean_over_dict_none_1p": "<= 1"}
     summary["state_mb"] = plan.state_mb
     return summary
+
+
+def _write_threads(n_workers: int) -> int:
+    """The checkpoint writers `IOService(n_workers)` runs at once by default."""
+    io = IOService(n_workers)
+    io.shutdown()
+    return io.write_threads
 
 
 def run_params(plan: Plan) -> dict[str, Any]:
@@ -527,10 +542,13 @@ def run_params(plan: Plan) -> dict[str, Any]:
             "period_ms": args.period_ms, "tuples_per_s": args.batch / plan.period,
             "interval_s": plan.interval, "first_checkpoint_s": plan.first,
             "duration_s": plan.duration, "page_bytes": args.page_bytes,
-            "mmm_profile": args.profile, "mmm_io_workers": args.workers,
-            "mmm_stage_mb": 0 if args.no_stage else CheckpointPolicy().stage_mb,
-            "mmm_in_place": not args.no_in_place, "mmm_io_idle": args.io_idle,
-            "mmm_io_nice": args.io_nice or 0,
+            "mmm_io_workers": args.workers,
+            "mmm_stage_mb": CheckpointPolicy().stage_mb,
+            "mmm_io_idle": IO_IDLE_DEFAULT,
+            "mmm_io_write_threads": _write_threads(args.workers),
+            "mmm_previous": "IOService(workers, idle=False, write_threads=workers), "
+                            "CheckpointPolicy(stage_mb=256)",
+            "mmm_in_place": not args.no_in_place,
             "partitions": args.partitions, "rounds": plan.n_rounds,
             "ratios": "median over rounds of the ratio within each round",
             "storage": "file:// (temporary dir, fsync)",

@@ -130,10 +130,11 @@ class CheckpointPolicy:
         of the pages the checkpoint writes out of the pool into a buffer and
         unpins their frames (`mmm.Snapshot.stage_planned`), so the operator
         writes them in place instead of cloning them; the I/O threads write
-        from that buffer. 0 turns it off. Extra memory: at most this much per
-        checkpoint in flight, until it is written. For an operator whose
-        latency matters most, 0 with ``io=IOService(1, idle=True)`` keeps
-        checkpoint work on one ``SCHED_IDLE`` thread (`IOService`, docs/mmm-ioservice.md).
+        from that buffer. 0 (the default) turns it off: with `in_place` the
+        operator clones few pages anyway, and the copy would be one more
+        background thread beside the writers, which on a small machine costs
+        the operator latency (`bench.chkpt_latency`, docs/mmm-ioservice.md).
+        Extra memory: at most this much per checkpoint in flight, until it is written.
     in_place : bool
         Freeze with ``PageManager.chkpt(in_place=True)``: until a page is staged
         or written, the operator updates a value of a key already in it in place,
@@ -147,7 +148,7 @@ class CheckpointPolicy:
     skip_unchanged: bool = True
     full_every: int = 8
     keep: int | None = 3
-    stage_mb: float = 256.0
+    stage_mb: float = 0.0
     in_place: bool = True
 
     def __post_init__(self) -> None:

@@ -45,7 +45,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -79,11 +78,15 @@ _PAGE_ID_AT: int = _HEADER_FIELDS["page_id"][1]  # byte offset of the PageID in 
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "IOService", "ReadResult", "WriteResult"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_RESCUE_AFTER_S", "IOService", "ReadResult", "WriteResult"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Bytes per write or read call (a few MiB: small writes collapse when the
 operator thread competes for the GIL)."""
+
+DEFAULT_RESCUE_AFTER_S = 0.02
+"""Seconds without a page written after which a write of background writers is written
+on at normal priority (`IOService`'s ``rescue_after_s``)."""
 
 READ_AHEAD_CHUNKS = 2
 """Chunks a reader thread reads ahead of their verification (`IOService.read_pages`)."""
@@ -125,6 +128,9 @@ class WriteResult:
     """Why some chunks were written unscheduled (scheduler dead, hung or failing), if so."""
     grants: tuple[ChunkGrant, ...] = ()
     """The scheduler's grants, in the order they arrived (placement advice included)."""
+    rescued_chunks: int = 0
+    """Chunks written at normal priority because the background writers were starved
+    (`IOService`'s ``rescue_after_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,25 +172,40 @@ class IOService:
     Parameters
     ----------
     n_workers : int
-        Worker threads; a checkpoint is written as (at most) this many files.
+        A checkpoint is written as (at most) this many files; recovery reads
+        with this many threads.
     chunk_bytes : int
         Bytes gathered into one write or read call (rounded down to whole
         pages, at least one page).
     nice : int
-        Lower the worker threads' CPU priority by this much (0-19; Linux, where
+        Lower the checkpoint writer threads' CPU priority by this much (0-19; Linux, where
         a thread has a nice value of its own; ignored elsewhere), so that under
         contention the cores go to the threads that process records and
         background checkpoint I/O takes what is left (`lower_thread_priority`).
     idle : bool
-        Run the worker threads (and a `CheckpointManager`'s background thread,
-        which plans each write and stages pages) under
-        Linux's ``SCHED_IDLE`` policy: they use only cores no other thread
-        wants, and a thread that wakes up to process records preempts them at
-        once. For operators that leave CPU headroom and want checkpoints out of
-        their latency (`bench.chkpt_latency`; with one worker and no staging it
-        keeps one core free of checkpoint work). On a saturated machine a
+        Run the threads that write checkpoints (and a `CheckpointManager`'s
+        background thread, which plans each write and stages pages) under
+        Linux's ``SCHED_IDLE`` policy (the default, True): they use only cores
+        no other thread wants, and a thread that wakes up to process records
+        preempts them at once, so checkpoints stay out of the operator's
+        latency (`bench.chkpt_latency`). On a machine saturated by other work a
         checkpoint written this way waits for idle CPU time, so it can take far
-        longer; the default (False) shares the cores fairly. Ignored elsewhere.
+        longer; False shares the cores fairly. Recovery reads always run at
+        normal priority (their own threads). Ignored elsewhere.
+    write_threads : int, optional
+        Threads that write a checkpoint's files at once (each file still holds
+        one worker's share: `n_workers` files). Default: one core fewer than
+        the machine has (at least 1, at most `n_workers`), so a thread that
+        processes records always finds a core no checkpoint writer is in; in
+        the kernel's write path a thread is not preempted at once, whatever
+        its policy.
+    rescue_after_s : float or None
+        When the writers run below normal priority (`idle`, `nice`) and a
+        write has written no page for this long (default
+        `DEFAULT_RESCUE_AFTER_S`), a thread of normal priority writes it on,
+        chunk by chunk in file order, while the writers make no progress: on a
+        machine saturated by other work a checkpoint then moves at a normal
+        thread's pace instead of waiting for idle CPU time. None: never.
 
     Examples
     --------
@@ -209,7 +230,8 @@ class IOService:
     """
 
     def __init__(self, n_workers: int = 4, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 nice: int = 0, idle: bool = False) -> None:
+                 nice: int = 0, idle: bool = True, write_threads: int | None = None,
+                 rescue_after_s: float | None = DEFAULT_RESCUE_AFTER_S) -> None:
         if not isinstance(n_workers, int) or n_workers < 1:
             raise ValueError(f"n_workers must be an int >= 1, got {n_workers!r}")
         if chunk_bytes < 1:
@@ -218,13 +240,31 @@ class IOService:
             raise ValueError(f"nice must be an int in 0..19, got {nice!r}")
         if not isinstance(idle, bool):
             raise ValueError(f"idle must be a bool, got {idle!r}")
+        if write_threads is None:
+            write_threads = max(1, min(n_workers, _cpus() - 1))
+        elif (isinstance(write_threads, bool) or not isinstance(write_threads, int)
+              or not 1 <= write_threads <= n_workers):
+            raise ValueError(f"write_threads must be an int in 1..n_workers={n_workers}, "
+                             f"got {write_threads!r}")
+        if rescue_after_s is not None and (isinstance(rescue_after_s, bool) or not isinstance(
+                rescue_after_s, (int, float)) or not rescue_after_s > 0):
+            raise ValueError(f"rescue_after_s must be a number > 0 or None, "
+                             f"got {rescue_after_s!r}")
         self.n_workers = n_workers
         self.chunk_bytes = chunk_bytes
+        # a rescuer only where the writers run below normal priority
+        self.rescue_after_s = (None if rescue_after_s is None or not (idle or nice)
+                               else float(rescue_after_s))
         self.nice = nice
         self.idle = idle
-        self._pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="sguard-io",
-                                           initializer=lower_thread_priority,
-                                           initargs=(nice, idle))
+        self.write_threads = write_threads
+        # recovery reads: normal priority (nothing else runs that they could delay)
+        self._pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="sguard-io")
+        # checkpoint writes: background priority (`nice`, `idle`), `write_threads` at once
+        self._write_pool = cf.ThreadPoolExecutor(max_workers=write_threads,
+                                                 thread_name_prefix="sguard-io-write",
+                                                 initializer=lower_thread_priority,
+                                                 initargs=(nice, idle))
         self._local = threading.local()
         self._verify_pool: cf.ThreadPoolExecutor | None = None
         self._verify_lock = threading.Lock()
@@ -239,6 +279,7 @@ class IOService:
     def shutdown(self, wait: bool = True) -> None:
         """Stop the workers (after the queued work when `wait`). Idempotent."""
         self._closed = True
+        self._write_pool.shutdown(wait=wait)
         self._pool.shutdown(wait=wait)
         with self._verify_lock:
             verifier = self._verify_pool
@@ -323,67 +364,6 @@ class IOService:
         else:
             w.dispatch(haunit)
         return w.result
-
-    def _write_share(self, root: StorageRoot, relpath: str, snap: SnapshotLike,
-                     share: npt.NDArray[np.int64], stop: threading.Event, label: str,
-                     progress: Callable[[int], None]) -> npt.NDArray[np.uint64]:
-        """Write one worker's pages to `relpath`; return their checksums."""
-        pb = snap.page_bytes
-        per = self._chunk_pages(pb)
-        buf = self._buffer(per * pb).reshape(-1, pb)[:per]
-        sums = np.empty(len(share), dtype=np.uint64)
-        where = f"checkpoint {label}: writing {relpath} on {root.backend} root {root.uri}"
-        # Local writes copy the bytes into the kernel before returning, so pages in
-        # consecutive frames are written straight from the (pinned) frames. Other
-        # streams may keep a reference to a large buffer after write() returns
-        # (S3 background uploads), so they get a private copy.
-        view_pages = getattr(snap, "pages_view", None) if root.backend == "local" else None
-        if stop.is_set():
-            raise _Stop()
-        faultpoints.reached("page_file")
-        try:
-            # a tagged file is the writer's own: never truncate what another wrote there
-            out = root.open_output_stream(relpath, exclusive="-" in relpath.rsplit("/", 1)[-1])
-        except IOServiceError as exc:
-            raise CheckpointWriteError(f"{where}: {exc}") from exc
-        try:
-            for s in range(0, len(share), per):
-                if stop.is_set():
-                    raise _Stop()
-                part = share[s:s + per]
-                pages = view_pages(part) if view_pages is not None else None
-                if pages is None:
-                    pages = snap.copy_pages(part, out=buf)[:len(part)]
-                sums[s:s + len(part)] = page_checksums(pages)
-                if s == 0 and faultpoints.armed("mid_page"):
-                    flat = pages.reshape(-1)
-                    out.write(flat[:pb // 2])
-                    out.flush()
-                    faultpoints.reached("mid_page")
-                    out.write(flat[pb // 2:])
-                else:
-                    out.write(pages)
-                snap.mark_persisted(part)
-                progress(len(part))
-            out.close()
-        except _Stop:
-            _close_quietly(out)
-            raise
-        except (OSError, pa.ArrowException) as exc:
-            _close_quietly(out)
-            raise CheckpointWriteError(f"{where}: {exc}") from exc
-        except BaseException:
-            _close_quietly(out)
-            raise
-        try:
-            root.sync(relpath)
-            size = root.size_bytes(relpath)
-        except IOServiceError as exc:
-            raise CheckpointWriteError(f"{where}: {exc}") from exc
-        if size != len(share) * pb:
-            raise CheckpointWriteError(f"{where}: the file has {size} bytes after closing, "
-                                       f"expected {len(share) * pb} (torn write)")
-        return sums
 
     # ------------------------------------------------------------------------ read
     def read_pages(self, root: StorageRoot, manifest: Manifest,
@@ -709,13 +689,120 @@ def _settle_chunk(target: npt.NDArray[np.uint8], frames: npt.NDArray[np.int64] |
     progress(len(sel))
 
 
+class _ShareWriter:
+    """One file of a checkpoint write, written chunk by chunk by whichever thread calls
+    `step` (one at a time, in order: a lock holds the file's cursor).
+
+    A background writer thread calls `step` until it returns False; a thread that
+    rescues a starved write (`_SnapshotWrite.rescue`) may call it too, between two of
+    the writer's chunks: the chunks still go to the file in order, each exactly once.
+    For each chunk it gathers up to ``chunk_bytes`` of frozen pages into a reusable
+    buffer with `mmm.Snapshot.copy_pages` (on local storage, pages lying in
+    consecutive frames are written straight from the frames, `mmm.Snapshot.pages_view`),
+    checksums them (one call without the GIL), hands the buffer to the stream (pyarrow
+    releases the GIL while writing) and marks the pages persisted. The thread that
+    writes the last chunk closes the file, checks its size and reports the outcome.
+    """
+
+    def __init__(self, w: _SnapshotWrite, k: int) -> None:
+        self.w, self.k = w, k
+        self.share = w.shares[k]
+        self.relpath = w.relpath(k)
+        self.lock = threading.Lock()
+        self.pos = 0
+        self.out: Any = None
+        self.done = False
+        self.sums = np.empty(len(self.share), dtype=np.uint64)
+        pb = w.pb
+        self.per = w.io._chunk_pages(pb)
+        root = w.root
+        self.where = f"checkpoint {w.label}: writing {self.relpath} on {root.backend} root {root.uri}"
+        # Local writes copy the bytes into the kernel before returning, so pages in
+        # consecutive frames are written straight from the (pinned) frames. Other
+        # streams may keep a reference to a large buffer after write() returns
+        # (S3 background uploads), so they get a private copy.
+        self.view_pages = getattr(w.snap, "pages_view", None) if root.backend == "local" else None
+
+    def step(self) -> bool:
+        """Write this file's next chunk (opening the file first, closing it after the
+        last); False once the file is done or failed (then reported to the write)."""
+        self.w.note_thread()
+        with self.lock:
+            if self.done:
+                return False
+            try:
+                more = self._step()
+            except BaseException as exc:  # noqa: BLE001 - reported through the write
+                self.done = True
+                if self.out is not None:
+                    _close_quietly(self.out)
+                self.w.finished(self.k, exc)
+                return False
+            if not more:
+                self.done = True
+                self.w.finished(self.k, self.sums)
+            return more
+
+    def _step(self) -> bool:
+        w, snap, pb, per = self.w, self.w.snap, self.w.pb, self.per
+        if w.stop.is_set():
+            raise _Stop()
+        if self.out is None:
+            faultpoints.reached("page_file")
+            try:
+                # a tagged file is the writer's own: never truncate what another wrote there
+                self.out = w.root.open_output_stream(
+                    self.relpath, exclusive="-" in self.relpath.rsplit("/", 1)[-1])
+            except IOServiceError as exc:
+                raise CheckpointWriteError(f"{self.where}: {exc}") from exc
+        out, s = self.out, self.pos
+        if s < len(self.share):
+            try:
+                part = self.share[s:s + per]
+                pages = self.view_pages(part) if self.view_pages is not None else None
+                if pages is None:  # the calling thread's reusable buffer
+                    buf = w.io._buffer(per * pb).reshape(-1, pb)[:per]
+                    pages = snap.copy_pages(part, out=buf)[:len(part)]
+                self.sums[s:s + len(part)] = page_checksums(pages)
+                if s == 0 and faultpoints.armed("mid_page"):
+                    flat = pages.reshape(-1)
+                    out.write(flat[:pb // 2])
+                    out.flush()
+                    faultpoints.reached("mid_page")
+                    out.write(flat[pb // 2:])
+                else:
+                    out.write(pages)
+            except (OSError, pa.ArrowException) as exc:
+                raise CheckpointWriteError(f"{self.where}: {exc}") from exc
+            snap.mark_persisted(part)
+            self.pos = s + len(part)
+            w.progress(len(part))
+            return True
+        try:
+            out.close()
+        except (OSError, pa.ArrowException) as exc:
+            raise CheckpointWriteError(f"{self.where}: {exc}") from exc
+        self.out = None
+        try:
+            w.root.sync(self.relpath)
+            size = w.root.size_bytes(self.relpath)
+        except IOServiceError as exc:
+            raise CheckpointWriteError(f"{self.where}: {exc}") from exc
+        if size != len(self.share) * pb:
+            raise CheckpointWriteError(f"{self.where}: the file has {size} bytes after closing, "
+                                       f"expected {len(self.share) * pb} (torn write)")
+        return False
+
+
 class _SnapshotWrite:
     """One `IOService.write_snapshot` call: its shares, their outcomes, and the result.
 
-    The steps, each a method: `launch` starts one share's file on a worker;
-    `finished` collects a worker's outcome (stopping the others on the first
-    failure); `complete` builds the `WriteResult` once every share is done;
-    `dispatch` hands the shares to a write scheduler instead of starting them all.
+    The steps, each a method: `launch` starts one share's file (a `_ShareWriter`)
+    on a background writer thread; `finished` collects a file's outcome (stopping
+    the others on the first failure); `complete` builds the `WriteResult` once every
+    share is done; `dispatch` hands the shares to a write scheduler instead of
+    starting them all; `rescue` watches a write whose writers run at background
+    priority and writes it on at normal priority while they are starved.
     """
 
     def __init__(self, io: IOService, root: StorageRoot, directory: str, snap: SnapshotLike,
@@ -746,6 +833,10 @@ class _SnapshotWrite:
         self.launched = [False] * n_files
         self.first_start: list[float] = []
         self.sched = _SchedState()
+        self.writers: list[_ShareWriter | None] = [None] * n_files
+        self.rescued = 0  # chunks written by the rescuer
+        self.threads: set[int] = set()  # native ids of the writer threads that took part
+        self.boosted: set[int] = set()  # of them, those the rescuer raised to normal priority
 
     def relpath(self, k: int) -> str:
         return f"{self.directory}/{page_file_name(k, self.file_tag)}"
@@ -759,19 +850,84 @@ class _SnapshotWrite:
 
     def launch(self, k: int) -> bool:
         """Start share ``k`` unless it already started; False if it had."""
+        writer = _ShareWriter(self, k)
         with self.lock:
             if self.launched[k]:
                 return False
             self.launched[k] = True
-            if not self.first_start:
+            self.writers[k] = writer
+            first = not self.first_start
+            if first:
                 self.first_start.append(time.perf_counter())
-        fut = self.io._pool.submit(self.io._write_share, self.root, self.relpath(k), self.snap,
-                                   self.shares[k], self.stop, self.label, self.progress)
-        fut.add_done_callback(functools.partial(self.finished, k))
+        if first and self.io.rescue_after_s is not None:  # (only for background writers)
+            threading.Thread(target=self.rescue, name=f"sguard-io-rescue-{self.label}",
+                             daemon=True).start()
+        self.io._write_pool.submit(_write_all, writer)
         return True
 
-    def finished(self, k: int, fut: cf.Future[npt.NDArray[np.uint64]]) -> None:
-        exc = fut.exception()
+    def note_thread(self) -> None:
+        """Record the calling writer thread (the rescuer may raise its priority)."""
+        tid = threading.get_native_id()
+        if tid not in self.threads:
+            with self.lock:
+                self.threads.add(tid)
+
+    def boost(self) -> None:
+        """Raise the background writer threads of this write to normal priority where
+        the system lets this process (a starved thread may hold the file's lock or the
+        GIL: raising it is the one way to free them at once); `unboost` after."""
+        me = threading.get_native_id()
+        with self.lock:
+            tids = self.threads - self.boosted - {me}
+        for tid in tids:
+            if _set_background(tid, False, 0):
+                self.boosted.add(tid)
+
+    def unboost(self) -> None:
+        for tid in self.boosted:
+            _set_background(tid, self.io.idle, self.io.nice)
+        self.boosted.clear()
+
+    def rescue(self) -> None:
+        try:
+            self._rescue()
+        finally:
+            self.unboost()
+
+    def _rescue(self) -> None:
+        """While the write lasts: every `IOService.rescue_after_s` with no page written,
+        write on at this thread's (normal) priority, the launched files in order, a
+        chunk at a time, until pages come from the writers again or the write is done.
+
+        Background writers yield every core the operator wants, but on a machine
+        saturated by other work they may get no CPU time for long, and one preempted
+        inside a chunk holds the file's lock (and perhaps the GIL): on a stall this
+        first raises the writer threads to normal priority where the system permits
+        (`boost`; set back when the write ends), then writes on itself; a
+        checkpoint keeps moving at normal threads' share of the CPU."""
+        wait_s = self.io.rescue_after_s
+        assert wait_s is not None
+        seen = -1
+        while not self.result.done() and not self.stop.is_set():
+            with self.lock:
+                now = self.done[1]
+            if now != seen:
+                seen = now
+                time.sleep(wait_s)
+                continue
+            with self.lock:  # starved: the first launched file not yet done
+                todo = [w for w in self.writers if w is not None and not w.done]
+            if not todo:
+                time.sleep(wait_s)
+                continue
+            self.boost()
+            if todo[0].step():
+                self.rescued += 1
+            with self.lock:
+                seen = self.done[1]  # our own chunk: help on only while nothing else moves
+
+    def finished(self, k: int, outcome: npt.NDArray[np.uint64] | BaseException) -> None:
+        exc = outcome if isinstance(outcome, BaseException) else None
         if exc is None:  # report before counting, so every report precedes the last
             for g in self.sched.chunk_done(k, self.n_files, self.label):
                 self.launch(g.chunk_index)
@@ -780,7 +936,7 @@ class _SnapshotWrite:
                 self.errors.append(exc)
                 self.stop.set()
             else:
-                self.outcomes[k] = fut.result() if exc is None else None
+                self.outcomes[k] = outcome if exc is None else None
             self.done[0] += 1
             if self.stop.is_set():  # chunks never granted will not start: count them now
                 for j in range(self.n_files):
@@ -809,7 +965,7 @@ class _SnapshotWrite:
         first = self.first_start[0] if self.first_start else self.start
         self.result.set_result(WriteResult(files, table, nbytes, secs, first - self.start,
                                            self.scheduler is not None, self.sched.fallback,
-                                           tuple(self.sched.grants)))
+                                           tuple(self.sched.grants), self.rescued))
 
     def dispatch(self, haunit: str) -> None:
         """Start a dispatcher thread that launches each chunk when the scheduler grants it."""
@@ -826,6 +982,26 @@ class _SnapshotWrite:
         """Shares started so far (granted, or fallen back to unscheduled)."""
         with self.lock:
             return sum(self.launched)
+
+
+def _set_background(tid: int, idle: bool, nice: int) -> bool:
+    """Set thread `tid`'s policy: ``SCHED_IDLE`` (`idle`) or normal at `nice` (Linux;
+    raising a priority needs the privilege or ``RLIMIT_NICE``). True if applied."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE if idle else os.SCHED_OTHER,
+                              os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:  # not permitted, or the thread is gone
+        return False
+    return True
+
+
+def _write_all(writer: _ShareWriter) -> None:
+    """A background writer thread's task: write a file to its end (`_ShareWriter`)."""
+    while writer.step():
+        pass
 
 
 class _SchedState:

@@ -255,12 +255,16 @@ class Snapshot:
             out = np.empty((len(idx), self.page_bytes), dtype=np.uint8)
         rows = self._row[idx]
         staged = rows >= 0
+        # compiled gathers that hold no GIL: the operator thread runs while an I/O
+        # thread copies (numpy's fancy indexing would hold it for the whole copy)
         if not staged.any():
-            np.take(self._pm.pool.frames, self._frames[idx], axis=0, out=out[:len(idx)])
+            gather_frames(self._pm.pool.frames, self._frames[idx], out,
+                          np.arange(len(idx), dtype=np.int64))
         else:
             assert self._staged is not None
-            out[:len(idx)][staged] = self._staged[rows[staged]]
-            out[:len(idx)][~staged] = self._pm.pool.frames[self._frames[idx[~staged]]]
+            dst = np.arange(len(idx), dtype=np.int64)
+            gather_frames(self._staged, rows[staged], out, dst[staged])
+            gather_frames(self._pm.pool.frames, self._frames[idx[~staged]], out, dst[~staged])
         if self.in_place and not staged.all():
             self._undo(self._frames[idx], out, np.arange(len(idx), dtype=np.int64))
         return out

@@ -189,7 +189,7 @@ def test_policies_interval_and_tuple_count(tmp_path: Path) -> None:
         staged = mgr.counters.pop("pages_staged")
         assert mgr.counters == {"committed": 3, "failed": 0, "skipped": 1,
                                 "retention_deleted": 0}
-        assert staged > 0  # the checkpoints' pages were staged (on by default)
+        assert staged == 0  # staging is off by default (`CheckpointPolicy.stage_mb`)
 
 
 def test_at_most_one_checkpoint_in_flight(tmp_path: Path) -> None:
@@ -348,13 +348,14 @@ def test_io_and_staging_threads_run_at_the_lowered_priority(tmp_path: Path) -> N
     m = HashMap.create(pm, "m", key="<u4", value="<i8")
     m.put(np.arange(5000, dtype="<u4"), np.arange(5000))
     with IOService(2, nice=6) as io:
-        seen["io"] = io._pool.submit(prio).result()
+        seen["io"] = io._write_pool.submit(prio).result()
+        seen["reader"] = io._pool.submit(prio).result()  # recovery reads: not lowered
         mgr = CheckpointManager(pm, str(tmp_path), "u", io=io)
         mgr.checkpoint().result()
         assert mgr._stager is not None
         seen["stager"] = mgr._stager.submit(prio).result()
         mgr.close()
-    assert seen == {"io": want, "stager": want}
+    assert seen == {"io": want, "stager": want, "reader": me}
     assert prio() == me
 
 
@@ -367,7 +368,8 @@ def test_idle_io_and_staging_threads_run_sched_idle(tmp_path: Path) -> None:
     pm = new_pm()
     s = open_structures(pm)
     with IOService(1, idle=True) as io:
-        seen["io"] = io._pool.submit(os.sched_getscheduler, 0).result()
+        seen["io"] = io._write_pool.submit(os.sched_getscheduler, 0).result()
+        seen["reader"] = io._pool.submit(os.sched_getscheduler, 0).result()
         mgr = CheckpointManager(pm, str(tmp_path), "u", io=io)
         for step in range(2):
             mutate(s, step, n=40)
@@ -375,7 +377,7 @@ def test_idle_io_and_staging_threads_run_sched_idle(tmp_path: Path) -> None:
         assert mgr._stager is not None
         seen["stager"] = mgr._stager.submit(os.sched_getscheduler, 0).result()
         mgr.close()
-    assert seen == {"io": os.SCHED_IDLE, "stager": os.SCHED_IDLE}
+    assert seen == {"io": os.SCHED_IDLE, "stager": os.SCHED_IDLE, "reader": me}
     assert os.sched_getscheduler(0) == me != os.SCHED_IDLE
     pm2 = new_pm()
     assert restore(pm2, open_root(str(tmp_path)), "u").name == "u-2"

@@ -50,8 +50,7 @@ def test_stager_io_and_operator_race_on_every_page(tmp_path: Path,
     pm = new_pm()
     s = open_structures(pm)
     mgr = CheckpointManager(pm, root, "race", io=io,
-                            policy=CheckpointPolicy(keep=None, full_every=3))
-    assert mgr.policy.stage_mb > 0  # staging is on by default
+                            policy=CheckpointPolicy(keep=None, full_every=3, stage_mb=256))
     at_freeze: dict[int, dict[str, str]] = {}
     ops: list[tuple[str, int]] = []
     cloned = 0
