@@ -921,7 +921,9 @@ class _SnapshotWrite:
                 time.sleep(wait_s)
                 continue
             self.boost()
-            if todo[0].step():
+            # a file no writer is in (a writer queued behind another's), else the first
+            free = [w for w in todo if not w.lock.locked()]
+            if (free or todo)[0].step():
                 self.rescued += 1
             with self.lock:
                 seen = self.done[1]  # our own chunk: help on only while nothing else moves
