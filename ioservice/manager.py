@@ -799,12 +799,15 @@ class CheckpointManager:
         return pending
 
     def _background(self) -> cf.ThreadPoolExecutor:
-        """The manager's own background thread (lazily; the I/O service's priority): plans
-        each checkpoint's write, then runs its stager (`_stage`)."""
+        """The manager's own background thread (lazily; the I/O service's nice, never
+        ``SCHED_IDLE``): plans each checkpoint's write, then runs its stager (`_stage`).
+        Writers wait for the pages planned for staging and nothing can raise a
+        starved stager, so on a saturated machine a ``SCHED_IDLE`` one would hold up
+        the whole checkpoint; planning is a few numpy calls."""
         if self._stager is None:
             self._stager = cf.ThreadPoolExecutor(
                 1, thread_name_prefix=f"sguard-stage-{self.haunit}",
-                initializer=lower_thread_priority, initargs=(self.io.nice, self.io.idle))
+                initializer=lower_thread_priority, initargs=(self.io.nice, False))
         return self._stager
 
     def _plan_and_write(self, pending: PendingCheckpoint, snap: Snapshot, base: Manifest | None,

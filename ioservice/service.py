@@ -183,8 +183,7 @@ class IOService:
         contention the cores go to the threads that process records and
         background checkpoint I/O takes what is left (`lower_thread_priority`).
     idle : bool
-        Run the threads that write checkpoints (and a `CheckpointManager`'s
-        background thread, which plans each write and stages pages) under
+        Run the threads that write checkpoints under
         Linux's ``SCHED_IDLE`` policy (the default, True): they use only cores
         no other thread wants, and a thread that wakes up to process records
         preempts them at once, so checkpoints stay out of the operator's
