@@ -308,7 +308,9 @@ class HashMap(Structure):
         key, value : dtype-like
             Fixed-size numpy dtypes (structured or scalar, no object fields).
         page_slots : int, optional
-            Slots per page (default: as many as fit); tests use tiny values.
+            Slots per page (default: as many as fit); tests use tiny values. A
+            number only the earlier page layout holds (an old map's geometry)
+            creates the map in that layout.
         expected_keys : int, optional
             A capacity hint: a new map starts with the buckets ``expected_keys``
             keys need (as a table sized up front), so filling it splits no
@@ -337,8 +339,13 @@ class HashMap(Structure):
         obj = cls._existing(pm, name, schema)
         if obj is not None:
             return obj  # type: ignore[no-any-return]
+        layout = cls.LAYOUT
+        if (page_slots is not None and layout != 1 and isinstance(page_slots, int)
+                and page_slots > cls._slots_for(pm.page_bytes, kdt.itemsize, vdt.itemsize,
+                                                None, name, layout)):
+            layout = 1  # a geometry only layout 1 holds (a map rebuilt with an old map's)
         slots = cls._slots_for(pm.page_bytes, kdt.itemsize, vdt.itemsize, page_slots, name,
-                               cls.LAYOUT)
+                               layout)
         buckets = 1
         if expected_keys and not pm.exists(name):
             buckets = max(1, math.ceil(int(expected_keys) / (cls.MAX_LOAD * slots)))
@@ -347,7 +354,7 @@ class HashMap(Structure):
                 raise PoolExhaustedError(
                     f"hash map {name!r}: expected_keys={int(expected_keys)} needs {buckets} "
                     f"pages, the pool has {mgr.pool.free_frames} free frames")
-        return cls(pm, name, kdt, vdt, schema, slots, buckets)
+        return cls(pm, name, kdt, vdt, schema, slots, buckets, layout)
 
     @staticmethod
     def _record_bytes(ks: int, vs: int) -> tuple[int, int]:
@@ -392,7 +399,8 @@ class HashMap(Structure):
         return s
 
     def __init__(self, pm: PageManager | Namespace, name: str, kdt: np.dtype[Any], vdt: np.dtype[Any],
-                 schema: dict[str, str], slots: int, buckets: int = 1) -> None:
+                 schema: dict[str, str], slots: int, buckets: int = 1,
+                 layout: int | None = None) -> None:
         self.key_dtype = kdt
         self.value_dtype = vdt
         self._float_key = kdt.kind == "f"
@@ -408,7 +416,8 @@ class HashMap(Structure):
         self._put_spec: _Lanes | None = None
         self._applying = False
         self._scratch: list[Any] | None = None
-        super().__init__(pm, name, schema, {"page_slots": slots, "layout": self.LAYOUT})
+        super().__init__(pm, name, schema, {"page_slots": slots,
+                                              "layout": layout or self.LAYOUT})
         if self._ps.n_pages == 1:  # new: one empty bucket
             self._gen = -1
             seq = pm.allocate(self.psid, 1, Layout.HASH)

@@ -236,3 +236,21 @@ def test_a_sized_map_holds_what_it_was_given(n: int, slots: int | None) -> None:
     assert len(m) == n
     found, v = m.get(keys)
     assert found.all() and v.tolist() == list(range(n))
+
+
+def test_page_slots_only_layout_1_holds_create_a_layout_1_map() -> None:
+    """A map rebuilt with an old map's geometry (more slots than a layout-2 page holds,
+    as `sguard convert` asks) is created in layout 1; too many for either is refused."""
+    pm = mmm.PageManager(page_bytes=65536, capacity_bytes=1 << 24)
+    old = _Layout1.create(pm, "old", key="<u4", value=VALUE)
+    new = HashMap.create(pm, "new", key="<u4", value=VALUE)
+    assert old.S > new.S
+    m = HashMap.create(pm, "m", key="<u4", value=VALUE, page_slots=old.S)
+    assert m.layout == 1 and m.S == old.S
+    keys = np.arange(3000, dtype="<u4")
+    m.put(keys, np.zeros(3000, VALUE))
+    m._check()
+    assert len(m) == 3000
+    with pytest.raises(ValueError, match="page_slots"):
+        HashMap.create(pm, "big", key="<u4", value=VALUE, page_slots=4096)
+    assert "big" not in pm.names()
