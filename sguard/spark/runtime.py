@@ -38,7 +38,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,9 +115,7 @@ class RuntimeConfig:
     state_uri: str
     state_key: str
     layout: OperatorLayout
-    operator: Operator = field(compare=False)
-    """Not compared: an operator has no equality of its own, and each task unpickles a new
-    one; `instance` stands for it."""
+    operator: Operator
     key: str | list[str]
     input_schema: pa.Schema
     output_schema: pa.Schema
@@ -130,11 +127,6 @@ class RuntimeConfig:
     lock_timeout_s: float = 600.0
     metrics: bool = True
     faults: FaultPlan | None = None
-    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
-    """Drawn when the driver builds the config: every task of the same query carries the same
-    one, so a Python worker keeps its partitions (page managers, rollback points) from task
-    to task (`_runtime`), and a query built anew (perhaps with an edited operator) gets a
-    runtime of its own."""
 
     @property
     def sid(self) -> str:
