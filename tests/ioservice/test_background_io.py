@@ -207,6 +207,12 @@ def test_a_stalled_write_raises_its_writer_to_normal_priority_then_lowers_it(
 
         res = io.write_snapshot(root, "d", snap, on_progress=seen).result(timeout=120)
         snap.complete()
+        # the rescuer lowers the writer when the write ends, which may be just after the
+        # result is set: wait (bounded) for it rather than race it
+        deadline = time.monotonic() + 10
+        while (io._write_pool.submit(os.sched_getscheduler, 0).result() != os.SCHED_IDLE
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
         assert io._write_pool.submit(os.sched_getscheduler, 0).result() == os.SCHED_IDLE
     got = b"".join((tmp_path / f.path).read_bytes() for f in res.files)
     assert got == want.tobytes()
