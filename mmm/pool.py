@@ -259,6 +259,11 @@ class PagePool:
     def _meta_bytes(self) -> int:
         return self.page_bytes * (1 + self._state_pages(self.n_frames))
 
+    @property
+    def frames_offset(self) -> int:
+        """Offset of frame 0 in the pool file (its header and state table come first)."""
+        return self._meta_bytes()
+
     # -- backing store ------------------------------------------------------------
     def _setup_reservation(self, attach: bool) -> None:
         """Open the descriptor reservations go through and reserve what the pool uses
