@@ -255,12 +255,19 @@ class RunningAggregate(Operator):
     ttl : sguard.spark.TTL or timedelta, optional
         Evict keys not updated for this long (a timedelta: processing time);
         see `sguard.spark.ttl`. Evicted keys emit nothing.
+    ttl_layout : int, optional
+        The TTL state layout (stored in the parameters; only the current one,
+        `sguard.spark.ttl.TTL_LAYOUT`, is accepted: another raises `TTLLayoutError`).
     """
 
     kind = "running_aggregate"
 
     def __init__(self, value: str | None = None, aggs: Sequence[str] = _AGGS,
-                 ttl: Any = None) -> None:
+                 ttl: Any = None, ttl_layout: int | None = None) -> None:
+        if ttl_layout is not None and ttl_layout != _ttl.TTL_LAYOUT:
+            raise _ttl.TTLLayoutError(
+                f"ttl_layout={ttl_layout!r}: this version keeps TTL state in layout "
+                f"{_ttl.TTL_LAYOUT} only (state of another layout needs a new state URI)")
         aggs = tuple(aggs)
         bad = [a for a in aggs if a not in _AGGS]
         if bad or not aggs:
@@ -275,6 +282,7 @@ class RunningAggregate(Operator):
         p: dict[str, Any] = {"value": self.value, "aggs": list(self.aggs)}
         if self.ttl is not None:  # absent without one: layouts written before TTL stay equal
             p["ttl"] = self.ttl.to_json()
+            p["ttl_layout"] = _ttl.TTL_LAYOUT  # state written with TTL layout 1 lacks it
         return p
 
     def check_input(self, schema: pa.Schema, key: Key) -> None:
@@ -301,28 +309,41 @@ class RunningAggregate(Operator):
 
 class _RunningAggregateState(OperatorState):
     def __init__(self, op: RunningAggregate, pm: Pages, schema: pa.Schema, key: Key) -> None:
+        if op.ttl is not None:
+            _ttl.KeyExpiry.check_layout(pm)  # before anything is created
         self.keys = KeyIndex.open(pm, schema, key)
         self.value = op.value
         self.out_schema = op.output_schema(schema, key)
         fields = op._fields(schema)
+        self.names = [a for a, _ in fields]  # the output's value fields
         self.vdt = np.dtype(fields[0][1]) if op.value is None else None
-        self.map = HashMap.create(pm, "aggregate", self.keys.dtype, fields)
         self.spec: dict[str, Any] = {a: "count" if a == "count" else (a, "v") for a, _ in fields}
         self.val_kind = next((dt for a, dt in fields if a != "count"), "<i8")
-        self.expiry = (None if op.ttl is None else
-                       _ttl.KeyExpiry(pm, self.keys.dtype, op.ttl, schema))
+        self.expiry = None
+        if op.ttl is not None:
+            # TTL layout 2: the key's last update is a field of its record, written by the
+            # same upsert (sguard.spark.ttl), beside a touch log
+            self.expiry = _ttl.KeyExpiry(pm, self.keys.dtype, op.ttl, schema)
+            fields = fields + [(_ttl.STAMP_FIELD, "<i8")]
+            self.spec[_ttl.STAMP_FIELD] = ("last", _ttl.STAMP_FIELD)
+        self.map = HashMap.create(pm, "aggregate", self.keys.dtype, fields)
 
     def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
         if self.expiry is not None:
             # evict first (an expired key starts afresh), and forget evicted keys in the key
             # dictionary before this batch's keys are interned
-            self.keys.remove(self.expiry.begin(table, [self.map]))
+            self.keys.remove(self.expiry.begin(table, self.map))
         if table.num_rows == 0:
+            if self.expiry is not None:
+                self.expiry.touch(np.zeros(0, self.keys.dtype))  # the clock advanced
             return self.out_schema.empty_table()
         keys = self.keys.ids(table)
-        cols = None
+        cols: dict[str, Any] | None = None
         if self.value is not None:
             cols = {"v": column_numpy(table, self.value).astype(self.val_kind, copy=False)}
+        if self.expiry is not None:
+            cols = cols or {}
+            cols[_ttl.STAMP_FIELD] = self.expiry.stamps(len(keys))
         rows, vals = _upsert_last_rows(self.map, keys, cols, self.spec)
         if self.expiry is not None:
             self.expiry.touch(keys[rows])  # one row per distinct key
@@ -331,7 +352,7 @@ class _RunningAggregateState(OperatorState):
         return self._table(kcols, vals)
 
     def _table(self, keys: list[Any], vals: npt.NDArray[Any]) -> pa.Table:
-        arrays = keys + [pa.array(vals[n]) for n in (vals.dtype.names or ())]
+        arrays = keys + [pa.array(vals[n]) for n in self.names]
         return pa.Table.from_arrays(arrays, schema=self.out_schema)
 
     def dump(self) -> pa.Table:

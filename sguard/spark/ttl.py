@@ -19,25 +19,31 @@ At the start of each batch the clock is advanced and every key with
 ``last_update + ttl <= clock`` is evicted (before the batch's rows are
 applied: a key that comes back after expiring starts afresh). Eviction emits
 nothing. It is an ordinary part of the batch: rolled back with it when the
-batch is retried, checkpointed with it, replayed with it.
+batch is retried, checkpointed with it, replayed with it. The clock never goes
+back: a batch recorded (or seen) at an earlier time than the key group's clock
+keeps that clock.
 
-The expiry index (`KeyExpiry`), in the operator's page manager like the rest
-of its state: ``ttl.last`` (key -> last update) and buckets ``ttl.b.<j>``
-(key -> a stamp in ``[j*w, (j+1)*w)``, ``w = ttl/16``). Stamping a key writes
-``ttl.last`` and the bucket of the new stamp, and nothing else: a key stamped
-again is *not* removed from its older bucket (that would be one delete per
-older bucket per batch, the dominant cost); its older entry goes stale and is
-dropped when it expires. So a key's current stamp is always in its bucket, and
-a bucket may also hold stale older stamps of keys updated since (at most one
-per key and bucket, and only for the TTL plus one bucket width). A batch scans
-only the buckets old enough to hold an expired stamp: a bucket wholly past the
-TTL is dropped whole, the one straddling the boundary is kept until it is; of
-their stamps, one vectorised comparison picks those that expired since the last
-sweep (its clock is kept in ``ttl.meta``, so nothing is deleted from a bucket,
-and a retried or replayed batch sweeps the same stamps); those stamps' keys are then
-checked against ``ttl.last`` in one lookup, and only keys whose *last* update
-expired are evicted. So a batch costs O(keys touched + entries in the expiring
-buckets), not a scan of every key.
+Where the bookkeeping lives (TTL state layout 2, ``ttl_layout`` in the
+operator's parameters): a key's last update is one more field (``_t``) of the
+aggregate map's record, written by the same upsert, in the same probe, as the
+aggregates. Beside the map, in the operator's page manager like the rest of its
+state, `KeyExpiry` keeps the *touch log*: ``ttl.fifo``, a deque of the keys each
+batch touched, appended in clock order, and ``ttl.batches``, one ``(clock, keys)``
+record per batch (``keys`` 0 for a batch that touched none but advanced the clock),
+whose last record holds the key group's clock. A batch pops
+the log's records whose clock has expired (a prefix, as the clock never goes
+back), looks their keys up in the map (one lookup), and evicts those whose
+*current* stamp expired (a key touched again since has a newer stamp and a newer
+entry further on). So a batch costs one sequential append of the keys it
+touched, one sequential pop and one lookup and one delete of the keys whose
+entries expired: O(keys touched + entries expired), never a scan of the map, and
+no second map probed per key as the earlier layout's expiry buckets did.
+
+State of TTL layout 1 (the bucketed expiry index: ``ttl.last`` and ``ttl.b.<j>``
+beside an aggregate without ``_t``) is not read by this version: a restart on
+such a state URI is refused by the parameter check (`SchemaChangedError`, the
+parameters now carry ``ttl_layout``), and opening such state directly raises
+`TTLLayoutError`, never reads it as the new layout.
 
 Windows need no TTL: `WindowAggregate` evicts every window once the
 watermark closes it, and `WindowJoin` evicts buffered rows older than the
@@ -59,20 +65,26 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mmm import HashMap, Namespace, PageManager
+from mmm import HashMap, Namespace, PageManager, PagedDeque
 from sguard.spark.errors import BatchTimeMissingError, SchemaChangedError
 from sguard.spark.columns import column_numpy, duration_units, time_unit
 
-__all__ = ["TTL", "KeyExpiry", "BATCH_TIME_KEY", "needs_batch_time", "batch_time_ms",
-           "with_batch_time"]
+__all__ = ["TTL", "KeyExpiry", "TTLLayoutError", "TTL_LAYOUT", "STAMP_FIELD", "BATCH_TIME_KEY",
+           "needs_batch_time", "batch_time_ms", "with_batch_time"]
 
 BATCH_TIME_KEY = b"sguard.batch_time_ms"
 """Schema metadata key of a batch's recorded processing time (ms since the epoch)."""
 _MODES = ("processing", "event")
-_BUCKETS_PER_TTL = 16
-_STAMP = [("t", "<i8")]
-_CLOCK = [("clock", "<i8")]
+TTL_LAYOUT = 2
+"""The TTL state layout this version writes and reads (module docstring)."""
+STAMP_FIELD = "_t"
+"""The field of the aggregate's record holding the key's last update."""
+_BATCH = [("t", "<i8"), ("n", "<i8")]
 _NO_CLOCK = np.iinfo(np.int64).min
+
+
+class TTLLayoutError(SchemaChangedError):
+    """The state holds TTL bookkeeping of another layout than this version's."""
 
 
 @dataclass(frozen=True)
@@ -176,25 +188,41 @@ def with_batch_time(table: pa.Table, recorded_ms: int | None) -> pa.Table:
 
 
 class KeyExpiry:
-    """The expiry index of one partition (see the module docstring).
+    """The touch log of one key group's TTL (see the module docstring).
 
-    `begin` advances the clock and evicts expired keys from the operator's
-    maps; `touch` stamps the keys the batch updated.
+    `begin` advances the clock and evicts expired keys from the aggregate map (whose
+    records carry the `STAMP_FIELD`); `touch` logs the keys the batch updated (the
+    operator's upsert wrote their stamps, `now`).
+
+    Raises
+    ------
+    TTLLayoutError
+        The page manager holds TTL state of layout 1 (``ttl.last``).
     """
 
+    @staticmethod
+    def check_layout(pm: PageManager | Namespace) -> None:
+        """Raise `TTLLayoutError` if `pm` holds TTL state of layout 1 (creates nothing)."""
+        names = pm.names()
+        if "ttl.last" in names or any(n.startswith("ttl.b.") for n in names):
+            raise TTLLayoutError(
+                "the state holds TTL bookkeeping of TTL layout 1 (the expiry buckets "
+                "'ttl.last', 'ttl.b.<j>'); this version reads TTL layout "
+                f"{TTL_LAYOUT} only: run the query on a new state URI")
+
     def __init__(self, pm: PageManager | Namespace, key_dtype: Any, ttl: TTL, schema: pa.Schema) -> None:
+        self.check_layout(pm)
         self.pm, self.kdt, self.ttl = pm, np.dtype(key_dtype), ttl
         self.span = ttl.units(schema)
-        self.width = max(1, self.span // _BUCKETS_PER_TTL)
-        self.last = HashMap.create(pm, "ttl.last", self.kdt, _STAMP)
-        # key 0: the event-time clock (event mode); key 1: the clock of the last sweep
-        self.meta = HashMap.create(pm, "ttl.meta", "<u1", _CLOCK)
-        self.clock_map = self.meta if ttl.mode == "event" else None
+        self.fifo = PagedDeque.create(pm, "ttl.fifo", self.kdt)
+        self.batches = PagedDeque.create(pm, "ttl.batches", _BATCH)
         self.now = _NO_CLOCK
-        self._handles: dict[int, HashMap] = {}
 
     # -- the clock ------------------------------------------------------------------------
     def _clock(self, table: pa.Table) -> int:
+        """This batch's clock: the key group's clock (the log's last record) advanced to the
+        batch's processing time or largest event time, never back."""
+        clock = int(self.batches.item(-1)[0]) if len(self.batches) else _NO_CLOCK
         if self.ttl.mode == "processing":
             ms = batch_time_ms(table)
             if ms is None:
@@ -203,96 +231,79 @@ class KeyExpiry:
                     f"(schema metadata {BATCH_TIME_KEY.decode()!r}); the sguard runtime records "
                     "it in the input log; apply batches through it (or stamp them with "
                     "sguard.spark.ttl.with_batch_time)")
-            return ms
-        assert self.clock_map is not None
-        zero = np.zeros(1, np.uint8)
-        found, v = self.clock_map.get(zero)
-        clock = int(v["clock"][0]) if found[0] else _NO_CLOCK
+            return max(clock, ms)
         if table.num_rows:
-            clock = max(clock, int(column_numpy(table, str(self.ttl.time)).max()))
-            self.clock_map.put(zero, np.array([(clock,)], dtype=_CLOCK))
+            return max(clock, int(column_numpy(table, str(self.ttl.time)).max()))
         return clock
 
     # -- eviction -------------------------------------------------------------------------
-    def _buckets(self) -> list[int]:
-        return sorted(int(n[6:]) for n in self.pm.names() if n.startswith("ttl.b."))
-
-    def _bucket(self, j: int) -> HashMap:
-        b = self._handles.get(j)
-        if b is None:  # recovering a map by name costs ~ms: keep the handles of this state
-            b = self._handles[j] = HashMap.create(self.pm, f"ttl.b.{j}", self.kdt, _STAMP)
-        return b
-
-    def begin(self, table: pa.Table, maps: list[HashMap]) -> npt.NDArray[Any]:
-        """Advance the clock to this batch's and evict expired keys from `maps`; returns
+    def begin(self, table: pa.Table, agg: HashMap) -> npt.NDArray[Any]:
+        """Advance the clock to this batch's and evict expired keys from `agg`; returns
         the evicted keys (distinct).
 
-        Runtime complexity: O(entries of the buckets that may hold an expired stamp).
+        Runtime complexity: O(entries expired), one lookup and one delete of their keys;
+        the map is not scanned.
         """
         self.now = now = self._clock(table)
-        if now == _NO_CLOCK:
-            return np.zeros(0, self.kdt)
-        one = np.ones(1, np.uint8)
-        known, sv = self.meta.get(one)
-        swept = int(sv["clock"][0]) if known[0] else _NO_CLOCK  # stamps expired by then are done
-        cand: list[npt.NDArray[Any]] = []
-        for j in self._buckets():
-            if j * self.width + self.span > now:  # its oldest possible stamp is still live
+        none = np.zeros(0, self.kdt)
+        bound = now - self.span  # a stamp at or before it has expired
+        if (now == _NO_CLOCK or bound < _NO_CLOCK or len(self.batches) == 0
+                or self.batches.item(0)[0] > bound):
+            return none
+        k = 4  # the expired records are a prefix (stamps never go back): read the front
+        while True:  # of the log until a live record, usually one or two records
+            bt = self.batches.head(k)
+            m = int(np.count_nonzero(bt["t"] <= bound))
+            if m < len(bt) or len(bt) == len(self.batches):
                 break
-            b = self._bucket(j)
-            bk, bv = b.items()
-            end = bv["t"] + self.span
-            sel = end <= now
-            if swept != _NO_CLOCK:
-                sel &= end > swept
-            cand.append(bk[sel])
-            if (j + 1) * self.width - 1 + self.span <= now:  # every entry expired: drop it
-                self.pm.destroy(self.pm.recover(b.name))
-                del self._handles[j]
-        if swept != now:
-            self.meta.put(one, np.array([(now,)], dtype=_CLOCK))
-        keys = np.unique(np.concatenate(cand)) if len(cand) > 1 else (
-            cand[0] if cand else np.zeros(0, self.kdt))
-        if len(keys) == 0:
-            return keys
-        # a stale stamp's key was updated since: evict only keys whose last update expired
-        found, last = self.last.get(keys)
-        keys = keys[found & (last["t"] + self.span <= now)]
-        if len(keys) == 0:
-            return keys
-        self.last.delete(keys)
-        for m in maps:
-            m.delete(keys)
+            k *= 4
+        if m == 0:
+            return none
+        n = int(bt["n"][:m].sum())
+        self.batches.evict(m)
+        # sorted and distinct (a key touched in several of these batches is logged once in
+        # each), so the delete needs no sort of its own
+        cand = np.sort(self.fifo.popleft(n))
+        if m > 1:
+            cand = cand[np.r_[True, cand[1:] != cand[:-1]]]
+        # a key touched again since has a newer stamp (and log entry): it stays
+        found, cur = agg.get(cand)
+        keys = cand[found & (cur[STAMP_FIELD] <= bound)]
+        if len(keys):
+            agg.delete(keys)
         return keys
 
     def touch(self, keys: npt.NDArray[Any]) -> None:
-        """Stamp `keys` (distinct) with this batch's clock (after `begin`): two puts, the
-        last update and the bucket of this clock (an older bucket's entry goes stale).
+        """Log `keys` (distinct), stamped `now` by the batch's upsert (after `begin`; every
+        batch calls it, with no keys if it had no rows, so the log keeps the clock).
 
-        Runtime complexity: O(n) for n keys.
+        Runtime complexity: O(n) for n keys, sequential appends.
         """
-        if len(keys) == 0 or self.now == _NO_CLOCK:
+        if self.now == _NO_CLOCK:
             return
-        stamps = np.empty(len(keys), dtype=_STAMP)
-        stamps["t"] = self.now
-        self.last.put(keys, stamps)
-        self._bucket(self.now // self.width).put(keys, stamps)
+        if len(keys):
+            self.fifo.extend(np.ascontiguousarray(keys, dtype=self.kdt))
+        elif len(self.batches) and self.batches.item(-1)[0] == self.now:
+            return  # the clock did not advance: nothing to log
+        self.batches.append((self.now, len(keys)))  # its last record: the clock
 
-    def _check(self) -> None:
-        """Assert the index's invariants: every stamped key's last update is in the bucket
-        of that stamp, with the same stamp; every other bucket entry is an older stamp of
-        a stamped key (stale) or an expired one; no bucket wholly expired is kept (for a clock
-        that never goes back, as in the tests; eviction itself only trusts ``ttl.last``)."""
-        lk, lv = self.last.items()
-        current = 0
-        for j in self._buckets():
-            bk, bv = self._bucket(j).items()
-            assert (bv["t"] // self.width == j).all(), f"bucket {j}: stamps of other buckets"
-            found, cur = self.last.get(bk)
-            expired = bv["t"] + self.span <= self.now
-            assert (found | expired).all(), f"bucket {j}: live entries of unstamped keys"
-            assert (cur["t"][found] >= bv["t"][found]).all(), f"bucket {j}: entries too new"
-            assert not (self.now != _NO_CLOCK and (j + 1) * self.width - 1 + self.span
-                        <= self.now), f"bucket {j}: wholly expired but kept"
-            current += int(np.count_nonzero(cur["t"] == bv["t"]))
-        assert current == len(lk), f"{current} current bucket entries for {len(lk)} keys"
+    def stamps(self, n: int) -> npt.NDArray[np.int64]:
+        """The stamp column of an upsert of `n` rows: the clock (after `begin`)."""
+        return np.full(n, self.now, np.int64)
+
+    def _check(self, agg: HashMap) -> None:
+        """Assert the invariants: the log's entries are one per batch record, in clock
+        order, none expired; every key of the map is live and logged at its stamp."""
+        bt = self.batches.to_numpy()
+        fk = self.fifo.to_numpy()
+        assert int(bt["n"].sum()) == len(fk), "log records and keys disagree"
+        assert (np.diff(bt["t"]) >= 0).all(), "log out of clock order"
+        assert not (self.now != _NO_CLOCK and (bt["t"] + self.span <= self.now).any()), \
+            "expired log records kept"
+        logged = set(zip(fk.tolist(), np.repeat(bt["t"], bt["n"]).tolist()))
+        k, v = agg.items()
+        t = v[STAMP_FIELD]
+        assert not (self.now != _NO_CLOCK and (t + self.span <= self.now).any()), \
+            "expired keys kept"
+        missing = [(a, b) for a, b in zip(k.tolist(), t.tolist()) if (a, b) not in logged]
+        assert not missing, f"keys not logged at their stamp: {missing[:5]}"

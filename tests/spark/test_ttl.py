@@ -28,7 +28,7 @@ from sguard.spark.placement import root_key
 from sguard.spark.reader import read_partition_at
 from sguard.spark.runtime import RuntimeConfig, _runtime, run_partition_batch
 from sguard.spark.state import read_durable_state, read_local_state
-from sguard.spark.ttl import TTL, KeyExpiry, with_batch_time
+from sguard.spark.ttl import TTL, TTLLayoutError, with_batch_time
 from sguard.statelayout import OperatorLayout, write_layout
 
 P = 2
@@ -217,10 +217,11 @@ def test_ttl_matches_oracle_through_retries_replay_and_restore(
 
 
 def test_key_expiry_index_against_a_dict(tmp_path: Path) -> None:
-    """Random batches at random clock steps (some past several buckets at once): the map's
-    keys are exactly the oracle's live keys, and the index invariants hold after each."""
+    """Random batches at random clock steps (some expiring several batches' log records at
+    once): the map's keys are exactly the oracle's live keys, and the log's invariants hold
+    after each."""
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
-    op = RunningAggregate(value="v", ttl=TTL(1.6))  # 1600 ms, buckets of 100 ms
+    op = RunningAggregate(value="v", ttl=TTL(1.6))  # 1600 ms
     st: Any = op.open(PageManager(4096, 1 << 26), schema, "k")
     rng = np.random.default_rng(3)
     now, last = 0, {}
@@ -231,9 +232,9 @@ def test_key_expiry_index_against_a_dict(tmp_path: Path) -> None:
         st.apply(t, b)
         last = {k: s for k, s in last.items() if s + 1600 > now}
         last.update({int(k): now for k in keys})
-        st.expiry._check()
+        st.expiry._check(st.map)
         assert sorted(st.map.keys().tolist()) == sorted(last), b
-        assert len(st.expiry.last) == len(last)
+        assert len(st.map) == st.n_keys() == len(last)
 
 
 def test_ttl_arguments_and_layout() -> None:
@@ -249,6 +250,9 @@ def test_ttl_arguments_and_layout() -> None:
     back = operator_from_params(op.kind, op.params())
     assert isinstance(back, RunningAggregate) and back.ttl == TTL(3600.0, "event", "ts")
     assert "ttl" not in RunningAggregate(value="v").params()  # old layouts stay equal
+    assert op.params()["ttl_layout"] == 2
+    with pytest.raises(TTLLayoutError, match="ttl_layout=1"):
+        RunningAggregate(value="v", ttl=TTL(5), ttl_layout=1)
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
     with pytest.raises(SchemaChangedError, match="event-time column 'ts'"):
         op.check_input(schema, "k")
@@ -258,8 +262,9 @@ def test_ttl_arguments_and_layout() -> None:
         st.apply(pa.table({"k": [1], "v": [1]}, schema=schema), 0)
 
 
-def test_expiry_buckets_are_per_clock_not_per_batch() -> None:
-    """Many batches within one TTL make at most ~17 bucket maps (each key's stamp in one)."""
+def test_touch_log_holds_only_the_ttl_window() -> None:
+    """Many batches within one TTL: the log keeps one record per batch of the last TTL
+    (200 of 50 ms in 10 s) and one entry per key and batch of them."""
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
     st: Any = RunningAggregate(value="v", ttl=TTL(10.0)).open(PageManager(4096, 1 << 26),
                                                              schema, "k")
@@ -267,8 +272,9 @@ def test_expiry_buckets_are_per_clock_not_per_batch() -> None:
         t = with_batch_time(pa.table({"k": [b % 37, 1000 + b], "v": [1, 1]}, schema=schema),
                             b * 50)
         st.apply(t, b)
-    assert len(st.expiry._buckets()) <= 17
-    st.expiry._check()
+    assert len(st.expiry.batches) == 200
+    assert len(st.expiry.fifo) == 400
+    st.expiry._check(st.map)
     assert sorted(st.map.keys().tolist()) == sorted(set(range(37)) | set(range(1200, 1400)))
 
 
@@ -284,3 +290,12 @@ def test_changing_ttl_on_existing_state_is_refused(tmp_path: Path) -> None:
         _check_layout(old, new, "file:///x")
     with pytest.raises(SchemaChangedError, match="ttl"):
         _check_layout(new, old, "file:///x")
+    # a state URI written with TTL layout 1 (parameters without ttl_layout) is refused
+    layout1 = OperatorLayout(operator="running_aggregate", name="op",
+                             schema={"input": {}, "params": {k: v for k, v in
+                                                             new.schema["params"].items()
+                                                             if k != "ttl_layout"}},
+                             num_partitions=2, key="k",
+                             extra={"arrow_schema": schema_to_json(schema)})
+    with pytest.raises(SchemaChangedError, match="ttl_layout"):
+        _check_layout(layout1, new, "file:///x")
