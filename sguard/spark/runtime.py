@@ -27,7 +27,13 @@
 
 The runtime keeps, per Python worker process, the partitions it last ran (their
 page managers and checkpoint managers), so a partition that stays in the same
-worker needs no re-attach.
+worker needs no re-attach. What it keeps is used only while the query definition
+is the same (`RuntimeConfig` equality: every task unpickles an equal copy) and,
+at each batch, only while the partition's marker is the one this process wrote
+and its ownership epoch still owns the partition: a batch run by another worker
+(a move, a retry, a rollback, a speculative attempt) or a claim by another host
+makes it re-attach or restore. A new definition or generation of the state (a
+repartition) retires what the process kept of the old one.
 """
 from __future__ import annotations
 
@@ -38,10 +44,13 @@ import os
 import signal
 import threading
 import time
+import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ioservice import IOService, Manifest, StorageRoot, open_root
@@ -115,7 +124,9 @@ class RuntimeConfig:
     state_uri: str
     state_key: str
     layout: OperatorLayout
-    operator: Operator
+    operator: Operator = field(compare=False)
+    """Not compared: an operator has no equality of its own and each task unpickles a new
+    copy of it; `instance` stands for it."""
     key: str | list[str]
     input_schema: pa.Schema
     output_schema: pa.Schema
@@ -127,6 +138,16 @@ class RuntimeConfig:
     lock_timeout_s: float = 600.0
     metrics: bool = True
     faults: FaultPlan | None = None
+    instance: str = ""
+    """Which operator object this config was built with: a token drawn once per object
+    where the config is built (the driver; `_operator_token`) and carried to every task by
+    pickling. Equal configs are one query definition, so a Python worker keeps its
+    partitions from task to task (`_runtime`); an operator built anew (perhaps edited)
+    gets runtimes of its own."""
+
+    def __post_init__(self) -> None:
+        if not self.instance:
+            object.__setattr__(self, "instance", _operator_token(self.operator))
 
     @property
     def sid(self) -> str:
@@ -134,6 +155,23 @@ class RuntimeConfig:
 
 
 # ------------------------------------------------------------------------- process state
+_TOKENS: "weakref.WeakKeyDictionary[Operator, str]" = weakref.WeakKeyDictionary()
+_TOKENS_LOCK = threading.Lock()
+
+
+def _operator_token(op: Operator) -> str:
+    """A token of the operator object `op` (the same for as long as it lives; a new one
+    for an operator that cannot be weakly referenced or hashed)."""
+    with _TOKENS_LOCK:
+        try:
+            tok = _TOKENS.get(op)
+            if tok is None:
+                tok = _TOKENS[op] = uuid.uuid4().hex
+        except TypeError:
+            tok = uuid.uuid4().hex
+    return tok
+
+
 _LOCK = threading.Lock()
 _RUNTIMES: dict[str, "_StateRuntime"] = {}
 _IO: IOService | None = None
@@ -179,13 +217,33 @@ class _StateRuntime:
             part = self.parts[p] = _Partition(self, p)
         return part
 
+    def of_state(self, cfg: RuntimeConfig) -> bool:
+        """Whether `cfg` runs the state this runtime ran (any generation, any definition)."""
+        return (self.cfg.state_key, self.cfg.layout.name) == (cfg.state_key, cfg.layout.name)
+
+    def retire(self) -> None:
+        """Let every partition go that is not running a task now: its checkpoint in flight
+        lands, its handles are dropped, its lock released."""
+        for part in list(self.parts.values()):
+            part.retire()
+
 
 def _runtime(cfg: RuntimeConfig) -> _StateRuntime:
+    """This process's runtime of `cfg`: the one it kept when `cfg` equals its config (the
+    same query definition: every partition then checks at each batch that what it holds
+    is still the partition's state, `_Partition.run`), else a new one. A new one retires
+    the runtimes this process kept of the same state (another definition, or another
+    generation after a repartition): what they hold is not to be used again."""
     with _LOCK:
         rt = _RUNTIMES.get(cfg.sid)
-        if rt is None or rt.cfg != cfg:
-            rt = _RUNTIMES[cfg.sid] = _StateRuntime(cfg)
-        return rt
+        if rt is not None and rt.cfg == cfg:
+            return rt
+        old = [_RUNTIMES.pop(s) for s, r in list(_RUNTIMES.items())
+               if s == cfg.sid or r.of_state(cfg)]
+        rt = _RUNTIMES[cfg.sid] = _StateRuntime(cfg)
+    for r in old:
+        r.retire()
+    return rt
 
 
 class _Partition:
@@ -213,6 +271,15 @@ class _Partition:
             if self._task or (self.ckpt is not None and self.ckpt.in_flight is not None):
                 return
             self.slot.release()
+
+    def retire(self) -> None:
+        """Its runtime was replaced (`_runtime`): drop the handles and let the lock go,
+        unless a task is running on it now (it ends as usual)."""
+        with self._mu:  # not held while dropping: the checkpoint's callback takes it
+            if self._task:
+                return
+        self._drop()  # waits for the checkpoint in flight
+        self._maybe_release()
 
     # -- state handles -----------------------------------------------------------------------
     def _drop(self) -> None:
@@ -305,6 +372,7 @@ class _Partition:
             self.slot.wipe()
             raise
         self.state = got.state
+        _clock_above_pages(pm)
         ckpt.restored(got.manifest, got.checkpoint_batch)
         self.durable = got.checkpoint_batch
         self._flush()
@@ -505,6 +573,21 @@ class _Partition:
                     break
             return False
         return f.kind == "kill_in_checkpoint"
+
+
+def _clock_above_pages(pm: PageManager) -> None:
+    """Start `pm`'s page clock above the version of every page it holds.
+
+    Pages loaded from a checkpoint (a restore; a first task composing after a repartition)
+    keep the versions their writer's pool gave them, which may lie above this pool's
+    clock. Every page written from here on then takes a version above every version the
+    next checkpoint records (``ckpt.npz``): a worker that re-attaches the pool file takes
+    a page for unchanged since that checkpoint only when it is (`sguard.spark.checkpointing`).
+    """
+    pool = pm.pool
+    used = np.flatnonzero(pool.state)  # live pages, and frames snapshots still hold
+    if len(used):
+        pool.clock = max(int(pool.clock), int(pool.headers["version"][used].max()) + 1)
 
 
 class _KillBeforeManifest:
