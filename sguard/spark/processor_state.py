@@ -149,6 +149,11 @@ class GroupStore:
             return
         kids = np.asarray(kids, self.kdt)
         keys = kids.tolist()
+        if self.fetched:  # keys read earlier in the batch keep what they have
+            keys = [k for k in keys if k not in self.fetched]
+            if not keys:
+                return
+            kids = np.array(keys, self.kdt)
         self.fetched.update(keys)
         for v in self.vars.values():
             found, ent = v.map.get(kids)
@@ -164,6 +169,31 @@ class GroupStore:
                 k = keys[i]
                 v.stored[k] = (bl[j], ex[j])
                 v.raw[k] = buf[o[j] + 10:o[j + 1]]
+        self._fetch_timers(kids)
+
+    def _fetch_timers(self, kids: npt.NDArray[Any]) -> None:
+        """Read the stored timer lists of keys `kids` not read yet (one lookup); a key
+        with none gets an empty list."""
+        todo = [k for k in kids.tolist() if k not in self.t_live]
+        if not todo:
+            return
+        karr = np.array(todo, self.kdt)
+        found, ent = self.timers.get(karr) if len(self.timers) else (
+            np.zeros(len(todo), bool), None)
+        for k in todo:
+            self.t_live[k] = []
+        if ent is None or not found.any():
+            return
+        sel = np.flatnonzero(found)
+        blobs = ent["blob"][sel]
+        data, offs, _ = self.heap.keys(blobs)
+        vals = np.asarray(data).view(np.uint8)
+        o = offs.tolist()
+        bl, nx = blobs.tolist(), ent["next"][sel].tolist()
+        for j, i in enumerate(sel.tolist()):
+            k = todo[i]
+            self.t_stored[k] = (bl[j], nx[j])
+            self.t_live[k] = vals[o[j] + 10:o[j + 1]].view("<i8").tolist()
 
     def _load(self, v: _Var, kid: int) -> None:
         """Read one key's entry of `v` (a key outside the prefetched batch)."""
@@ -359,7 +389,9 @@ class GroupStore:
         seen: set[int] = set()
         if len(self.timers):
             k, ent = self.timers.items()
-            for kid in k[ent["next"] <= threshold].tolist():
+            due = k[ent["next"] <= threshold]
+            self._fetch_timers(due)
+            for kid in due.tolist():
                 seen.add(kid)
                 out.extend((t, kid) for t in self.timer_list(kid) if t <= threshold)
         for kid, t in self.t_live.items():

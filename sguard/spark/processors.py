@@ -493,6 +493,7 @@ class _ProcessorGroup(OperatorState):
             if due:
                 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo
                 dk = sorted({k for _, k in due})
+                store.prefetch(np.array(dk, self.keys.dtype))  # one lookup per variable
                 kt_of = dict(zip(dk, (tuple(x) for x in zip(*[
                     a.to_pylist() for a in self.keys.arrays(np.array(dk, self.keys.dtype))]))))
                 for ts, kid in due:
