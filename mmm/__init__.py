@@ -24,7 +24,7 @@ generation  bumped when pages change underneath structures (rollback, load):
 from mmm.errors import (IdNotFoundError, KeyFormatError, MmmError, NamespaceFullError,
                         PageFormatError, PageNotFoundError, PageSetExistsError,
                         PageSetNotFoundError, PageSizeError, PoolExhaustedError, PoolFileError, PoolSpaceError,
-                        RecordTypeError,
+                        RecordTypeError, RollbackPointError,
                         SchemaError, SchemaMismatchError, SnapshotStateError,
                         StructureNotFoundError)
 from mmm._kernels import preload_cached as preload_kernels
@@ -43,6 +43,7 @@ __all__ = [
     "make_page_id", "split_page_id", "preload_kernels",
     "IdNotFoundError", "KeyFormatError", "MmmError", "NamespaceFullError", "PageFormatError",
     "PageSetExistsError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
-    "PoolExhaustedError", "PoolFileError", "PoolSpaceError", "RecordTypeError", "SchemaError",
+    "PoolExhaustedError", "PoolFileError", "PoolSpaceError", "RecordTypeError",
+    "RollbackPointError", "SchemaError",
     "SchemaMismatchError", "SnapshotStateError", "StructureNotFoundError",
 ]

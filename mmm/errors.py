@@ -94,6 +94,11 @@ class PoolFileError(MmmError, OSError):
     """A pool backing file that is missing, foreign or of another geometry."""
 
 
+class RollbackPointError(PoolFileError):
+    """A page table to roll a pool file back to (`PagePool.attach`'s ``rollback_to``) that
+    the file no longer holds: frames outside the pool, or frames holding other pages."""
+
+
 class SnapshotStateError(MmmError, RuntimeError):
     """A snapshot used in a state that does not allow the operation."""
 

@@ -161,7 +161,22 @@ class PageManager:
         PoolFileError
             If the file is missing or not a pool of ``page_bytes`` pages.
         """
-        return cls(_pool=PagePool.attach(path, page_bytes))
+        return cls.over(PagePool.attach(path, page_bytes))
+
+    @classmethod
+    def over(cls, pool: PagePool) -> "PageManager":
+        """A manager of the pages an existing pool holds: typically one just attached
+        (`PagePool.attach`, with a mapping kept from an earlier attach or a page table to
+        roll back to), or one filled by copying pages into its frames.
+
+        The page table and catalog are rebuilt from the headers of the pool's LIVE
+        frames, as `attach` does: when a crash interrupted a copy-on-write, the newer
+        copy of a page wins and the other frame is freed. The pool then belongs to
+        this manager: no other manager may use it.
+
+        Runtime complexity: O(live frames).
+        """
+        return cls(_pool=pool)
 
     def flush(self) -> None:
         """Push buffered per-record operations into pages, and a file-backed

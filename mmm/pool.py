@@ -72,13 +72,16 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from mmm.errors import PageSizeError, PoolExhaustedError, PoolFileError, PoolSpaceError
+from mmm.errors import (PageSizeError, PoolExhaustedError, PoolFileError, PoolSpaceError,
+                        RollbackPointError)
 from mmm.page import (DEFAULT_PAGE_BYTES, HEADER_BYTES, HEADER_DTYPE, MAX_PAGE_BYTES,
-                      MIN_PAGE_BYTES)
+                      MIN_PAGE_BYTES, PAGE_MAGIC)
 
 __all__ = ["PagePool", "FREE", "LIVE", "ORPHAN", "HARD_PIN", "UNDO_ENTRIES", "UNDO_BYTES",
            "RESERVE_STEP_BYTES", "fs_free_bytes"]
@@ -162,6 +165,85 @@ def _fresh_zeros(n: int, dtype: np.dtype[Any]) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=n)
 
 
+def _file_bytes(page_bytes: int, n_frames: int) -> int:
+    """Length of a pool file: header page, state table, frames (module docstring)."""
+    return page_bytes * (1 + -(-n_frames // page_bytes) + n_frames)
+
+
+def _check_pool_header(path: str, raw: Any, page_bytes: int) -> int:
+    """The frame count of the pool `raw` maps (the whole file at `path`).
+
+    Raises
+    ------
+    PoolFileError
+        If it is not a pool of `page_bytes` pages, or is truncated.
+    """
+    size = len(raw)
+    if size < _POOL_HEADER.itemsize:
+        raise PoolFileError(f"pool file {path!r} is too small to be an sguard pool")
+    hdr = np.asarray(raw[:_POOL_HEADER.itemsize]).view(_POOL_HEADER)[0]
+    if bytes(hdr["magic"]) != _POOL_MAGIC:
+        raise PoolFileError(f"pool file {path!r} is not an sguard pool (bad magic)")
+    if int(hdr["format_version"]) != _FORMAT_VERSION:
+        raise PoolFileError(f"pool file {path!r}: format version {int(hdr['format_version'])}"
+                            f" is not {_FORMAT_VERSION}")
+    if int(hdr["page_bytes"]) != page_bytes:
+        raise PoolFileError(f"pool file {path!r} has page_bytes={int(hdr['page_bytes'])}, "
+                            f"not {page_bytes}")
+    n_frames = int(hdr["n_frames"])
+    if size < _file_bytes(page_bytes, n_frames):
+        raise PoolFileError(f"pool file {path!r} is truncated ({size} bytes)")
+    return n_frames
+
+
+def _map_pool_file(path: str, page_bytes: int, mode: Literal["r+", "c"]
+                   ) -> tuple["np.memmap[Any, np.dtype[np.uint8]]", int]:
+    """Map the whole pool file at `path` (``"r+"`` shared, ``"c"`` copy-on-write), checked:
+    ``(mapping, n_frames)``.
+
+    Raises
+    ------
+    PoolFileError
+        If the file is missing, is not a pool of `page_bytes` pages, or is truncated.
+    """
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise PoolFileError(f"pool file {path!r}: {exc.strerror}") from None
+    if size < _POOL_HEADER.itemsize:
+        raise PoolFileError(f"pool file {path!r} is too small to be an sguard pool")
+    raw = np.memmap(path, dtype=np.uint8, mode=mode, shape=(size,))
+    return raw, _check_pool_header(path, raw, page_bytes)
+
+
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14; not in Python's `mmap` module before 3.13
+
+
+def _populate_headers(pool: "PagePool", frames: npt.NDArray[np.int64]) -> int:
+    """`mmm.poolfile.populate_frame_headers` (documented there)."""
+    raw = pool._raw
+    mm = getattr(raw, "_mmap", None)  # np.memmap keeps its mmap object here
+    if mm is None or not len(frames):
+        return 0
+    start = pool.frames.ctypes.data - raw.ctypes.data
+    done = 0
+    try:
+        for off in (start + np.asarray(frames, dtype=np.int64) * pool.page_bytes).tolist():
+            mm.madvise(_MADV_POPULATE_WRITE, off, 4096)
+            done += 1
+    except (OSError, ValueError, OverflowError, AttributeError):
+        return done
+    return done
+
+
+@dataclass(frozen=True)
+class _Attach:
+    """How `PagePool.attach` opens a file (its keyword arguments)."""
+    mapping: Any
+    rollback_to: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None
+    populate: bool
+
+
 class PagePool:
     """A pool of ``n_frames`` page frames of ``page_bytes`` each.
 
@@ -186,17 +268,21 @@ class PagePool:
 
     def __init__(self, page_bytes: int = DEFAULT_PAGE_BYTES,
                  capacity_bytes: int = DEFAULT_CAPACITY_BYTES, path: str | None = None,
-                 *, _attach: bool = False) -> None:
+                 *, _attach: "_Attach | None" = None) -> None:
         self.page_bytes = check_page_bytes(page_bytes)
         n_frames = int(capacity_bytes) // self.page_bytes
-        if n_frames < 2 and not _attach:
+        if n_frames < 2 and _attach is None:
             raise ValueError(f"capacity_bytes={capacity_bytes} holds fewer than 2 pages "
                              f"of {self.page_bytes} bytes")
         self.path = path
         self._lock = threading.Lock()
-        if _attach:
+        self._raw: Any  # the buffer: a mapping of the file, or anonymous memory
+        if _attach is not None:
             assert path is not None
-            self._raw = self._open_file(path)
+            if _attach.mapping is None:
+                self._raw, self.n_frames = _map_pool_file(path, self.page_bytes, "r+")
+            else:
+                self._raw = self._adopt_mapping(path, _attach.mapping)
         else:
             self.n_frames = n_frames
             total = self._total_bytes(n_frames)
@@ -212,12 +298,12 @@ class PagePool:
                     raise self._space_error(self.page_bytes, -1, total) from None
         self._bind_views()
         try:
-            self._setup_reservation(_attach)
+            self._setup_reservation(_attach is not None)
         except BaseException:
-            if not _attach and path is not None:
+            if _attach is None and path is not None:
                 _unlink_quietly(path)  # created by this call: nothing left behind
             raise
-        if not _attach:
+        if _attach is None:
             hdr = self._raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)
             hdr[0] = (_POOL_MAGIC, _FORMAT_VERSION, self.page_bytes, n_frames,
                       self._reserved_bytes)
@@ -233,12 +319,16 @@ class PagePool:
         # frames >= _dirty_end were never handed out: zero. An attached file's
         # history is unknown (the process that wrote it may have used and freed
         # frames far above the live ones), so every frame may be dirty.
-        self._dirty_end = self.n_frames if _attach else 0
+        self._dirty_end = self.n_frames if _attach is not None else 0
         self._used = 0
         self.clock = 1
-        if _attach:
+        if _attach is not None:
+            if _attach.populate:
+                _populate_headers(self, np.flatnonzero(self.state))
+            if _attach.rollback_to is not None:
+                self._roll_back(*_attach.rollback_to)
             self._rebuild_allocation()
-            if self._watermark > self._reserved_end:  # (a subclass revived frames above)
+            if self._watermark > self._reserved_end:  # (a rollback revived frames above)
                 self._reserve_locked(self._watermark, step=False)
 
     # -- geometry -----------------------------------------------------------------
@@ -246,7 +336,7 @@ class PagePool:
         return -(-n_frames // self.page_bytes)
 
     def _total_bytes(self, n_frames: int) -> int:
-        return self.page_bytes * (1 + self._state_pages(n_frames) + n_frames)
+        return _file_bytes(self.page_bytes, n_frames)
 
     def _bind_views(self) -> None:
         pb = self.page_bytes
@@ -377,38 +467,109 @@ class PagePool:
         """Bytes of the pool file whose blocks are reserved (0 for an anonymous pool)."""
         return self._reserved_bytes
 
-    def _open_file(self, path: str) -> Any:
-        try:
-            size = os.path.getsize(path)
-        except OSError as exc:
-            raise PoolFileError(f"pool file {path!r}: {exc.strerror}") from None
-        if size < _POOL_HEADER.itemsize:
-            raise PoolFileError(f"pool file {path!r} is too small to be an sguard pool")
-        raw = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
-        hdr = raw[:_POOL_HEADER.itemsize].view(_POOL_HEADER)[0]
-        if bytes(hdr["magic"]) != _POOL_MAGIC:
-            raise PoolFileError(f"pool file {path!r} is not an sguard pool (bad magic)")
-        if int(hdr["format_version"]) != _FORMAT_VERSION:
-            raise PoolFileError(f"pool file {path!r}: format version {int(hdr['format_version'])}"
-                                f" is not {_FORMAT_VERSION}")
-        if int(hdr["page_bytes"]) != self.page_bytes:
-            raise PoolFileError(f"pool file {path!r} has page_bytes={int(hdr['page_bytes'])}, "
-                                f"not {self.page_bytes}")
-        self.n_frames = int(hdr["n_frames"])
-        if size < self._total_bytes(self.n_frames):
-            raise PoolFileError(f"pool file {path!r} is truncated ({size} bytes)")
+    def _adopt_mapping(self, path: str, mapping: Any) -> Any:
+        """Check a caller's mapping of the file at `path` (`attach`'s ``mapping``)."""
+        if not isinstance(mapping, np.memmap) or mapping.dtype != np.uint8 or mapping.ndim != 1:
+            raise TypeError(f"mapping of pool file {path!r}: a 1-D uint8 numpy.memmap of the "
+                            f"whole file (PagePool.map_file), got {type(mapping).__name__}")
+        mapped = getattr(mapping, "filename", None)
+        if mapped is not None and os.path.realpath(mapped) != os.path.realpath(path):
+            raise ValueError(f"mapping of pool file {path!r} maps another file, {mapped!r}")
+        if not mapping.flags.writeable:
+            raise ValueError(f"mapping of pool file {path!r} is read-only: map it shared or "
+                             f"copy-on-write (PagePool.map_file)")
+        self.n_frames = _check_pool_header(path, mapping, self.page_bytes)
+        return mapping
+
+    @classmethod
+    def map_file(cls, path: str, page_bytes: int = DEFAULT_PAGE_BYTES, *,
+                 private: bool = False) -> "np.memmap[Any, np.dtype[np.uint8]]":
+        """Map the whole pool file at `path`, checked as `attach` checks it, for `attach`'s
+        ``mapping``: shared (writes reach the file) or, with `private`, copy-on-write
+        (writes stay in this process's memory; the file is left as it is).
+
+        A process that attaches the same file again and again (a worker given a
+        partition back) keeps this mapping and hands it to each `attach`: no new
+        ``mmap``, and no page faults on the frames it touched before. It must itself
+        make sure the file was not replaced in between (its device, inode and size).
+
+        Raises
+        ------
+        PoolFileError
+            If the file is missing, is not a pool of `page_bytes` pages, or is truncated.
+        PageSizeError
+            If `page_bytes` is not a valid page size.
+        """
+        raw, _n = _map_pool_file(path, check_page_bytes(page_bytes), "c" if private else "r+")
         return raw
 
     @classmethod
-    def attach(cls, path: str, page_bytes: int = DEFAULT_PAGE_BYTES) -> "PagePool":
+    def attach(cls, path: str, page_bytes: int = DEFAULT_PAGE_BYTES, *,
+               mapping: "np.memmap[Any, np.dtype[np.uint8]] | None" = None,
+               rollback_to: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None = None,
+               populate: bool = False) -> "PagePool":
         """Open the pool file a previous (possibly crashed) process left behind.
+
+        Parameters
+        ----------
+        path : str
+            The pool file.
+        page_bytes : int
+            Its page size.
+        mapping : numpy.memmap, optional
+            A mapping of the whole file at `path` (`map_file`, or the one an earlier
+            attach of this process got from it) to attach through instead of mapping
+            the file anew. A private (copy-on-write) mapping keeps every write of the
+            attach and of the pool in this process and reserves nothing in the file.
+        rollback_to : (page_ids, frames), optional
+            A page table recorded earlier (a snapshot's ``page_ids`` and ``frames``):
+            those frames become exactly the live ones, and every other frame in use
+            (pages cloned or created since, frames an unreleased snapshot kept) is
+            freed. Only the one-byte state table and the header magic of each freed
+            frame are written; page bytes are untouched, and `allocate` zeroes the
+            freed frames when it hands them out. O(frames).
+        populate : bool
+            Map the header page of every used frame up front before reading them
+            (`mmm.poolfile.populate_frame_headers`): cheaper than the page fault each
+            would take in a freshly mapped file, useless in a mapping already used.
 
         Raises
         ------
         PoolFileError
             If the file is missing, is not a pool, or has another page size.
+        RollbackPointError
+            If `rollback_to` names frames outside the pool or frames that no longer
+            hold its pages (a `PoolFileError`); the file is left as it was.
+        TypeError, ValueError
+            If `mapping` is not a writable uint8 memmap of the file at `path`, or
+            `rollback_to`'s arrays differ in length.
         """
-        return cls(page_bytes, 0, path, _attach=True)
+        return cls(page_bytes, 0, path, _attach=_Attach(mapping, rollback_to, populate))
+
+    def _roll_back(self, page_ids: npt.NDArray[np.uint64],
+                   frames: npt.NDArray[np.int64]) -> None:
+        """Make exactly `frames` (holding `page_ids`) the live frames (`attach`)."""
+        page_ids = np.asarray(page_ids).reshape(-1)
+        frames = np.asarray(frames).reshape(-1)
+        if len(page_ids) != len(frames):
+            raise ValueError(f"rollback_to: {len(page_ids)} page ids for {len(frames)} frames")
+        frames = frames.astype(np.int64, copy=False)
+        h = self.headers
+        if len(frames) and (frames.min() < 0 or frames.max() >= self.n_frames):
+            raise RollbackPointError(
+                f"pool file {self.path!r}: the page table to roll back to names frames "
+                f"outside the pool's {self.n_frames}")
+        if not (np.all(h["magic"][frames] == PAGE_MAGIC)
+                and np.array_equal(h["page_id"][frames], page_ids)):
+            raise RollbackPointError(
+                f"pool file {self.path!r}: the frames of the page table to roll back to no "
+                f"longer hold its pages")
+        keep = np.zeros(self.n_frames, dtype=bool)
+        keep[frames] = True
+        drop = np.flatnonzero((self.state != FREE) & ~keep)
+        h["magic"][drop] = 0
+        self.state[drop] = FREE
+        self.state[frames] = LIVE
 
     def _rebuild_allocation(self) -> None:
         state = self.state

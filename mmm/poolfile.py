@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mmm.pool import _POOL_HEADER, _POOL_MAGIC, PagePool
+from mmm.pool import _MADV_POPULATE_WRITE, _POOL_HEADER, _POOL_MAGIC, PagePool, _populate_headers
 
 __all__ = ["mapped_n_frames", "populate_frame_headers", "MADV_POPULATE_WRITE"]
 
-MADV_POPULATE_WRITE = 23
+MADV_POPULATE_WRITE = _MADV_POPULATE_WRITE
 """Linux >= 5.14; not in Python's `mmap` module before 3.13."""
 
 
@@ -45,16 +45,4 @@ def populate_frame_headers(pool: PagePool, frames: npt.NDArray[np.int64]) -> int
 
     Runtime complexity: O(len(frames)) system calls.
     """
-    raw = pool._raw
-    mm = getattr(raw, "_mmap", None)  # np.memmap keeps its mmap object here
-    if mm is None or not len(frames):
-        return 0
-    start = pool.frames.ctypes.data - raw.ctypes.data
-    done = 0
-    try:
-        for off in (start + np.asarray(frames, dtype=np.int64) * pool.page_bytes).tolist():
-            mm.madvise(MADV_POPULATE_WRITE, off, 4096)
-            done += 1
-    except (OSError, ValueError, OverflowError, AttributeError):
-        return done
-    return done
+    return _populate_headers(pool, frames)

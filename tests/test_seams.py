@@ -25,18 +25,7 @@ PROJECT = ("mmm", "ioservice", "peace", "sguard")
 SCANNED = ("sguard", "ioservice", "bench")
 
 #: (module path, what) -> why it is not a public seam
-ALLOWED: dict[tuple[str, str], str] = {
-    ("sguard/spark/versions.py", "override _open_file"):
-        "_RollbackPool is a PagePool whose attach reuses a worker's kept mapping of the "
-        "file; PagePool offers no public hook for where an attach maps its file",
-    ("sguard/spark/versions.py", "override _rebuild_allocation"):
-        "_RollbackPool rolls the file back to a recorded page table before PagePool "
-        "rebuilds its allocation; PagePool offers no public hook at that point",
-    ("sguard/spark/versions.py", "keyword _attach"):
-        "the attach of _RollbackPool (see above) runs PagePool's own attach path",
-    ("sguard/spark/versions.py", "keyword _pool"):
-        "a PageManager over the rolled-back pool; PageManager.attach takes a path only",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _modules(pkg: str) -> list[Path]:

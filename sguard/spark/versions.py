@@ -12,8 +12,11 @@ clones of the pages it touches. Then:
   table points at the frozen frames again, the clones are freed, O(pages
   touched) work plus an O(pages) table copy;
 * another process (the failed one died, or Spark gave the retry to another
-  worker) rolls back in the pool *file* before attaching it (`attach_at`):
-  the recorded frames become the live ones and every other frame is freed.
+  worker) rolls back in the pool *file* while attaching it (`attach_at`, through
+  `mmm.PagePool.attach`'s ``rollback_to``): the recorded frames become the live
+  ones and every other frame is freed. Only the one-byte state table and the
+  header magic of each dropped frame are written; dropped frames keep their bytes
+  and the pool zeroes whatever it hands out later.
   The frozen frames are intact because a snapshot's frames are never written
   in place and are only freed when the snapshot is released, which happens
   only once the next batch arrives (that is, once ``b`` is committed).
@@ -32,10 +35,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mmm import PageManager, PagePool
-from mmm.page import PAGE_MAGIC
-from mmm.pool import FREE, LIVE
-from mmm.poolfile import mapped_n_frames, populate_frame_headers
+from mmm import PageManager, PagePool, RollbackPointError
+from mmm.poolfile import mapped_n_frames
 from sguard.spark.placement import Marker, boot_id
 
 __all__ = ["Action", "Decision", "decide", "attach_at", "forget_mappings", "LocalStateDamaged"]
@@ -88,78 +89,6 @@ def decide(marker: Marker | None, batch: int, cached_token: str | None, has_pool
                                     f"stale for batch {batch}")
 
 
-class _RollbackPool(PagePool):
-    """A pool attach that first makes exactly the given frames the live ones.
-
-    With a rollback point (``_keep``: its page ids and frames), every other used
-    frame (the pages the interrupted batch cloned or allocated) is dropped: its
-    header's magic is cleared and it becomes FREE; without one, the ORPHAN
-    frames a dead snapshot left are freed by `PagePool._rebuild_allocation`.
-    Nothing else is written: dropped frames keep their bytes, and
-    `PagePool.attach` treats every frame of an attached file as possibly dirty,
-    so ``allocate(zero=True)`` zeroes whatever it hands out (a clone or a loaded
-    page is overwritten whole). The work is O(frames) over the one-byte state
-    table plus one header field per dropped frame; no page bytes are touched.
-
-    A worker keeps its shared mapping of each pool file it attached (`_MAPS`,
-    keyed by path and checked against the file's device, inode and size), so
-    getting a partition back costs no ``mmap`` and no page faults on the frames
-    it touched before: under Spark's ``local[2]`` partitions alternate between
-    the two Python workers every batch.
-    """
-
-    _keep: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None = None
-    _fresh_map = False
-    _copy_on_write = False
-
-    def _open_file(self, path: str) -> Any:
-        """The process's existing shared mapping of `path` when it still maps this very
-        file (same device, inode and size), else a new one (validated by `PagePool`);
-        with ``_copy_on_write`` a private mapping of its own, never kept."""
-        if self._copy_on_write:
-            super()._open_file(path)  # validates the file
-            return np.memmap(path, dtype=np.uint8, mode="c", shape=(os.path.getsize(path),))
-        try:
-            st = os.stat(path)
-        except OSError:
-            st = None
-        with _MAPS_LOCK:
-            _sweep_locked()
-            hit = _MAPS.get(path)
-            if st is not None and hit is not None and hit[0] == (st.st_dev, st.st_ino,
-                                                                 st.st_size):
-                raw = hit[1]
-                n_frames = mapped_n_frames(raw, self.page_bytes)
-                if n_frames is not None:
-                    self.n_frames = n_frames
-                    self._fresh_map = False
-                    return raw
-            raw = super()._open_file(path)
-            self._fresh_map = True
-            if st is not None:
-                _MAPS[path] = ((st.st_dev, st.st_ino, st.st_size), raw)
-            return raw
-
-    def _rebuild_allocation(self) -> None:
-        if self._fresh_map:
-            _populate(self)
-        if self._keep is not None:
-            h = self.headers
-            page_ids, frames = self._keep
-            if len(frames) and (frames.min() < 0 or frames.max() >= self.n_frames):
-                raise LocalStateDamaged("rollback point names frames outside the pool")
-            if not (np.all(h["magic"][frames] == PAGE_MAGIC)
-                    and np.array_equal(h["page_id"][frames], page_ids)):
-                raise LocalStateDamaged("rollback point's frames no longer hold its pages")
-            keep = np.zeros(self.n_frames, dtype=bool)
-            keep[frames] = True
-            drop = np.flatnonzero((self.state != FREE) & ~keep)
-            h["magic"][drop] = 0
-            self.state[drop] = FREE
-            self.state[frames] = LIVE
-        super()._rebuild_allocation()
-
-
 # path -> ((st_dev, st_ino, st_size), the shared mapping): a worker that gets a partition
 # back keeps its page-table entries for the frames it touched before (no page faults, no mmap)
 _MAPS: dict[str, tuple[tuple[int, int, int], Any]] = {}
@@ -179,11 +108,42 @@ def _sweep_locked() -> None:
             del _MAPS[p]
 
 
-def _populate(pool: PagePool) -> None:
-    """Map the header page of every used frame of a freshly mapped pool file up front
-    (`mmm.poolfile.populate_frame_headers`): cheaper than the page fault the attach would
-    take on each."""
-    populate_frame_headers(pool, np.flatnonzero(pool.state))
+def _mapping(path: str, page_bytes: int, copy_on_write: bool) -> tuple[Any, bool]:
+    """A mapping of the pool file at `path` to attach through and whether it is new.
+
+    The process's kept shared mapping of `path` when it still maps this very file (same
+    device, inode and size) and a pool of `page_bytes` pages, else a new one
+    (`PagePool.map_file`), kept for the next attach; with `copy_on_write` a private
+    mapping of its own, never kept (and never populated: a reader touches few frames).
+
+    A worker keeps its shared mapping of each pool file it attached, so getting a
+    partition back costs no ``mmap`` and no page faults on the frames it touched
+    before: under Spark's ``local[2]`` partitions alternate between the two Python
+    workers every batch. A new mapping has the header page of every used frame
+    populated by the attach (cheaper than a page fault on each).
+
+    Raises
+    ------
+    mmm.PoolFileError
+        If the file is not a pool of `page_bytes` pages.
+    """
+    if copy_on_write:
+        return PagePool.map_file(path, page_bytes, private=True), False
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    with _MAPS_LOCK:
+        _sweep_locked()
+        hit = _MAPS.get(path)
+        if (st is not None and hit is not None
+                and hit[0] == (st.st_dev, st.st_ino, st.st_size)
+                and mapped_n_frames(hit[1], page_bytes) is not None):
+            return hit[1], False
+        raw = PagePool.map_file(path, page_bytes)
+        if st is not None:
+            _MAPS[path] = ((st.st_dev, st.st_ino, st.st_size), raw)
+        return raw, True
 
 
 def forget_mappings() -> None:
@@ -208,8 +168,9 @@ def attach_at(path: str, page_bytes: int,
     mmm.PoolFileError
         If the file is not a pool of `page_bytes` pages.
     """
-    pool: Any = _RollbackPool.__new__(_RollbackPool)
-    pool._keep = base
-    pool._copy_on_write = copy_on_write
-    PagePool.__init__(pool, page_bytes, 0, path, _attach=True)
-    return PageManager(_pool=pool)
+    raw, fresh = _mapping(path, page_bytes, copy_on_write)
+    try:
+        pool = PagePool.attach(path, page_bytes, mapping=raw, rollback_to=base, populate=fresh)
+    except RollbackPointError as exc:
+        raise LocalStateDamaged(str(exc)) from None
+    return PageManager.over(pool)

@@ -83,7 +83,7 @@ def test_marker_and_base_roundtrip_and_damage(tmp_path: Path) -> None:
 
 def test_file_rollback_restores_snapshot_and_zeroes_dropped_frames(tmp_path: Path) -> None:
     """Roll back in the pool file what a dead process applied after its snapshot; pages
-    it created are gone and their frames come back zeroed (see versions._RollbackPool)."""
+    it created are gone and their frames come back zeroed (`mmm.PagePool.attach`'s ``rollback_to``)."""
     path = str(tmp_path / "pool")
     pm = mmm.PageManager(4096, 1 << 22, path=path)
     a = mmm.HashMap.create(pm, "a", key="<i8", value=[("n", "<i8")])
