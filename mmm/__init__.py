@@ -27,6 +27,7 @@ from mmm.errors import (IdNotFoundError, KeyFormatError, MmmError, NamespaceFull
                         RecordTypeError, RollbackPointError,
                         SchemaError, SchemaMismatchError, SnapshotStateError,
                         StructureNotFoundError)
+from mmm._kernels import loaded_variants as loaded_kernel_variants
 from mmm._kernels import preload_cached as preload_kernels
 from mmm.manager import PSID_LIMIT, Loader, PageManager, PageSet
 from mmm.namespace import Namespace
@@ -40,7 +41,7 @@ from mmm.structures.sequence import PagedDeque, PagedList
 
 __all__ = [
     "PageManager", "PageSet", "Namespace", "PSID_LIMIT", "HashMap", "KeyDict", "OrderedMap", "PagedList", "PagedDeque", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
-    "make_page_id", "split_page_id", "preload_kernels",
+    "make_page_id", "split_page_id", "preload_kernels", "loaded_kernel_variants",
     "IdNotFoundError", "KeyFormatError", "MmmError", "NamespaceFullError", "PageFormatError",
     "PageSetExistsError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
     "PoolExhaustedError", "PoolFileError", "PoolSpaceError", "RecordTypeError",

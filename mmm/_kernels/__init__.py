@@ -15,13 +15,15 @@ and ``NUMBA_CACHE_DIR`` overrides both.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
 import numba
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["jit", "cacheable", "cached_signatures", "cached_kernels", "preload_cached"]
+__all__ = ["jit", "cacheable", "cached_signatures", "cached_kernels", "preload_cached",
+           "kernel_name", "loaded_variants"]
 
 #: every kernel `jit` made, in definition order (what `preload_cached` loads)
 _KERNELS: list[Any] = []
@@ -80,10 +82,36 @@ def cached_signatures(kernel: Any) -> list[tuple[Any, ...]]:
     return [key[0] for _, _, key in keys]
 
 
-def cached_kernels(max_per_kernel: int | None = None) -> list[tuple[Any, tuple[Any, ...]]]:
+def kernel_name(kernel: Any) -> str:
+    """A kernel's name across processes: ``module.qualname`` of its Python function."""
+    fn = kernel.py_func
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def loaded_variants() -> dict[str, list[str]]:
+    """``{kernel_name: [argument types, as text]}`` of every variant this process
+    compiled or loaded so far (numba's public ``Dispatcher.signatures``), for the
+    kernels defined so far that have any; the text is ``str`` of the tuple of numba
+    types, as `cached_signatures` gives them.
+
+    Runtime complexity: O(kernels + loaded variants).
+    """
+    out: dict[str, list[str]] = {}
+    for k in list(_KERNELS):
+        sigs = k.signatures
+        if sigs:
+            out[kernel_name(k)] = [str(tuple(sig)) for sig in sigs]
+    return out
+
+
+def cached_kernels(max_per_kernel: int | None = None,
+                   only: Mapping[str, Sequence[str]] | None = None
+                   ) -> list[tuple[Any, tuple[Any, ...]]]:
     """Every ``(kernel, argument types)`` numba's disk cache holds for the kernels defined
-    so far (`cached_signatures`), in definition order; with `max_per_kernel`, only each
-    kernel's most recently written variants.
+    so far (`cached_signatures`), in definition order; with `only` (``{kernel_name:
+    [argument types as text]}``, as `loaded_variants` gives), only the variants it names,
+    in its order; with `max_per_kernel`, only each kernel's first ones (newest written,
+    or first in `only`).
 
     Raises
     ------
@@ -94,17 +122,30 @@ def cached_kernels(max_per_kernel: int | None = None) -> list[tuple[Any, tuple[A
     """
     if max_per_kernel is not None and max_per_kernel < 0:
         raise ValueError(f"max_per_kernel must be >= 0 or None, got {max_per_kernel}")
-    return [(k, sig) for k in list(_KERNELS)
-            for sig in cached_signatures(k)[:max_per_kernel]]
+    out: list[tuple[Any, tuple[Any, ...]]] = []
+    for k in list(_KERNELS):
+        if only is None:
+            out.extend((k, sig) for sig in cached_signatures(k)[:max_per_kernel])
+            continue
+        wanted = only.get(kernel_name(k))
+        if not wanted:
+            continue  # (nothing cached is read for a kernel the workload never used)
+        cached = {str(tuple(sig)): sig for sig in cached_signatures(k)}
+        picked = [cached[w] for w in dict.fromkeys(wanted) if w in cached]
+        out.extend((k, sig) for sig in picked[:max_per_kernel])
+    return out
 
 
-def preload_cached(max_per_kernel: int | None = None) -> tuple[int, int]:
+def preload_cached(max_per_kernel: int | None = None,
+                   only: Mapping[str, Sequence[str]] | None = None) -> tuple[int, int]:
     """Load, for every kernel defined so far, each compiled variant numba's disk cache
     holds for its current source (`cached_kernels`): ``(variants loaded, kernels)``.
-    With `max_per_kernel`, only each kernel's most recently written variants: a cache
-    that other work filled (a test run compiles many argument types) then costs a
-    bounded time, and a variant left out is loaded at its first call as without
-    preloading.
+    With `only` (``{kernel_name: [argument types as text]}``, what `loaded_variants`
+    recorded in the processes of a workload), only those of the variants: the ones a
+    workload uses, not every one other work (a test run compiling many argument types)
+    left in the cache. With `max_per_kernel`, at most that many of each kernel (the
+    first of `only`, else the most recently written): a bounded time whatever the
+    cache holds. A variant left out is loaded at its first call as without preloading.
 
     A kernel is otherwise loaded from the cache at its first call with new argument
     types, ~7-15 ms each, inside whatever operation called it first: a fresh process's
@@ -115,7 +156,7 @@ def preload_cached(max_per_kernel: int | None = None) -> tuple[int, int]:
     that fails to load is left to its first call. Starts no thread.
     """
     loaded = 0
-    for kernel, sig in cached_kernels(max_per_kernel):
+    for kernel, sig in cached_kernels(max_per_kernel, only):
         try:
             kernel.compile(sig)  # finds the entry just listed: loads, compiles nothing
         except Exception:  # noqa: BLE001 - left to its first call
