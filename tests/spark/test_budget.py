@@ -1,0 +1,203 @@
+"""sguard.spark.budget: where an executor's budget comes from, partitions of one executor
+sharing it (in one process and across worker processes through the ledger), the error
+of a batch that cannot fit, and the recovery when the budget is raised. Real pool files
+on disk under real page caches; a real second process killed with SIGKILL."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mmm.pagecache import BudgetError, PageCache, WorkingSetTooLargeError, is_memory_fs
+from mmm.pool import PagePool
+from sguard.spark.budget import (DEFAULT_MACHINE_FRACTION, PYSPARK_MEMORY, QUERY_OPTION,
+                                 ExecutorBudget, MemoryBudget, machine_memory_bytes,
+                                 parse_size)
+
+DISK_TMP = os.environ.get("SGUARD_TEST_DISK_DIR", "/var/tmp")
+PB = 4096
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def disk() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="budget-", dir=DISK_TMP)
+    if is_memory_fs(d):
+        shutil.rmtree(d)
+        pytest.fail(f"{DISK_TMP} is a memory file system: set SGUARD_TEST_DISK_DIR to a disk")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Part:
+    """A partition: frames of a pool file on disk under a page cache; a batch writes some
+    of them (its working set is exactly those pages)."""
+
+    def __init__(self, d: str, name: str, n: int) -> None:
+        self.pool = PagePool(page_bytes=PB, capacity_bytes=64 << 20,
+                             path=os.path.join(d, f"pool-{name.replace('/', '_')}"))
+        self.frames = self.pool.allocate(n)
+        self.model = (np.arange(n) % 251).astype(np.uint8)
+        self.pool.frames[self.frames, 100] = self.model
+        self.cache = PageCache(self.pool, 2 * PB, name=name)
+        self.cache.evict_all()  # a batch's pages then all come in during it
+
+    def batch(self, idx: Any, value: int) -> None:
+        self.pool.frames[self.frames[idx], 100] = np.uint8(value)
+        self.model[idx] = value
+
+    def read_all(self) -> None:
+        assert np.array_equal(self.pool.frames[self.frames, 100], self.model)
+
+
+def test_sizes_parse_as_spark_writes_them() -> None:
+    assert parse_size("512m", "x") == 512 << 20
+    assert parse_size("2g", "x") == 2 << 30
+    assert parse_size("2GB", "x") == 2 << 30
+    assert parse_size("1024k", "x") == 1 << 20
+    assert parse_size("300", "x") == 300 << 20  # MiB, as spark.executor.pyspark.memory
+    assert parse_size(4096, "x") == 4096
+    for bad in ("", "12q", "-1g", "0", "1.5g", True):
+        with pytest.raises(BudgetError, match="^x: "):
+            parse_size(bad, "x")  # type: ignore[arg-type]
+
+
+def test_budget_from_option_then_pyspark_memory_then_machine_fraction() -> None:
+    conf = {PYSPARK_MEMORY: "3g"}
+    assert MemoryBudget.from_conf(conf, "1g") == MemoryBudget(1 << 30, source="option")
+    b = MemoryBudget.from_conf(conf)
+    assert (b.resolve(), b.source) == (3 << 30, "pyspark.memory")
+    d = MemoryBudget.from_conf({})
+    assert d.source == "default" and d.budget_bytes is None
+    machine = machine_memory_bytes()
+    assert 0 < machine <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert d.resolve() == int(machine * DEFAULT_MACHINE_FRACTION)
+    assert MemoryBudget.from_conf({}, machine_fraction=0.25).resolve() == int(machine * 0.25)
+    with pytest.raises(BudgetError, match=QUERY_OPTION):
+        MemoryBudget.from_conf(conf, "lots")
+    with pytest.raises(BudgetError, match=PYSPARK_MEMORY):
+        MemoryBudget.from_conf({PYSPARK_MEMORY: "2x"})
+    with pytest.raises(BudgetError, match="machine_fraction"):
+        MemoryBudget(machine_fraction=1.5)
+
+
+def test_partitions_of_one_process_share_the_budget(disk: str) -> None:
+    """Alone, a partition may use the whole budget; a second one gets what is free or
+    its equal share; once both ran a batch the total is within the budget, and every
+    byte reads back."""
+    budget = 64 * PB
+    ex = ExecutorBudget(budget, os.path.join(disk, "ledger"))
+    a, b = Part(disk, "a", 200), Part(disk, "b", 200)
+    ex.register("a", a.cache)
+    rng = np.random.default_rng(3)
+    for i in range(4):
+        a.batch(rng.choice(200, 20, replace=False), i)
+        ex.after_batch("a")
+        assert a.cache.resident_bytes() <= budget
+    assert a.cache.budget_bytes == budget  # alone: the whole budget
+    ex.register("b", b.cache)
+    for i in range(6):
+        b.batch(rng.choice(200, 20, replace=False), i)
+        ex.after_batch("b")
+        assert b.cache.resident_bytes() <= b.cache.budget_bytes
+        a.batch(rng.choice(200, 20, replace=False), 10 + i)
+        ex.after_batch("a")
+        total = a.cache.resident_bytes() + b.cache.resident_bytes()
+        assert total <= budget
+        assert a.cache.budget_bytes >= budget // 2 and b.cache.budget_bytes >= budget // 2
+    led = ex.ledger()
+    assert set(led) == {"a", "b"} and sum(e["resident_bytes"] for e in led.values()) <= budget
+    st = ex.stats()
+    assert st["a"]["evicted_bytes"] > 0 and st["a"]["state_bytes"] == 200 * PB
+    a.read_all()
+    b.read_all()
+    ex.unregister("b")
+    assert set(ex.ledger()) == {"a"}
+    with pytest.raises(KeyError, match="'b' is not under"):
+        ex.after_batch("b")
+
+
+_WORKER = textwrap.dedent("""
+    import os, sys
+    from mmm.pagecache import PageCache
+    from mmm.pool import PagePool
+    from sguard.spark.budget import ExecutorBudget
+    d, ledger, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    pool = PagePool(4096, 64 << 20, os.path.join(d, "pool-w"))
+    cache = PageCache(pool, 8192, name="w")
+    ex = ExecutorBudget(budget, ledger)
+    ex.register("worker 2/partition 7", cache)
+    pool.frames[pool.allocate(20), 100] = 1  # 20 pages: less than an equal share
+    ex.after_batch("worker 2/partition 7")
+    print(cache.resident_bytes(), flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_workers_of_one_executor_share_through_the_ledger(disk: str) -> None:
+    """A partition in another worker process holds part of the budget: this process's
+    partition keeps what is left (or its equal share); once that worker is killed -9 its
+    entry no longer counts."""
+    budget = 64 * PB
+    ledger = os.path.join(disk, "ledger")
+    p = subprocess.Popen([sys.executable, "-c", _WORKER, disk, ledger, str(budget)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert p.stdout is not None
+        theirs = int(p.stdout.readline())
+        assert 0 < theirs <= budget
+        ex = ExecutorBudget(budget, ledger)
+        a = Part(disk, "a", 200)
+        ex.register("a", a.cache)
+        assert set(ex.ledger()) == {"a", "worker 2/partition 7"}
+        a.batch(np.arange(10), 1)
+        ex.after_batch("a")
+        assert a.cache.budget_bytes == max(budget // 2, budget - theirs)
+        assert a.cache.resident_bytes() + theirs <= budget
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    assert set(ex.ledger()) == {"a"}
+    a.batch(np.arange(10, 20), 2)
+    ex.after_batch("a")
+    assert a.cache.budget_bytes == budget
+    a.read_all()
+
+
+def test_a_batch_that_cannot_fit_names_partition_size_and_budget_then_runs_when_raised(
+        disk: str) -> None:
+    ex = ExecutorBudget(16 * PB, os.path.join(disk, "ledger"))
+    a = Part(disk, "aggregate/partition 3", 300)
+    ex.register("aggregate/partition 3", a.cache)
+    a.batch(np.arange(40), 1)  # 40 pages in one batch: more than 16
+    with pytest.raises(WorkingSetTooLargeError) as ei:
+        ex.after_batch("aggregate/partition 3")
+    e: Any = ei.value
+    msg = str(e)
+    state = 300 * PB
+    assert "partition aggregate/partition 3" in msg
+    assert f"executor memory budget {16 * PB} bytes" in msg and f"state {state} bytes" in msg
+    assert e.partition == "aggregate/partition 3" and e.state_bytes == state
+    assert e.working_set_bytes > 16 * PB and e.budget_bytes == 16 * PB
+    assert a.cache.resident_bytes() <= 16 * PB  # evicted before raising
+    # the same batch size again fails again; with the budget raised it runs
+    a.batch(np.arange(40, 80), 2)
+    with pytest.raises(WorkingSetTooLargeError):
+        ex.after_batch("aggregate/partition 3")
+    ex.set_budget_bytes(64 * PB)
+    a.batch(np.arange(80, 120), 3)
+    ex.after_batch("aggregate/partition 3")
+    assert a.cache.resident_bytes() <= 64 * PB
+    a.read_all()
+    with pytest.raises(BudgetError):
+        ex.set_budget_bytes(0)
+    assert ex.budget_bytes == 64 * PB
