@@ -1,0 +1,296 @@
+"""State bigger than memory: the running aggregate with state 4x its memory budget.
+
+Each configuration runs in its own worker process. With a budget, the worker's pool is
+a file on disk (``--dir``, default /var/tmp) under `mmm.pagecache.PageCache`, enforced
+after every batch, and the worker runs inside a memory cgroup (v1
+``memory.limit_in_bytes`` or v2 ``memory.max``, when this machine lets us make one)
+whose limit is the worker's own memory before the state (interpreter, numpy, numba
+kernels) plus 1.1x the budget plus 16 MB. The same run measures the same aggregate
+with the same state fully in memory (anonymous pool, no budget, no limit).
+
+Phases: build (every key inserted once, in batches) then the timed phase: ``--tuples``
+tuples in batches of ``--batch``, keys uniform or Zipf (s = ``--zipf-s``) over the
+keys. Throughput is tuples per second of the timed phase, eviction included.
+
+Summary: ``big_state_ratio_vs_in_memory_zipf`` and ``_uniform`` (budgeted throughput
+over in-memory; goal >= 0.5 for Zipf), ``peak_rss_over_budget`` (the worker's peak
+resident memory above its own memory before the state, over the budget; goal <= 1.1),
+``peak_frames_over_budget`` (the pool's resident bytes at their peak, measured at the
+end of each batch before eviction), the cgroup's limit, peak usage and OOM kills.
+A budgeted configuration one of whose batches touches more pages than the budget holds
+stops there and reports ``failed`` (the `WorkingSetTooLargeError`) and no throughput.
+The Spark SQL aggregate on RocksDB under the same limit is not measured yet
+(``big_state_ratio_vs_rocksdb_sql_uniform`` is null).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._harness import figure, parse_args, save_figure, write_result  # noqa: E402
+
+MB = 1 << 20
+VALUE = [("c", "<i8"), ("s", "<f8"), ("lo", "<f8"), ("hi", "<f8")]
+SPEC = {"c": "count", "s": ("sum", "x"), "lo": ("min", "x"), "hi": ("max", "x")}
+CGROUP_V1 = "/sys/fs/cgroup/memory"
+CGROUP_V2 = "/sys/fs/cgroup"
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def keys_for(kind: str, rng: np.random.Generator, n: int, nkeys: int, s: float) -> Any:
+    if kind == "uniform":
+        return rng.integers(0, nkeys, n).astype("<u8")
+    return ((rng.zipf(s, n) - 1) % nkeys).astype("<u8")
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """One configuration in this process (after the parent put it in the cgroup)."""
+    import mmm
+    from mmm.pagecache import PageCache
+    nkeys, pb = args.keys, args.page_bytes
+    # warm the kernels on a tiny map so their code is part of the base memory
+    w = mmm.HashMap.create(mmm.PageManager(pb, 1 << 22), "w", key="<u8", value=VALUE)
+    w.upsert(np.arange(10, dtype="<u8"), {"x": np.ones(10)}, SPEC)
+    base_rss = _status("VmRSS")
+    print(json.dumps({"base_rss": base_rss}), flush=True)
+    sys.stdin.readline()  # the parent sets the limit from base_rss, then says go
+    cap = 1 << 34
+    path = None
+    if args.budget_mb:
+        d = tempfile.mkdtemp(prefix="big-state-", dir=args.dir)
+        path = os.path.join(d, "pool")
+    pm = mmm.PageManager(pb, cap, path)
+    cache = PageCache(pm.pool, args.budget_mb * MB, "bench/partition 0") if path else None
+    m = mmm.HashMap.create(pm, "agg", key="<u8", value=VALUE, expected_keys=nkeys)
+    rng = np.random.default_rng(7)
+    t0 = time.perf_counter()
+    for i in range(0, nkeys, args.batch):
+        k = np.arange(i, min(nkeys, i + args.batch), dtype="<u8")
+        m.upsert(k, {"x": rng.random(len(k))}, SPEC)
+        if cache:
+            cache.enforce()
+    build_s = time.perf_counter() - t0
+    state_bytes = pm.pool.used_frames * pb
+    done = 0
+    t0 = time.perf_counter()
+    evict_s = 0.0
+    while done < args.tuples:
+        n = min(args.batch, args.tuples - done)
+        k = keys_for(args.dist, rng, n, nkeys, args.zipf_s)
+        m.upsert(k, {"x": rng.random(n)}, SPEC)
+        done += n
+        if cache:
+            e0 = time.perf_counter()
+            cache.enforce(check=True)
+            evict_s += time.perf_counter() - e0
+    run_s = time.perf_counter() - t0
+    assert len(m) == nkeys
+    total = int(m.values()["c"].sum())
+    assert total == nkeys + args.tuples, (total, nkeys, args.tuples)
+    out: dict[str, Any] = {
+        "dist": args.dist, "budget_bytes": (args.budget_mb or 0) * MB,
+        "state_bytes": state_bytes,
+        "build_s": build_s, "run_s": run_s, "evict_s": evict_s,
+        "tuples_per_s": args.tuples / run_s, "base_rss": base_rss,
+        "peak_rss": _status("VmHWM"), "count_total": total}
+    if cache:
+        st = cache.stats()
+        out.update({"peak_resident_frames_bytes": cache.peak_resident_bytes,
+                    "evicted_frames_total": st["evicted_frames_total"],
+                    "resident_bytes_end": st["resident_bytes"]})
+        shutil.rmtree(os.path.dirname(pm.pool.path or ""), ignore_errors=True)
+    return out
+
+
+class Cgroup:
+    """A memory cgroup made for one worker (v1 or v2), or None when we may not make one."""
+
+    def __init__(self, name: str) -> None:
+        self.path = ""
+        self.v = 0
+        for v, root in ((2, CGROUP_V2), (1, CGROUP_V1)):
+            ctl = os.path.join(root, "cgroup.controllers")
+            if v == 2 and not (os.path.exists(ctl) and "memory" in open(ctl).read()):
+                continue
+            if v == 1 and not os.path.exists(os.path.join(root, "memory.limit_in_bytes")):
+                continue
+            p = os.path.join(root, name)
+            try:
+                os.mkdir(p)
+            except OSError:
+                continue
+            self.path, self.v = p, v
+            return
+
+    def add(self, pid: int) -> None:
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as fh:
+            fh.write(str(pid))
+
+    def limit(self, nbytes: int) -> None:
+        f = "memory.max" if self.v == 2 else "memory.limit_in_bytes"
+        with open(os.path.join(self.path, f), "w") as fh:
+            fh.write(str(nbytes))
+
+    def report(self) -> dict[str, Any]:
+        def rd(f: str) -> str:
+            try:
+                with open(os.path.join(self.path, f)) as fh:
+                    return fh.read()
+            except OSError:
+                return ""
+        if self.v == 1:
+            oom = rd("memory.oom_control")
+            kills = [int(ln.split()[1]) for ln in oom.splitlines() if ln.startswith("oom_kill ")]
+            return {"cgroup": "v1", "peak_bytes": int(rd("memory.max_usage_in_bytes") or 0),
+                    "limit_bytes": int(rd("memory.limit_in_bytes") or 0),
+                    "failcnt": int(rd("memory.failcnt") or 0),
+                    "oom_kills": kills[0] if kills else None}
+        ev = dict(ln.split() for ln in rd("memory.events").splitlines() if ln)
+        return {"cgroup": "v2", "peak_bytes": int(rd("memory.peak") or 0),
+                "limit_bytes": int(rd("memory.max").strip() or 0),
+                "oom_kills": int(ev.get("oom_kill", 0))}
+
+    def remove(self) -> None:
+        if self.path:
+            try:
+                os.rmdir(self.path)
+            except OSError:
+                pass
+
+
+def run_worker(args: argparse.Namespace, dist: str, budget_mb: int, limit: bool
+               ) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "bench.big_state", "--worker", "--dist", dist,
+           "--keys", str(args.keys), "--tuples", str(args.tuples), "--batch", str(args.batch),
+           "--page-bytes", str(args.page_bytes), "--zipf-s", str(args.zipf_s),
+           "--dir", args.dir, "--out", str(args.out)]
+    if budget_mb:
+        cmd += ["--budget-mb", str(budget_mb)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         cwd=root)
+    assert p.stdin is not None and p.stdout is not None
+    cg = Cgroup(f"sguard-big-state-{p.pid}") if limit else None
+    try:
+        if cg is not None and cg.path:
+            cg.add(p.pid)
+        base = json.loads(p.stdout.readline())["base_rss"]
+        lim = 0
+        if cg is not None and cg.path:
+            lim = int(base + 1.1 * budget_mb * MB + 16 * MB)
+            cg.limit(lim)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        line = p.stdout.readline()
+        rc = p.wait()
+        res: dict[str, Any] = json.loads(line) if line.strip() else {"failed": True}
+        res["returncode"] = rc
+        if cg is not None:
+            res["limit"] = cg.report() if cg.path else {"cgroup": None,
+                                                        "why": "no writable memory cgroup"}
+        return res
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if cg is not None:
+            cg.remove()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dist", default="zipf", choices=["zipf", "uniform"])
+    ap.add_argument("--budget-mb", type=int, default=None)
+    ap.add_argument("--keys", type=int, default=None, help="distinct keys (state size)")
+    ap.add_argument("--tuples", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=8192)
+    ap.add_argument("--page-bytes", type=int, default=4096)
+    ap.add_argument("--zipf-s", type=float, default=1.2)
+    ap.add_argument("--dir", default="/var/tmp", help="a disk directory for the pool files")
+    args = parse_args(ap, argv)
+    if args.worker:
+        from mmm.pagecache import WorkingSetTooLargeError
+        try:
+            print(json.dumps(worker(args)), flush=True)
+        except WorkingSetTooLargeError as exc:  # a batch's pages cannot fit: reported
+            print(json.dumps({"dist": args.dist, "failed": str(exc),
+                              "working_set_bytes": exc.working_set_bytes,
+                              "budget_bytes": exc.budget_bytes}), flush=True)
+        return 0
+    budget_mb = args.budget_mb or (32 if args.quick else 128)
+    # ~64 bytes of pages per key at the map's load: 4x the budget
+    args.keys = args.keys or int(4 * budget_mb * MB / 64)
+    args.tuples = args.tuples or (1_000_000 if args.quick else 5_000_000)
+    rows: dict[str, Any] = {}
+    for dist in ("zipf", "uniform"):
+        rows[f"memory_{dist}"] = run_worker(args, dist, 0, limit=False)
+        rows[f"budget_{dist}"] = run_worker(args, dist, budget_mb, limit=True)
+        for k in (f"memory_{dist}", f"budget_{dist}"):
+            r = rows[k]
+            print(f"{k}: {r.get('tuples_per_s', 0):,.0f} tuples/s, state "
+                  f"{r.get('state_bytes', 0) / MB:.0f} MB, peak rss "
+                  f"{r.get('peak_rss', 0) / MB:.0f} MB (base {r.get('base_rss', 0) / MB:.0f} MB)"
+                  + (f", limit {r['limit']}" if "limit" in r else ""))
+
+    def ratio(dist: str) -> float | None:
+        b, mem = rows[f"budget_{dist}"], rows[f"memory_{dist}"]
+        if "tuples_per_s" not in b or "tuples_per_s" not in mem:
+            return None
+        return float(b["tuples_per_s"] / mem["tuples_per_s"])
+    budget_rows = [rows[f"budget_{d}"] for d in ("zipf", "uniform")]
+    ok = [r for r in budget_rows if "peak_rss" in r]
+    summary = {
+        "big_state_ratio_vs_in_memory_zipf": ratio("zipf"),
+        "big_state_ratio_vs_in_memory_uniform": ratio("uniform"),
+        "big_state_ratio_vs_rocksdb_sql_uniform": None,
+        "peak_rss_over_budget": max(((r["peak_rss"] - r["base_rss"]) / r["budget_bytes"]
+                                     for r in ok), default=None),
+        "peak_frames_over_budget": max((r["peak_resident_frames_bytes"] / r["budget_bytes"]
+                                        for r in ok), default=None),
+        "state_over_budget": max((r["state_bytes"] / r["budget_bytes"] for r in ok),
+                                 default=None),
+        "limit": [r.get("limit") for r in budget_rows],
+        "targets": {"big_state_ratio_vs_in_memory_zipf": ">= 0.5",
+                    "big_state_ratio_vs_rocksdb_sql_uniform": ">= 1",
+                    "peak_rss_over_budget": "<= 1.1"},
+        "load": os.getloadavg(),
+    }
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("targets",)}, default=str))
+    path = write_result("big_state", summary, rows,
+                        {"quick": args.quick, "budget_mb": budget_mb, "keys": args.keys,
+                         "tuples": args.tuples, "batch": args.batch,
+                         "page_bytes": args.page_bytes, "zipf_s": args.zipf_s})
+    plt, png = figure("big_state")
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    names = list(rows)
+    ax.bar(names, [rows[n].get("tuples_per_s", 0) / 1e6 for n in names])
+    ax.set_ylabel("million tuples / s")
+    ax.set_title(f"running aggregate, state {summary['state_over_budget'] or 0:.1f}x budget "
+                 f"({budget_mb} MB)")
+    return save_figure(fig, png, path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
