@@ -25,6 +25,7 @@ The Spark SQL aggregate on RocksDB under the same limit is not measured yet
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -78,6 +79,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     path = None
     if args.budget_mb:
         d = tempfile.mkdtemp(prefix="big-state-", dir=args.dir)
+        atexit.register(shutil.rmtree, d, True)  # also when a batch cannot fit
         path = os.path.join(d, "pool")
     pm = mmm.PageManager(pb, cap, path)
     cache = PageCache(pm.pool, args.budget_mb * MB, "bench/partition 0") if path else None
