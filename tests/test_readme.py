@@ -68,6 +68,7 @@ REDUCED: dict[tuple[str, ...], list[str]] = {
     (".venv/bin/python", "-m", "bench.keydict"): ["--help"],
     (".venv/bin/python", "-m", "bench.spark_keys"): ["--help"],
     (".venv/bin/python", "-m", "bench.spark_ttl"): ["--help"],
+    (".venv/bin/python", "-m", "bench.big_state"): ["--help"],
 }
 #: benches that write only <name>.json (no plot)
 NO_PLOT = {"keydict", "spark_keys", "spark_ttl"}
