@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ioservice import list_checkpoints, open_root, read_manifest
 from sguard import rescale
+from sguard.rescale import MARKER_FILE
 from sguard.spark import CheckpointConfig, RunningAggregate, WindowAggregate, WindowJoin
 from sguard.spark.api import schema_to_json
 from sguard.spark.groupstate import split_by_partition
@@ -23,6 +24,9 @@ from sguard.spark.placement import root_key
 from sguard.spark.runtime import _RUNTIMES, RuntimeConfig, run_partition_batch
 from sguard.spark.state import read_durable_state
 from sguard.statelayout import OperatorLayout, read_layout, write_layout
+
+K = 8
+"""Key groups of the random-repartition runs (`random_run`)."""
 
 HANG_S = 600.0  #: a wait's bound: far above any load, it only turns a hang into a failure
 OPS: dict[str, Any] = {
@@ -155,3 +159,71 @@ def tree_digest(path: str) -> dict[str, str]:
             if rel.split(os.sep, 1)[0] != "metrics":
                 out[rel] = hashlib.sha256(Path(full).read_bytes()).hexdigest()
     return out
+
+
+# -- random repartition schedules (test_rescale, test_runtime_moves) -------------------------
+def plan(rng: np.random.Generator, n_batches: int) -> list[tuple[str, int]]:
+    """Batches interleaved with repartitions (1..K partitions, some back to back, some to
+    the same count)."""
+    steps: list[tuple[str, int]] = []
+    b = 0
+    while b < n_batches:
+        n = int(rng.integers(1, 4))
+        steps += [("batch", x) for x in range(b, min(b + n, n_batches))]
+        b += n
+        if b < n_batches:
+            for _ in range(int(rng.integers(1, 3))):  # sometimes twice in a row
+                steps.append(("repartition", int(rng.integers(1, K + 1))))
+    return steps
+
+
+def random_run(tmp_path: Path, seed: int, lazy_p: float, query: type["Query"] | None = None,
+               lazy_seen: bool = True) -> None:
+    """Batches of a random operator with random repartitions between them (`plan`), each
+    batch's output and the final durable state checked against a run that never rescaled;
+    `query`: the query class of the rescaled run (default `Query`); `lazy_seen`: also
+    require the schedule to have committed a repartition lazily."""
+    name = list(OPS)[seed % len(OPS)]
+    make, key, join = OPS[name]
+    rng = np.random.default_rng(100 + seed)
+    n_batches = 9
+    tables = make_batches(seed, n_batches, key, join)
+    schema = tables[0].schema
+    P0 = int(rng.integers(1, K + 1))
+    ref = Query(tmp_path / "ref", make(), key, schema, P0, K, every=2)
+    want = [ref.batch(b, t) for b, t in enumerate(tables)]
+    ref.stop()
+    q = (query or Query)(tmp_path / "run", make(), key, schema, P0, K,
+                         every=int(rng.integers(1, 4)))
+    got: dict[int, list[Any]] = {}
+    history = [P0]
+    for what, x in plan(rng, n_batches):
+        if what == "batch":
+            got[x] = q.batch(x, tables[x])
+            assert got[x] == want[x], (name, x, history)
+        else:
+            before = q.layout
+            force = bool(rng.random() < 0.5)
+            if force or x != before.num_partitions:
+                # the old generation is dead after this: lose some newest checkpoints
+                # (a running query's own partitions never lose one behind its back)
+                q.stop()
+                q.lag(rng)
+            lazy = bool(lazy_p and rng.random() < lazy_p)
+            res = q.repartition(x, force=force, verify=bool(rng.random() < 0.5), lazy=lazy)
+            after = q.layout
+            if res.changed:
+                assert (after.generation, after.num_partitions) == (before.generation + 1, x)
+                assert res.haunits == tuple(after.haunit(t) for t in range(x))
+            else:
+                assert x == before.num_partitions and after == before
+            assert not (Path(q.uri) / MARKER_FILE).exists()
+            if res.changed and lazy:
+                assert rescale.pending_sources(after) is not None
+            history.append(x if not (res.changed and lazy) else f"{x}lazy")
+    assert len(got) == n_batches
+    q.stop()
+    assert q.durable() == ref.durable(), (name, history)
+    assert len(set(history)) > 1
+    if lazy_p and lazy_seen:
+        assert any(isinstance(h, str) for h in history), history

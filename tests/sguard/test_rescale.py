@@ -20,35 +20,19 @@ import pytest
 from ioservice import open_root
 from sguard import rescale
 from sguard.rescale import KILL_ENV, MARKER_FILE, RescaleError, repartition
-from tests.sguard.rescale_helpers import OPS, Query, make_batches, tree_digest
+from tests.sguard.rescale_helpers import K, OPS, Query, make_batches, random_run, tree_digest
 
-K = 8
 ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- exactly-once across random repartitions ---------------------------------------------------
-def _plan(rng: np.random.Generator, n_batches: int) -> list[tuple[str, int]]:
-    """Batches interleaved with repartitions (1..K partitions, some back to back, some to
-    the same count)."""
-    steps: list[tuple[str, int]] = []
-    b = 0
-    while b < n_batches:
-        n = int(rng.integers(1, 4))
-        steps += [("batch", x) for x in range(b, min(b + n, n_batches))]
-        b += n
-        if b < n_batches:
-            for _ in range(int(rng.integers(1, 3))):  # sometimes twice in a row
-                steps.append(("repartition", int(rng.integers(1, K + 1))))
-    return steps
-
-
 @pytest.mark.parametrize("seed", range(8))
 def test_random_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path, seed: int) -> None:
     """Batches through the runtime with repartitions P -> P' (1..K) between them, each
     after losing some partitions' newest checkpoints (sources at different batches, so
     the composed checkpoints carry per-key-group positions): every batch's output and the
     final durable state equal those of a run with one partition count throughout."""
-    _random_run(tmp_path, seed, lazy_p=0.0)
+    random_run(tmp_path, seed, lazy_p=0.0)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -58,53 +42,7 @@ def test_random_lazy_repartitions_equal_a_run_that_never_rescaled(tmp_path: Path
     start-up): each new partition's first task composes its checkpoint, a repartition
     right after a lazy one composes the missing partitions first, and a final lazy one is
     read through its sources (`read_durable_state`)."""
-    _random_run(tmp_path, 50 + seed, lazy_p=0.7)
-
-
-def _random_run(tmp_path: Path, seed: int, lazy_p: float) -> None:
-    name = list(OPS)[seed % len(OPS)]
-    make, key, join = OPS[name]
-    rng = np.random.default_rng(100 + seed)
-    n_batches = 9
-    tables = make_batches(seed, n_batches, key, join)
-    schema = tables[0].schema
-    P0 = int(rng.integers(1, K + 1))
-    ref = Query(tmp_path / "ref", make(), key, schema, P0, K, every=2)
-    want = [ref.batch(b, t) for b, t in enumerate(tables)]
-    ref.stop()
-    q = Query(tmp_path / "run", make(), key, schema, P0, K, every=int(rng.integers(1, 4)))
-    got: dict[int, list[Any]] = {}
-    history = [P0]
-    for what, x in _plan(rng, n_batches):
-        if what == "batch":
-            got[x] = q.batch(x, tables[x])
-            assert got[x] == want[x], (name, x, history)
-        else:
-            before = q.layout
-            force = bool(rng.random() < 0.5)
-            if force or x != before.num_partitions:
-                # the old generation is dead after this: lose some newest checkpoints
-                # (a running query's own partitions never lose one behind its back)
-                q.stop()
-                q.lag(rng)
-            lazy = bool(lazy_p and rng.random() < lazy_p)
-            res = q.repartition(x, force=force, verify=bool(rng.random() < 0.5), lazy=lazy)
-            after = q.layout
-            if res.changed:
-                assert (after.generation, after.num_partitions) == (before.generation + 1, x)
-                assert res.haunits == tuple(after.haunit(t) for t in range(x))
-            else:
-                assert x == before.num_partitions and after == before
-            assert not (Path(q.uri) / MARKER_FILE).exists()
-            if res.changed and lazy:
-                assert rescale.pending_sources(after) is not None
-            history.append(x if not (res.changed and lazy) else f"{x}lazy")
-    assert len(got) == n_batches
-    q.stop()
-    assert q.durable() == ref.durable(), (name, history)
-    assert len(set(history)) > 1
-    if lazy_p:
-        assert any(isinstance(h, str) for h in history), history
+    random_run(tmp_path, 50 + seed, lazy_p=0.7)
 
 
 def _made(tmp: Path, P: int, n_batches: int = 4, name: str = "window", every: int = 1,

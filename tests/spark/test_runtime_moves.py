@@ -35,9 +35,8 @@ from sguard.spark.placement import root_key
 from sguard.spark.runtime import _RUNTIMES, RuntimeConfig, _runtime, run_partition_batch
 from sguard.spark.state import read_durable_state
 from sguard.statelayout import OperatorLayout, write_layout
-from tests.sguard.rescale_helpers import HANG_S, OPS, Query, make_batches
+from tests.sguard.rescale_helpers import HANG_S, K, OPS, Query, make_batches, random_run
 
-K = 8
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
 
 
@@ -55,53 +54,13 @@ class MovingQuery(Query):
         return out
 
 
-def _plan(rng: np.random.Generator, n_batches: int) -> list[tuple[str, int]]:
-    """Batches with repartitions (1..K partitions) between them (as test_rescale's)."""
-    steps: list[tuple[str, int]] = []
-    b = 0
-    while b < n_batches:
-        n = int(rng.integers(1, 4))
-        steps += [("batch", x) for x in range(b, min(b + n, n_batches))]
-        b += n
-        if b < n_batches:
-            for _ in range(int(rng.integers(1, 3))):
-                steps.append(("repartition", int(rng.integers(1, K + 1))))
-    return steps
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_lazy_repartitions_with_partitions_moving_every_batch(tmp_path: Path,
                                                               seed: int) -> None:
     """Batches with lazy and eager repartitions between them, every partition re-attached
     at every batch: each batch's output and the final durable state equal those of a run
     that never rescaled nor moved. (Seed 2 is the schedule that failed at batch 6.)"""
-    seed = 50 + seed
-    name = list(OPS)[seed % len(OPS)]
-    make, key, join = OPS[name]
-    rng = np.random.default_rng(100 + seed)
-    n_batches = 9
-    tables = make_batches(seed, n_batches, key, join)
-    schema = tables[0].schema
-    P0 = int(rng.integers(1, K + 1))
-    ref = Query(tmp_path / "ref", make(), key, schema, P0, K, every=2)
-    want = [ref.batch(b, t) for b, t in enumerate(tables)]
-    ref.stop()
-    q = MovingQuery(tmp_path / "run", make(), key, schema, P0, K,
-                    every=int(rng.integers(1, 4)))
-    history: list[Any] = [P0]
-    for what, x in _plan(rng, n_batches):
-        if what == "batch":
-            assert q.batch(x, tables[x]) == want[x], (name, x, history)
-            continue
-        force = bool(rng.random() < 0.5)
-        if force or x != q.layout.num_partitions:
-            q.stop()
-            q.lag(rng)
-        lazy = bool(rng.random() < 0.7)
-        res = q.repartition(x, force=force, verify=bool(rng.random() < 0.5), lazy=lazy)
-        history.append(f"{x}lazy" if res.changed and lazy else x)
-    q.stop()
-    assert q.durable() == ref.durable(), (name, history)
+    random_run(tmp_path, 50 + seed, lazy_p=0.7, query=MovingQuery, lazy_seen=False)
 
 
 def _config(tmp: Path, op: Any = None, every: int = 1) -> RuntimeConfig:
