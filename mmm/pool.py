@@ -95,6 +95,10 @@ _POOL_HEADER = np.dtype([("magic", "S12"), ("format_version", "<u4"), ("page_byt
                          ("n_frames", "<u8"), ("reserved_bytes", "<u8")])
 # reserved_bytes: the file's first bytes whose blocks are reserved (0 in files from before
 # the field: their attach reserves the used frames once)
+_CLOCK_AT = 64
+"""Offset in the pool file's header page of the page clock (``<u8``; 0 in files from
+before it): the highest version the pool ever gave, so that an attach starts above the
+versions of freed frames too (`PagePool.clock`)."""
 DEFAULT_CAPACITY_BYTES = 1 << 30
 HARD_PIN = 1 << 16
 """The pin weight of a snapshot whose frames no one may write (see the module docstring)."""
@@ -321,7 +325,9 @@ class PagePool:
         # frames far above the live ones), so every frame may be dirty.
         self._dirty_end = self.n_frames if _attach is not None else 0
         self._used = 0
-        self.clock = 1
+        self._clock = self._raw[_CLOCK_AT:_CLOCK_AT + 8].view(np.uint64)
+        if _attach is None:
+            self.clock = 1
         if _attach is not None:
             if _attach.populate:
                 _populate_headers(self, np.flatnonzero(self.state))
@@ -582,8 +588,12 @@ class PagePool:
         used = np.zeros(self._watermark, dtype=bool)
         used[live] = True
         self._free = np.flatnonzero(~used).tolist()[::-1]
-        if len(live):
-            self.clock = int(self.headers["version"][live].max()) + 1
+        # above every version the file's pools ever gave (the persisted clock: a page id
+        # freed since a checkpoint must not get its recorded version again, as incremental
+        # checkpoints after a re-attach compare (page id, version) with the record) and
+        # above the live pages' (files from before the persisted clock)
+        top = int(self.headers["version"][live].max()) + 1 if len(live) else 1
+        self.clock = max(self.clock, top)
 
     # -- allocation ---------------------------------------------------------------
     @property
@@ -781,6 +791,20 @@ class PagePool:
             self._free = []
             self._watermark = 0
             return True
+
+    @property
+    def clock(self) -> int:
+        """The page clock: the version the last new page or clone was given.
+
+        It lives in the pool file's header page, so it survives the process: a pool
+        attached to the file starts where the last writer left off, above every version
+        given in the file, freed pages' included (a page's (id, version) pair names one
+        content for as long as the file lives)."""
+        return int(self._clock[0])
+
+    @clock.setter
+    def clock(self, value: int) -> None:
+        self._clock[0] = value
 
     def tick(self) -> int:
         """Advance and return the pool clock (page versions)."""
