@@ -29,9 +29,10 @@ name, same page ids) and the pool file is the one recorded; a page is then
 worker has not written it. That is exact because, after a checkpoint's
 snapshot, every write to a page clones it first (the runtime keeps its
 rollback snapshot of "after b-1" while applying b, so every page is pinned),
-and a clone takes a version above every live one (`mmm.PagePool.clock`
-starts above the highest live version on attach): a page's version only
-grows, and a rollback in the file only returns pages to versions they had.
+and a clone takes a version above every one the pool file ever held
+(`mmm.PagePool.clock` is kept in the file): a page's version only grows,
+even across a free and a new allocation of its page id, and a rollback in
+the file only returns pages to versions they had.
 A restore replays batches in place, so it deletes the record with the rest of
 the local state (`sguard.spark.placement.PartitionSlot.wipe`). Any mismatch,
 and any error reading the record, means a full checkpoint, as before.
