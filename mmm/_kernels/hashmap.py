@@ -59,18 +59,21 @@ from numba.core import cgutils, types
 from numba.cpython.unsafe.numbers import trailing_zeros as _tz
 from numba.extending import intrinsic
 
-from mmm._kernels import cacheable, jit
+from mmm._kernels import jit
 from mmm.pool import HARD_PIN  # a pin count at or above it: no write in place
 
 __all__ = ["hash_keys", "rows", "rechain", "crowded", "SCRATCH", "DONE", "NEED_CLONE",
-           "NEED_PAGE", "NEED_SPLIT", "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "OP_CODES", "DTYPE_CODES"]
+           "NEED_PAGE", "NEED_SPLIT", "MODE_GET", "MODE_UPSERT", "MODE_DELETE", "MODE_EXPIRE",
+           "OP_CODES", "DTYPE_CODES"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _scalar(fn: F) -> F:
-    """A scalar helper, compiled into its callers."""
-    out: F = numba.njit(inline="always", cache=cacheable(fn), nogil=True)(fn)  # type: ignore[assignment]
+    """A scalar helper, compiled into its callers. Not cached on disk itself: its callers'
+    cached code holds it, and a disk cache costs each helper about 1 ms at import (the
+    cache's locator and index), a tenth of the first operator call's time."""
+    out: F = numba.njit(inline="always", nogil=True)(fn)  # type: ignore[assignment]
     return out
 
 
@@ -79,7 +82,7 @@ OFF_FLAGS, OFF_COUNT, OFF_START, OFF_NEXT, OFF_AUX0 = 6, 24, 28, 40, 48
 NIL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 DONE, NEED_CLONE, NEED_PAGE, NEED_SPLIT = 0, 1, 2, 3
-MODE_GET, MODE_UPSERT, MODE_DELETE = 0, 1, 2
+MODE_GET, MODE_UPSERT, MODE_DELETE, MODE_EXPIRE = 0, 1, 2, 3
 COUNT, SUM, MIN, MAX, LAST, FIRST = 0, 1, 2, 3, 4, 5
 OP_CODES = {"count": COUNT, "sum": SUM, "min": MIN, "max": MAX, "last": LAST, "first": FIRST}
 I1, I2, I4, I8, U1, U2, U4, U8, F4, F8, BYTES = range(11)
@@ -652,15 +655,21 @@ def _log_before(U: Any, UD: Any, f: Any, off: Any, nb: Any, P: Any, pb: Any) -> 
 @_scalar
 def _apply_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any, NX: Any,
                  BS: Any, LS: Any, PN: Any, MD: Any, ST: Any, FOUND: Any, K: Any, kst: Any,
-                 KB: Any, kbst: Any, O: Any, ost: Any, U: Any, UD: Any) -> Any:
+                 KB: Any, kbst: Any, O: Any, ost: Any, U: Any, UD: Any, cof: Any,
+                 cbnd: Any) -> Any:
     """Pass 3: find each row's key, in input order; insert new keys (noting each row's value
-    address); get / delete act here. Returns ``(status, row stopped at)``."""
+    address); get / delete act here, and expire (a delete of the keys whose int64 value field
+    at offset ``cof`` is at most ``cbnd``; a key above it counts as absent). Returns
+    ``(status, row stopped at)``."""
     vs, pb, epoch = _i64(GEO, 8), _i64(GEO, 9), _i64(GEO, 12)
     lay = _lay_at(GEO, LAY)
     for i in range(c0, c1):
         r = i - c0
         kp = KB + i * kbst
         fq, s = _find(r, _ld_u64(K + i * kst), kp, GEO, SC, P, FS, NX, BS, lay)
+        if mode == MODE_EXPIRE and fq >= 0 and \
+                _ld_i64(_va(_page(P, FS, fq, pb), s, lay) + cof) > cbnd:
+            fq = np.int64(-1)  # live: kept, and its page is not written
         if mode == MODE_GET:
             _st_u8(FOUND + i, np.uint8(fq >= 0))
             if fq >= 0 and O != 0:
@@ -672,7 +681,7 @@ def _apply_chunk(mode: Any, c0: Any, c1: Any, GEO: Any, SC: Any, P: Any, FS: Any
                     U, UD, _i64(FS, fq), _va(0, s, lay), vs, P, pb)):
                 _st_i64(ST + 16, fq)
                 return NEED_CLONE, i
-        if mode == MODE_DELETE:
+        if mode == MODE_DELETE or mode == MODE_EXPIRE:
             _st_u8(FOUND + i, np.uint8(fq >= 0))
             if fq >= 0:
                 _st_i64(MD + 8 * fq, epoch)
@@ -896,6 +905,9 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
     ``IC``/``UC``/``FC`` (``(k, n)``: int64, uint64, float64) and ``BC``
     (``(n, bytes)``) are the input lanes. ``scratch`` is the caller's contiguous
     int64 array of at least `SCRATCH` entries, the kernel's per-chunk rows (`_sc`).
+    ``MODE_EXPIRE`` deletes only the keys whose int64 value field at byte offset
+    ``offs[0]`` is at most ``IC[0, 0]`` (``found``: deleted); a key above it is left
+    as it is, its page unwritten.
     Returns a status code.
 
     Rows go in chunks of `CHUNK`, in four passes (each a function): hash and
@@ -914,6 +926,9 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
         xs[j], xst[j] = _lane_input(lanes[j], lidx[j], IC, UC, FC, BC)
     SC, GEO, P, FS, ST = _addr(scratch), _addr(geo), _addr(pool), _addr(fseq), _addr(state)
     O = _addr(out) if out.shape[0] > 0 else 0
+    cof, cbnd = np.int64(0), np.int64(0)
+    if mode == MODE_EXPIRE:
+        cof, cbnd = np.int64(offs[0]), np.int64(IC[0, 0])
     c0 = i0
     while c0 < n:
         c1 = min(c0 + CHUNK, n)
@@ -924,7 +939,7 @@ def rows(mode: Any, i0: Any, kw: Any, kb: Any, pool: Any, fseq: Any, next_of: An
                                   _addr(bucket_seq), _addr(last_seq), _addr(pins), _addr(mod),
                                   ST, _addr(found), _addr(kw), kw.strides[0], _addr(kb),
                                   kb.strides[0], O, out.strides[0], _addr(undo),
-                                  _addr(undo_data))
+                                  _addr(undo_data), cof, cbnd)
         if mode == MODE_UPSERT:
             for j in range(nops):
                 if lanes[j] == L_INT and codes[j] == I8:

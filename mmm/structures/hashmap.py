@@ -969,15 +969,19 @@ class HashMap(Structure):
 
     def _call(self, mode: int, i: int, kw: npt.NDArray[np.uint64], kb: npt.NDArray[np.uint8],
               out: npt.NDArray[np.uint8], found: npt.NDArray[np.bool_],
-              state: npt.NDArray[np.int64]) -> int:
-        """`K.rows` without a combine spec (get, contains, delete)."""
-        ls = self._no_ops
+              state: npt.NDArray[np.int64],
+              expire: tuple[_Lanes, npt.NDArray[np.int64]] | None = None) -> int:
+        """`K.rows` without a combine spec (get, contains, delete), or with the one field and
+        bound of an expire (``MODE_EXPIRE``)."""
+        ls = self._no_ops if expire is None else expire[0]
         n = len(kw)
         code: int = K.rows(mode, i, kw, kb, self._flat, self._ps.frames, self._next_of,
                            self._bucket_seq, self._last_seq, self._pm.pool.pins,
                            self._pm.pool.undo, self._pm.pool.undo_data, self._ps.mod,
                            self._geo(), ls.ops, ls.codes, ls.offs, ls.sizes, ls.lanes, ls.lidx,
-                           ls.aligned, np.empty((0, n), np.int64), np.empty((0, n), np.uint64),
+                           ls.aligned,
+                           np.empty((0, n), np.int64) if expire is None else expire[1],
+                           np.empty((0, n), np.uint64),
                            np.empty((0, n), np.float64), np.empty((n, 0), np.uint8), out, found,
                            np.empty(K.SCRATCH, np.int64), state)
         return code
@@ -1010,6 +1014,39 @@ class HashMap(Structure):
         PoolExhaustedError
             A page to clone found no free frame (map unchanged).
         """
+        return self._delete(keys, None)
+
+    def expire(self, keys: npt.ArrayLike, field: str, bound: int) -> npt.NDArray[np.bool_]:
+        """Delete those of `keys` whose int64 value field `field` is at most `bound`, in one
+        probe per key (a lookup and a delete at once); returns which of them were deleted
+        (per input key). A key above the bound, or absent, is left as it is and its page
+        is not written (not cloned from a snapshot).
+
+        Runtime complexity: O(n log n) (O(n) for keys already sorted and distinct). Pages
+        copied: at most the pages of the deleted keys.
+
+        Raises
+        ------
+        RecordTypeError
+            Bad keys, or `field` not an int64 field of the value (map unchanged).
+        ValueError
+            `bound` not an integer in the int64 range (map unchanged).
+        PoolExhaustedError
+            A page to clone found no free frame (map unchanged).
+        """
+        where = f"hash map {self.name!r}: expire"
+        fields = self.value_dtype.fields
+        if fields is None or field not in fields or fields[field][0] != np.dtype("<i8"):
+            raise RecordTypeError(f"{where}: field {field!r} is not an int64 field of the "
+                                  f"value {self.value_dtype}")
+        if isinstance(bound, bool) or not isinstance(bound, (int, np.integer)) or \
+                not -2 ** 63 <= int(bound) < 2 ** 63:
+            raise ValueError(f"{where}: bound={bound!r} must be an int64 integer")
+        lanes = _Lanes((CombineOp(field, "last", field),), self.value_dtype, self._vo, where)
+        return self._delete(keys, (lanes, np.full((1, 1), int(bound), np.int64)))
+
+    def _delete(self, keys: npt.ArrayLike,
+                expire: tuple[_Lanes, npt.NDArray[np.int64]] | None) -> npt.NDArray[np.bool_]:
         self._flush()
         self._sync()
         kc = self._canon(keys, "keys")
@@ -1020,17 +1057,19 @@ class HashMap(Structure):
         else:
             uniq, inverse = np.unique(kc, return_inverse=True)
         found = np.zeros(len(uniq), dtype=bool)
-        self._guarded(lambda: self._delete_rows(uniq, found), 0)
+        self._guarded(lambda: self._delete_rows(uniq, found, expire), 0)
         return found if inverse is None else found[inverse.reshape(-1)]
 
-    def _delete_rows(self, uniq: npt.NDArray[Any], found: npt.NDArray[np.bool_]) -> None:
+    def _delete_rows(self, uniq: npt.NDArray[Any], found: npt.NDArray[np.bool_],
+                     expire: tuple[_Lanes, npt.NDArray[np.int64]] | None = None) -> None:
         kw, kb = self._words(uniq)
         pm = self._pm
         state = np.array([self._len, 0, 0], dtype=np.int64)
+        mode = K.MODE_DELETE if expire is None else K.MODE_EXPIRE
         i = 0
         while True:
             state[0] = self._len
-            code = self._call(K.MODE_DELETE, i, kw, kb, self._no_out, found, state)
+            code = self._call(mode, i, kw, kb, self._no_out, found, state, expire)
             self._len = int(state[0])
             i = int(state[1])
             if code == K.DONE:
@@ -1040,10 +1079,9 @@ class HashMap(Structure):
             return
         # rewrite buckets whose tombstones crowd out free slots, then shrink
         h = K.hash_keys(kw[found])
-        buckets = np.unique(self._bucket_of(h))
-        crowded = K.crowded(buckets, self._bucket_seq, self._next_of, self._ps.frames,
-                            self._flat, self._pb, self.S // 2)
-        for b in crowded.tolist():
+        crowded = K.crowded(self._bucket_of(h), self._bucket_seq, self._next_of,
+                            self._ps.frames, self._flat, self._pb, self.S // 2)
+        for b in np.unique(crowded).tolist():  # the few crowded ones, each once
             self._rechain([b], [b], 0, self._n_buckets)
         self._shrink()
 

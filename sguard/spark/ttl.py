@@ -32,11 +32,11 @@ batch touched, appended in clock order, and ``ttl.batches``, one ``(clock, keys)
 record per batch (``keys`` 0 for a batch that touched none but advanced the clock),
 whose last record holds the key group's clock. A batch pops
 the log's records whose clock has expired (a prefix, as the clock never goes
-back), looks their keys up in the map (one lookup), and evicts those whose
-*current* stamp expired (a key touched again since has a newer stamp and a newer
-entry further on). So a batch costs one sequential append of the keys it
-touched, one sequential pop and one lookup and one delete of the keys whose
-entries expired: O(keys touched + entries expired), never a scan of the map, and
+back) and evicts those of their keys whose *current* stamp expired, in one probe
+per key (`HashMap.expire`: the stamp is read and the key deleted in the same pass; a
+key touched again since has a newer stamp and a newer entry further on). So a batch
+costs one sequential append of the keys it touched, one sequential pop and one
+probe of the keys whose entries expired: O(keys touched + entries expired), never a scan of the map, and
 no second map probed per key as the earlier layout's expiry buckets did.
 
 State of TTL layout 1 (the bucketed expiry index: ``ttl.last`` and ``ttl.b.<j>``
@@ -241,8 +241,8 @@ class KeyExpiry:
         """Advance the clock to this batch's and evict expired keys from `agg`; returns
         the evicted keys (distinct).
 
-        Runtime complexity: O(entries expired), one lookup and one delete of their keys;
-        the map is not scanned.
+        Runtime complexity: O(entries expired), one probe of their keys (`HashMap.expire`:
+        the lookup and the delete in one pass); the map is not scanned.
         """
         self.now = now = self._clock(table)
         none = np.zeros(0, self.kdt)
@@ -266,12 +266,9 @@ class KeyExpiry:
         cand = np.sort(self.fifo.popleft(n))
         if m > 1:
             cand = cand[np.r_[True, cand[1:] != cand[:-1]]]
-        # a key touched again since has a newer stamp (and log entry): it stays
-        found, cur = agg.get(cand)
-        keys = cand[found & (cur[STAMP_FIELD] <= bound)]
-        if len(keys):
-            agg.delete(keys)
-        return keys
+        # a key touched again since has a newer stamp (and log entry): it stays; one probe
+        # per key looks its stamp up and deletes it if expired
+        return cand[agg.expire(cand, STAMP_FIELD, bound)]
 
     def touch(self, keys: npt.NDArray[Any]) -> None:
         """Log `keys` (distinct), stamped `now` by the batch's upsert (after `begin`; every

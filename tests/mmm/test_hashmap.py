@@ -73,6 +73,16 @@ class HashMapVsDict(RuleBasedStateMachine):
         # the mask reports presence *before* the batch, per input key
         assert found.tolist() == [e for e in expect]
 
+    @rule(keys=keys_st, bound=st.integers(-1000, 1000))
+    def expire(self, keys: list[int], bound: int) -> None:
+        gone = self.m.expire(np.array(keys, "<u4"), "lo", bound)
+        # per input key: present before the call with its "lo" at most the bound
+        expect = [k in self.model and self.model[k][1] <= bound for k in keys]
+        for k, e in zip(keys, expect):
+            if e:
+                self.model.pop(k, None)
+        assert gone.tolist() == expect
+
     @rule(keys=keys_st)
     def get(self, keys: list[int]) -> None:
         found, vals = self.m.get(np.array(keys, "<u4"))
@@ -266,6 +276,52 @@ def test_wrong_key_dtype_is_refused_and_map_unchanged():
     with pytest.raises(mmm.RecordTypeError, match="not in value fields"):
         m.upsert(np.array([1], "<u2"), None, {"zz": "count"})
     assert contents(m) == before
+    m._check()
+
+
+def test_expire_refuses_a_bad_field_or_bound_and_changes_nothing():
+    """expire's field must be an int64 value field and its bound an int64 integer: anything
+    else raises naming it, before any write."""
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    m = HashMap.create(pm, "m", key="<u4", value=VALUE)
+    m.upsert(np.arange(50, dtype="<u4"), {"ts": np.arange(50), "x": np.zeros(50)}, SPEC)
+    before = contents(m)
+    for field in ("last", "zz"):
+        with pytest.raises(mmm.RecordTypeError, match=f"'m': expire: field '{field}' is not "
+                                                       f"an int64 field"):
+            m.expire(np.arange(50, dtype="<u4"), field, 100)
+    for bound in (1.5, 2 ** 63, True, "3"):
+        with pytest.raises(ValueError, match=f"'m': expire: bound={bound!r} must be an int64"):
+            m.expire(np.arange(50, dtype="<u4"), "lo", bound)  # type: ignore[arg-type]
+    with pytest.raises(mmm.RecordTypeError, match="do not fit"):
+        m.expire(np.array([1, -1]), "lo", 100)
+    assert contents(m) == before
+    m._check()
+
+
+def test_expire_does_not_clone_pages_of_live_keys():
+    """Keys above the bound are not written: a snapshot's pages holding only them stay
+    shared (no clone), while a page with an expired key is cloned and the snapshot still
+    sees the key."""
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    m = HashMap.create(pm, "m", key="<u4", value=VALUE)
+    keys = np.arange(2000, dtype="<u4")
+    m.upsert(keys, {"ts": keys.astype(np.int64), "x": np.zeros(2000)}, SPEC)
+    snap = pm.chkpt()
+    cloned = pm.stats()["pages_cloned"]
+    assert not m.expire(keys[1000:], "lo", 999).any()  # all live: nothing written
+    assert pm.stats()["pages_cloned"] == cloned
+    gone = m.expire(keys, "lo", 9)
+    assert gone.tolist() == [True] * 10 + [False] * 1990
+    assert pm.stats()["pages_cloned"] > cloned  # the expired keys' pages were cloned
+    assert len(m) == 1990 and not m.contains(keys[:10]).any()
+    pages = snap.copy_pages(np.arange(len(snap)))
+    snap.release()
+    pm2 = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    loader = pm2.begin_load()
+    loader.add(pages)
+    loader.finish()
+    assert len(HashMap.create(pm2, "m", key="<u4", value=VALUE)) == 2000
     m._check()
 
 
