@@ -219,6 +219,105 @@ def run_worker(args: argparse.Namespace, dist: str, budget_mb: int, limit: bool
             cg.remove()
 
 
+def runtime_run(args: argparse.Namespace, local_root: str, budget: str | None, tag: str
+                ) -> dict[str, Any]:
+    """``--runtime``: one partition through the Spark runtime's batch path
+    (`sguard.spark.runtime.run_partition_batch`, no Spark), the state resident: per batch
+    the time of the call and the record's ``apply_ms`` and ``budget_ms``."""
+    import pyarrow as pa
+
+    import sguard.spark as ss
+    from ioservice import open_root
+    from sguard.spark.budget import MemoryBudget
+    from sguard.spark.metrics import read_metrics
+    from sguard.spark.runtime import RuntimeConfig, run_partition_batch
+    from sguard.statelayout import OperatorLayout
+    work = tempfile.mkdtemp(prefix=f"big-state-{tag}-", dir=local_root)
+    try:
+        op = ss.RunningAggregate("v")
+        schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+        lay = OperatorLayout(operator=op.kind, name=tag, schema={"params": op.params()},
+                             num_partitions=1, key="k", key_groups=8)
+        cfg = RuntimeConfig(state_uri=os.path.join(work, "state"), state_key=tag, layout=lay,
+                            operator=op, key="k", input_schema=schema,
+                            output_schema=op.output_schema(schema, "k"),
+                            local_dir=os.path.join(work, "local"),
+                            memory_budget=MemoryBudget.for_query(budget, None, None))
+        rng = np.random.default_rng(5)
+        call_ms = []
+        for b in range(args.batches):
+            t = pa.table({"k": rng.integers(0, args.keys, args.batch, dtype=np.int64),
+                          "v": rng.integers(-500, 500, args.batch, dtype=np.int64)})
+            t0 = time.perf_counter()
+            run_partition_batch(cfg, 0, b, t)
+            call_ms.append((time.perf_counter() - t0) * 1e3)
+        root = open_root(cfg.state_uri)
+        for _ in range(100):  # records are written by an I/O thread
+            recs = read_metrics(root)[0]
+            if len(recs) == args.batches:
+                break
+            time.sleep(0.1)
+        warm = slice(2, None)  # batch 0 builds the map; 1 may compile
+        return {"tag": tag, "local_root": local_root, "budget": budget,
+                "call_ms": call_ms, "call_ms_median": float(np.median(call_ms[warm])),
+                "apply_ms_median": float(np.median([r["apply_ms"] for r in recs][warm])),
+                "budget_ms_median": float(np.median([r.get("budget_ms", 0.0)
+                                                     for r in recs][warm])),
+                "state_bytes": recs[-1].get("state_bytes"),
+                "resident_bytes": recs[-1].get("resident_bytes"),
+                "evicted_bytes": recs[-1].get("evicted_bytes")}
+    finally:
+        time.sleep(1.0)  # the last checkpoint (asynchronous) lands first
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def runtime_main(args: argparse.Namespace) -> int:
+    """``--runtime``: the cost of a disk-backed pool under a budget the state fits in,
+    against the default (no budget, the pool under /dev/shm), interleaved ``--reps``
+    times. Summary: ``disk_over_shm_call_ms`` and ``disk_over_shm_apply_ms`` (ratios of
+    the medians over the repetitions), ``budget_ms_median``."""
+    from mmm.pagecache import is_memory_fs
+    if is_memory_fs(args.dir) or not is_memory_fs("/dev/shm"):
+        print(f"big_state --runtime: error: --dir {args.dir} must be a disk and /dev/shm a "
+              f"tmpfs", file=sys.stderr)
+        return 2
+    args.keys = args.keys or 200_000
+    args.batches = 12 if args.quick else 30
+    rows: dict[str, Any] = {"shm": [], "disk": []}
+    runtime_run(args, "/dev/shm", None, "warm")  # kernels compiled, caches warm
+    for _ in range(args.reps):
+        rows["shm"].append(runtime_run(args, "/dev/shm", None, "shm"))
+        rows["disk"].append(runtime_run(args, args.dir, "auto", "disk"))
+    med = {k: {f: float(np.median([r[f] for r in v]))
+               for f in ("call_ms_median", "apply_ms_median", "budget_ms_median")}
+           for k, v in rows.items()}
+    summary = {"disk_over_shm_call_ms": med["disk"]["call_ms_median"]
+               / med["shm"]["call_ms_median"],
+               "disk_over_shm_apply_ms": med["disk"]["apply_ms_median"]
+               / med["shm"]["apply_ms_median"],
+               "shm_call_ms": med["shm"]["call_ms_median"],
+               "disk_call_ms": med["disk"]["call_ms_median"],
+               "budget_ms_median": med["disk"]["budget_ms_median"],
+               "state_bytes": rows["disk"][-1]["state_bytes"],
+               "load": os.getloadavg()}
+    print(json.dumps(summary))
+    path = write_result("big_state_runtime", summary, rows,
+                        {"quick": args.quick, "keys": args.keys, "batch": args.batch,
+                         "batches": args.batches, "reps": args.reps, "dir": args.dir})
+    plt, png = figure("big_state_runtime")
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    for k, v in rows.items():
+        for i, r in enumerate(v):
+            ax.plot(r["call_ms"], label=f"{k} rep {i}", color="C0" if k == "shm" else "C1",
+                    alpha=0.4 + 0.6 * (i == 0))
+    ax.set_xlabel("batch")
+    ax.set_ylabel("ms per batch (run_partition_batch)")
+    ax.set_yscale("log")
+    ax.set_title(f"resident state, {args.keys} keys: /dev/shm vs disk under a budget")
+    ax.legend(fontsize=7)
+    return save_figure(fig, png, path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -231,7 +330,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=4096)
     ap.add_argument("--zipf-s", type=float, default=1.2)
     ap.add_argument("--dir", default="/var/tmp", help="a disk directory for the pool files")
+    ap.add_argument("--runtime", action="store_true",
+                    help="measure the runtime's batch path with the state resident: no "
+                    "budget (pool under /dev/shm) against a budget on --dir (runtime_main)")
+    ap.add_argument("--reps", type=int, default=3, help="--runtime: interleaved repetitions")
     args = parse_args(ap, argv)
+    if args.runtime:
+        return runtime_main(args)
     if args.worker:
         from mmm.pagecache import WorkingSetTooLargeError
         try:

@@ -397,10 +397,17 @@ class PageCache:
                                 f"file {self.pool.path}")
             os.posix_fadvise(self._fd, off, n, os.POSIX_FADV_DONTNEED)
 
-    def enforce(self, check: bool = False) -> int:
+    def enforce(self, check: bool = False, written_since: int | None = None) -> int:
         """Bring the resident bytes back within the budget (to `LOW_WATER` of it when
         over); returns the frames evicted. With ``check``, raise after evicting when the
         frames that came into memory since the last call exceed the budget.
+
+        With ``written_since`` (a value of the pool's clock), the working set
+        (`last_working_set_bytes`) counts only the frames that came into memory and were
+        written since the clock had that value (their header's version is at least it):
+        the pages a batch wrote, not those another reader of the pool (an asynchronous
+        checkpoint writer, a recovery) brought in meanwhile. Still a lower bound of the
+        batch's working set. Reads only the headers of frames already in memory.
 
         Runtime: one ``mincore`` over the frames in use, plus one more per eviction round.
 
@@ -421,7 +428,12 @@ class PageCache:
         resident_b = int(res.sum()) * OS_PAGE
         self.peak_resident_bytes = max(self.peak_resident_bytes, resident_b)
         pb = self.pool.page_bytes
-        ws = int(np.count_nonzero(came)) * pb
+        if written_since is None:
+            ws = int(np.count_nonzero(came)) * pb
+        else:
+            cf = np.flatnonzero(came)
+            ws = int(np.count_nonzero(
+                self.pool.headers["version"][cf] >= written_since)) * pb
         self.last_working_set_bytes = ws
         n_out = 0
         if resident_b > self.budget_bytes:
@@ -463,6 +475,21 @@ class PageCache:
                 f"budget (sguard.spark.budget) or split the partition", self.name, state, ws,
                 self.budget_bytes)
         return n_out
+
+    def unmap(self) -> None:
+        """Unmap every frame handed out from this process (``MADV_DONTNEED``; for a shared
+        file mapping no byte is lost and nothing leaves the page cache): another process
+        mapping the same file can then evict them (a page mapped here stays in memory
+        whatever another process advises). The next touch here is a minor fault.
+
+        Raises
+        ------
+        OSError
+            If the kernel refuses.
+        """
+        hw = self._track(0)
+        if hw and _lib().madvise(self._base, hw * self.pool.page_bytes, _MADV_DONTNEED) != 0:
+            raise _os_error(f"{self.name}: unmapping the frames of pool file {self.pool.path}")
 
     def evict_all(self) -> int:
         """Drop every frame from memory (after writing it back); returns frames evicted."""

@@ -30,7 +30,9 @@ from sguard.keygroups import check_key_groups, default_key_groups
 from sguard.spark.keygroups import with_key_groups
 from sguard.spark.keys import key_columns, key_spec
 from sguard.spark.operators import SIDE_COLUMN, Operator, WindowJoin
-from sguard.spark.placement import default_local_dir, root_key
+from mmm.pagecache import BudgetError, is_memory_fs
+from sguard.spark.budget import PYSPARK_MEMORY, QUERY_OPTION, MemoryBudget
+from sguard.spark.placement import default_local_dir, disk_local_dir, root_key
 from sguard.spark.rescaling import pending_repartition, repartition_at_startup
 from sguard.spark.runtime import FaultPlan, RuntimeConfig, task_function
 from sguard.statelayout import (OperatorLayout, read_layout, schema_from_layout, schema_to_json,
@@ -101,7 +103,7 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
              page_bytes: int = 1 << 16, capacity_bytes: int = 1 << 30,
              storage_options: dict[str, Any] | None = None, lock_timeout_s: float = 600.0,
              metrics: bool = True, faults: FaultPlan | None = None,
-             key_groups: int | None = None) -> Any:
+             key_groups: int | None = None, memory_budget: str | int | None = None) -> Any:
     """Apply a stateful `operator` per `key` to a streaming DataFrame.
 
     Parameters
@@ -135,7 +137,8 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
     checkpoint : CheckpointConfig, optional
         Checkpoint policy (default: every 4 batches, keep 2).
     local_dir : str, optional
-        Where executors keep the live state (default ``/dev/shm/sguard-<uid>``).
+        Where executors keep the live state (default ``/dev/shm/sguard-<uid>``; with a
+        memory budget, Spark's first local directory on a disk).
     page_bytes, capacity_bytes : int
         Page size and the per-partition pool capacity (a sparse file).
     storage_options : dict, optional
@@ -152,6 +155,15 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         `sguard.keygroups.default_key_groups`), the most partitions the state can ever
         be repartitioned into. Each key group's state lives in its own pages, so a
         repartition moves whole key groups and never a row (`sguard.rescale`).
+    memory_budget : str or int, optional
+        The memory each executor's partitions may keep resident, together
+        (`sguard.spark.budget`): a Spark size (``"512m"``, ``"4g"``; an int is bytes) or
+        ``"auto"`` (half the executor's memory). Default: the session's
+        ``sguard.memoryBudget``, else ``spark.executor.pyspark.memory``, else no budget
+        (every page in memory). With a budget the pools are files on a local disk and the
+        pages beyond the budget are evicted to them after every batch; a batch that writes
+        more pages than its partition's share fails with
+        `mmm.pagecache.WorkingSetTooLargeError` (restart with a larger budget).
 
     Returns
     -------
@@ -169,6 +181,10 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         the state).
     ioservice.RootNotWritableError, ioservice.StorageUnreachableError
         If the state URI cannot be written.
+    mmm.pagecache.BudgetError
+        If the memory budget is not a size (naming ``memory_budget``,
+        ``sguard.memoryBudget`` or ``spark.executor.pyspark.memory``), or `local_dir` is
+        on a memory file system while a budget applies.
     """
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
@@ -182,6 +198,7 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         check_key_groups(key_groups, 1 if num_partitions is None else num_partitions)
     cols = key_columns(key)
     key = key if isinstance(key, str) else cols
+    budget, local_dir = _budget_and_dir(df.sparkSession, memory_budget, local_dir)
     df = operator.prepare_input(df, key)
     in_schema = to_arrow_schema(df.schema, timezone="UTC")
     in_schema = pa.schema([f.with_nullable(True) for f in in_schema])
@@ -232,8 +249,7 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
             # no sweep: the old generation holds the sources until every new partition
             # has composed (a later start-up's sweep deletes what is left then)
             existing = _repartition(df.sparkSession, root, existing, num_partitions,
-                                    local_dir=local_dir or default_local_dir(),
-                                    storage_options=opts, lock_timeout_s=lock_timeout_s)
+                                    local_dir=local_dir, storage_options=opts, lock_timeout_s=lock_timeout_s)
         else:
             if explicit_p is None and (pending := pending_repartition(root)) is not None:
                 logger.warning("state at %s: a repartition to %d partitions was interrupted; "
@@ -247,13 +263,38 @@ def stateful(df: Any, key: str | list[str], operator: Operator, state_uri: str,
         write_layout(root, layout)
     cfg = RuntimeConfig(state_uri=state_uri, state_key=root_key(root), layout=layout, operator=operator, key=key,
                         input_schema=in_schema, output_schema=out_schema,
-                        local_dir=local_dir or default_local_dir(), page_bytes=page_bytes,
-                        capacity_bytes=capacity_bytes,
+                        local_dir=local_dir, page_bytes=page_bytes,
+                        capacity_bytes=capacity_bytes, memory_budget=budget,
                         checkpoint=checkpoint or CheckpointConfig(),
                         storage_options=opts, lock_timeout_s=lock_timeout_s, metrics=metrics,
                         faults=faults)
     routed = with_key_groups(df, cols, layout.key_groups, layout.num_partitions)
     return routed.mapInArrow(task_function(cfg), from_arrow_schema(out_schema))
+
+
+def _budget_and_dir(spark: Any, keyword: str | int | None, local_dir: str | None
+                    ) -> tuple[MemoryBudget | None, str]:
+    """The query's memory budget (`MemoryBudget.for_query`) and its live state's local
+    root: the one given, else /dev/shm (or a disk when it lacks room) without a budget and
+    a disk with one.
+
+    Raises
+    ------
+    BudgetError
+        If the budget is not a size, or a budget applies and `local_dir` is on tmpfs.
+    """
+    option = spark.conf.get(QUERY_OPTION, None)
+    pyspark_memory = spark.sparkContext.getConf().get(PYSPARK_MEMORY, None)
+    budget = MemoryBudget.for_query(keyword, option, pyspark_memory)
+    if budget is None:
+        return None, local_dir or default_local_dir()
+    if local_dir is None:
+        return budget, disk_local_dir()
+    if is_memory_fs(local_dir):
+        raise BudgetError(f"local_dir {local_dir} is on a memory file system; a memory "
+                          f"budget (from {budget.source}) needs the live state on a disk: "
+                          f"give a local_dir on a disk, or omit it")
+    return budget, local_dir
 
 
 def stream_join(left: Any, right: Any, key: str | list[str], time: str, value: str, window: Any,

@@ -25,6 +25,13 @@ resident bytes of all the executor's partitions within one budget:
   batch's pages and the budget (after evicting back within it): raising the budget (a
   new `MemoryBudget`, `ExecutorBudget.set_budget_bytes`) lets the query go on.
 
+Wiring (`sguard.spark.runtime`): a query gets its budget from
+`MemoryBudget.for_query` (``stateful(memory_budget=...)``, the session's
+`QUERY_OPTION`, `PYSPARK_MEMORY`; none: every page in memory under /dev/shm), its
+pools then live on a disk (`sguard.spark.placement.disk_local_dir`), the ledger under
+``<local_dir>/_budget`` (`executor_budget`), and every batch ends with `after_batch`
+(the batch's pages: those it wrote) and `PageCache.unmap`.
+
 What the budget counts: the pool frames' bytes in memory (`PageCache.resident_bytes`:
 page cache, mapped or not), an upper bound of their share of the workers' RSS.
 Interpreters, page tables and Arrow batches are outside it.
@@ -43,7 +50,7 @@ from mmm.pagecache import BudgetError, PageCache, WorkingSetTooLargeError
 
 __all__ = ["MemoryBudget", "ExecutorBudget", "BudgetError", "WorkingSetTooLargeError",
            "DEFAULT_MACHINE_FRACTION", "QUERY_OPTION", "PYSPARK_MEMORY", "parse_size",
-           "machine_memory_bytes"]
+           "machine_memory_bytes", "executor_budget"]
 
 DEFAULT_MACHINE_FRACTION = 0.5
 """Without a query option or ``spark.executor.pyspark.memory``, the partitions of one
@@ -149,6 +156,31 @@ class MemoryBudget:
         if raw:
             return cls(parse_size(raw, PYSPARK_MEMORY), machine_fraction, "pyspark.memory")
         return cls(None, machine_fraction, "default")
+
+    @classmethod
+    def for_query(cls, keyword: str | int | None, option: str | None,
+                  pyspark_memory: str | None) -> "MemoryBudget | None":
+        """The budget of a query (`sguard.spark.stateful`'s ``memory_budget``): the
+        keyword when given, else the session's `QUERY_OPTION`, else Spark's
+        `PYSPARK_MEMORY`, else None (no budget: every page in memory). ``"auto"`` (as
+        keyword or option) is `DEFAULT_MACHINE_FRACTION` of the executor's machine,
+        resolved there.
+
+        Raises
+        ------
+        BudgetError
+            If the value given is not ``"auto"`` or a positive size; the message names
+            where it came from (``memory_budget``, `QUERY_OPTION` or `PYSPARK_MEMORY`).
+        """
+        for value, what, source in ((keyword, "memory_budget", "option"),
+                                    (option, QUERY_OPTION, "option"),
+                                    (pyspark_memory, PYSPARK_MEMORY, "pyspark.memory")):
+            if value is None or (isinstance(value, str) and not value.strip()):
+                continue
+            if isinstance(value, str) and value.strip().lower() == "auto":
+                return cls(None, DEFAULT_MACHINE_FRACTION, "default")
+            return cls(parse_size(value, what), DEFAULT_MACHINE_FRACTION, source)
+        return None
 
     def resolve(self) -> int:
         """Bytes of the budget on this machine."""
@@ -260,9 +292,12 @@ class ExecutorBudget:
         others = sum(e["resident_bytes"] for e in led.values())
         return max(self.budget_bytes // n, self.budget_bytes - others), n
 
-    def after_batch(self, partition: str) -> int:
+    def after_batch(self, partition: str, written_since: int | None = None) -> int:
         """Bring ``partition``'s resident bytes within its allowance after one of its
-        batches and report them; returns the frames evicted.
+        batches and report them; returns the frames evicted. With ``written_since`` (the
+        pool's clock when the batch began) the batch's pages are those it wrote
+        (`PageCache.enforce`): pages an asynchronous checkpoint or a recovery read in
+        meanwhile do not count.
 
         Raises
         ------
@@ -279,7 +314,7 @@ class ExecutorBudget:
             raise KeyError(f"partition {partition!r} is not under this executor's budget")
         allow, n = self.allowance(partition)
         cache.set_budget(max(allow, 2 * cache.pool.page_bytes))
-        evicted = cache.enforce()
+        evicted = cache.enforce(written_since=written_since)
         st = cache.stats()
         self._report(partition, st["resident_bytes"], st["state_bytes"])
         ws = cache.last_working_set_bytes
@@ -298,6 +333,29 @@ class ExecutorBudget:
         with self._lock:
             caches = dict(self._caches)
         return {p: c.stats() for p, c in caches.items()}
+
+
+_EXECUTOR: dict[str, ExecutorBudget] = {}
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def executor_budget(ledger_dir: str, budget_bytes: int) -> ExecutorBudget:
+    """This process's `ExecutorBudget` of the executor whose partitions report in
+    ``ledger_dir`` (one per directory), its budget set to ``budget_bytes`` (the last
+    query to run a batch sets it: a query restarted with a larger budget raises it).
+
+    Raises
+    ------
+    BudgetError
+        If ``budget_bytes`` is not positive.
+    """
+    with _EXECUTOR_LOCK:
+        eb = _EXECUTOR.get(ledger_dir)
+        if eb is None:
+            eb = _EXECUTOR[ledger_dir] = ExecutorBudget(budget_bytes, ledger_dir)
+        elif eb.budget_bytes != budget_bytes:
+            eb.set_budget_bytes(budget_bytes)
+    return eb
 
 
 def _alive(pid: int) -> bool:

@@ -61,7 +61,10 @@ def _status(args: argparse.Namespace) -> int:
                       "latest_checkpoint": infos[-1].name if infos else None,
                       "last_batch": last_p[-1]["batch"] if last_p else None,
                       "state_keys": last_p[-1].get("state_keys") if last_p else None,
-                      "checkpoint_lag": last_p[-1].get("checkpoint_lag") if last_p else None})
+                      "checkpoint_lag": last_p[-1].get("checkpoint_lag") if last_p else None,
+                      # with a memory budget (`sguard.spark.budget`), else None
+                      **{f: last_p[-1].get(f) if last_p else None
+                         for f in ("resident_bytes", "evicted_bytes", "budget_bytes")}})
     il = inputlog.describe(root)
     out: dict[str, Any] = {"state_uri": root.uri, "operator": layout.operator, "name": layout.name,
            "key": layout.key, "num_partitions": layout.num_partitions,
@@ -74,7 +77,10 @@ def _status(args: argparse.Namespace) -> int:
           f"{layout.num_partitions} partitions, generation {layout.generation}")
     print(f"  batches {summ['batches']} (last {summ['last_batch']}), rows in {summ['rows_in']}, "
           f"rows out {summ['rows_out']}")
-    print(f"  state: {summ['state_keys']} keys in {summ['state_pages']} pages")
+    print(f"  state: {summ['state_keys']} keys in {summ['state_pages']} pages"
+          + ("" if summ["resident_bytes"] is None else
+             f"; {summ['resident_bytes']} bytes resident, {summ['evicted_bytes']} evicted "
+             f"to local disk"))
     print(f"  batch time p50 {summ['total_ms_p50']:.1f} ms, p99 {summ['total_ms_p99']:.1f} ms; "
           f"operator p50 {summ['apply_ms_p50']:.1f} ms; prepare pause mean "
           f"{summ['prepare_ms_mean']:.2f} ms, max {summ['prepare_ms_max']:.2f} ms")
@@ -89,5 +95,8 @@ def _status(args: argparse.Namespace) -> int:
     for pp in parts:
         print(f"  p{pp['partition']}: last batch {pp['last_batch']}, keys {pp['state_keys']}, "
               f"checkpoints {pp['checkpoints']} (latest {pp['latest_checkpoint']}), "
-              f"lag {pp['checkpoint_lag']}")
+              f"lag {pp['checkpoint_lag']}"
+              + ("" if pp["resident_bytes"] is None else
+                 f", resident {pp['resident_bytes']} of budget {pp['budget_bytes']} bytes, "
+                 f"evicted {pp['evicted_bytes']}"))
     return 0

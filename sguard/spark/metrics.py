@@ -22,7 +22,13 @@ included) and ``versions_ms``, and ``checkpoint_base``, how its base was found),
 ``recovery`` (the `sguard.spark.versions.Action` value) with
 ``recovery_ms`` (of which ``compose_ms``: composing the partition's first
 checkpoint after a start-up repartition), ``replayed_batches``, ``lock_wait_ms``,
-``pid``, ``time``.
+``pid``, ``time``. With a memory budget (`sguard.spark.budget`) also, after the
+batch's eviction: ``resident_bytes`` (the pool's frames in memory), ``evicted_bytes``
+(the partition's pages not in memory: on the local disk only), ``state_bytes`` (its
+pages), ``budget_bytes`` (what the partition may keep resident: its share of the
+executor's budget), ``executor_budget_bytes``, ``evicted_frames`` (frames evicted by
+the worker since it took the partition), ``batch_pages_bytes`` (pages the batch wrote
+that came into memory) and ``budget_ms`` (the eviction's time).
 Checkpoint records: ``checkpoint_seq``, ``batch``, ``written_bytes``,
 ``pages``, ``full``.
 """
@@ -78,6 +84,11 @@ def _pct(xs: list[float], q: float) -> float:
     return float(s[min(len(s) - 1, int(round(q * (len(s) - 1))))])
 
 
+def _total(parts: dict[int, dict[str, Any]], field: str) -> int | None:
+    got = [int(r[field]) for r in parts.values() if r.get(field) is not None]
+    return sum(got) if got else None
+
+
 def summarize(batches: list[dict[str, Any]], ckpts: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals and per-partition latest values of the metric records."""
     parts: dict[int, dict[str, Any]] = {}
@@ -93,6 +104,9 @@ def summarize(batches: list[dict[str, Any]], ckpts: list[dict[str, Any]]) -> dic
         "rows_out": sum(int(r.get("rows_out", 0)) for r in batches),
         "state_keys": sum(int(r.get("state_keys", 0)) for r in parts.values()),
         "state_pages": sum(int(r.get("state_pages", 0)) for r in parts.values()),
+        # latest per partition; None when no partition runs under a memory budget
+        "resident_bytes": _total(parts, "resident_bytes"),
+        "evicted_bytes": _total(parts, "evicted_bytes"),
         "prepare_ms_mean": (sum(float(r.get("prepare_ms", 0)) for r in batches) / len(batches)
                             if batches else 0.0),
         "prepare_ms_max": max((float(r.get("prepare_ms", 0)) for r in batches), default=0.0),

@@ -4,7 +4,8 @@ Spark does not keep a partition in one Python worker (it moved in 9-15 of 24
 batch transitions here), so a partition's pages live in a *file-backed* mmm
 pool that whichever worker runs the partition re-attaches (about 1 ms). Each
 partition has its own directory under a local root (``/dev/shm`` when it has
-room, else Spark's local dir: `choose_local_dir`)::
+room, else Spark's local dir: `choose_local_dir`; always a disk for a query with a
+memory budget, `disk_local_dir`)::
 
     <local-dir>/sguard-<uid>/<state-id>/p0003/
         pool        the mmm PagePool file (sparse; its blocks are reserved as frames are
@@ -42,7 +43,7 @@ import numpy.typing as npt
 
 from sguard.spark.errors import PartitionLockTimeout
 
-__all__ = ["Marker", "PartitionSlot", "default_local_dir", "choose_local_dir", "LocalDirChoice",
+__all__ = ["Marker", "PartitionSlot", "default_local_dir", "disk_local_dir", "choose_local_dir", "LocalDirChoice",
            "spark_local_dirs", "SHM_ROOM_BYTES", "state_id", "root_key", "boot_id",
            "record_path"]
 
@@ -166,6 +167,29 @@ def default_local_dir(need_bytes: int = SHM_ROOM_BYTES,
         If no candidate is a writable directory.
     """
     return choose_local_dir(need_bytes, candidates).path
+
+
+def disk_local_dir(need_bytes: int = SHM_ROOM_BYTES,
+                   candidates: Sequence[str] | None = None) -> str:
+    """``<dir>/sguard-<uid>`` on a disk, for a query with a memory budget
+    (`sguard.spark.budget`): `choose_local_dir` among Spark's local directories
+    (`spark_local_dirs`), memory file systems (tmpfs) left out.
+
+    Raises
+    ------
+    mmm.pagecache.BudgetError
+        If every candidate is on a memory file system.
+    FileNotFoundError
+        If no candidate on a disk is a writable directory.
+    """
+    from mmm.pagecache import BudgetError, is_memory_fs
+    cands = list(candidates) if candidates is not None else spark_local_dirs()
+    disks = [d for d in cands if not is_memory_fs(d)]
+    if not disks:
+        raise BudgetError("a memory budget needs the live state on a disk, and every local "
+                          f"directory ({', '.join(cands)}) is on a memory file system: set "
+                          "spark.local.dir (or SPARK_LOCAL_DIRS, or local_dir=) to a disk")
+    return choose_local_dir(need_bytes, disks).path
 
 
 def record_path(pool_path: str) -> str:

@@ -18,7 +18,11 @@
 4. takes the rollback point (a snapshot, recorded in ``base.npy``) and marks
    the partition "applying b";
 5. writes the input to the input log (an I/O thread, a file of its epoch)
-   while the operator applies the batch; checks that it still owns the
+   while the operator applies the batch; with a memory budget
+   (`RuntimeConfig.memory_budget`) brings the partition's resident pages within its
+   share of the executor's budget (`sguard.spark.budget.ExecutorBudget.after_batch`:
+   a batch that wrote more pages than that fails here, before "applied", and does
+   not count) and unmaps them from this worker; checks that it still owns the
    partition (else `FencedError`: the task fails, its result never counts);
    marks "applied b";
 6. writes a metrics record (`sguard.spark.metrics`, asynchronously) and
@@ -55,7 +59,9 @@ import pyarrow as pa
 
 from ioservice import IOService, Manifest, StorageRoot, open_root
 from mmm import PageManager, PoolFileError, Snapshot
+from mmm.pagecache import PageCache
 from sguard.spark import fencing, inputlog, metrics, watermark
+from sguard.spark.budget import ExecutorBudget, MemoryBudget, executor_budget
 from sguard.spark import ttl as _ttl
 from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
@@ -138,6 +144,10 @@ class RuntimeConfig:
     lock_timeout_s: float = 600.0
     metrics: bool = True
     faults: FaultPlan | None = None
+    memory_budget: MemoryBudget | None = None
+    """The executor's memory budget over its partitions' pages (`sguard.spark.budget`):
+    with one, each partition's pool file (under `local_dir`, on a disk) is under an
+    `mmm.pagecache.PageCache` enforced after every batch; None keeps every page in memory."""
     instance: str = ""
     """Which operator object this config was built with: a token drawn once per object
     where the config is built (the driver; `_operator_token`) and carried to every task by
@@ -260,6 +270,9 @@ class _Partition:
         self.snap: Snapshot | None = None
         self.token: str | None = None
         self.durable = -1
+        self.cache: PageCache | None = None
+        self.budget_name = (f"{p} of {self.cfg.layout.name!r} (generation "
+                            f"{self.cfg.layout.generation}) at {self.cfg.state_uri}")
         self._mu = threading.Lock()
         self._task = False
         self._pending_metrics: list[cf.Future[None]] = []
@@ -286,11 +299,27 @@ class _Partition:
         """Forget this process's handles (never writing to the pool file: it may be stale)."""
         if self.ckpt is not None:
             self.ckpt.close()
+        if self.cache is not None:
+            self._budget().unregister(self.budget_name)
+            self.cache.close()
         self.pm = self.state = self.ckpt = self.snap = None
+        self.cache = None
         self.token = None
+
+    def _budget(self) -> ExecutorBudget:
+        """This executor's budget (`sguard.spark.budget.executor_budget`): its partitions
+        report their resident bytes under ``<local_dir>/_budget``."""
+        mb = self.cfg.memory_budget
+        assert mb is not None
+        return executor_budget(os.path.join(self.cfg.local_dir, "_budget"), mb.resolve())
 
     def _bind(self, pm: PageManager, durable: int, last: int) -> None:
         cfg = self.cfg
+        if cfg.memory_budget is not None:  # may raise (a pool on tmpfs): nothing bound yet
+            cache = PageCache(pm.pool, max(cfg.memory_budget.resolve(), 2 * pm.pool.page_bytes),
+                              name=f"partition {self.budget_name}")
+            self._budget().register(self.budget_name, cache)
+            self.cache = cache
         self.pm = pm
         self.state = self._open(pm)
         meta = {"operator": cfg.layout.operator, "name": cfg.layout.name,
@@ -489,9 +518,11 @@ class _Partition:
                 self.snap = self.pm.chkpt()
                 slot.write_base(self.snap.page_ids, self.snap.frames)
                 self.state = self._open(self.pm)
+            clock0 = int(self.pm.pool.clock)
             out = self.state.apply(table, b)
             self._flush()
             apply_ms = (time.perf_counter() - t_apply) * 1e3
+            budget_ms, mem = self._after_batch(clock0)  # may raise: b then does not count
             t_log = time.perf_counter()
             log_bytes = log_fut.result()
             log_wait_ms = (time.perf_counter() - t_log) * 1e3
@@ -515,7 +546,7 @@ class _Partition:
                     "checkpoint_lag": (b - self.durable), "durable_batch": self.durable,
                     "recovery": action.value, "reason": reason, "recovery_ms": recovery_ms,
                     "replayed_batches": replayed, "lock_wait_ms": waited * 1e3,
-                    "compose_ms": self.compose_ms,
+                    "compose_ms": self.compose_ms, "budget_ms": budget_ms, **mem,
                     "pid": os.getpid()})
             return out
         finally:
@@ -524,6 +555,32 @@ class _Partition:
             with self._mu:
                 self._task = False
             self._maybe_release()
+
+    def _after_batch(self, clock0: int) -> tuple[float, dict[str, int]]:
+        """With a memory budget: bring the partition's resident pages within its share
+        (`ExecutorBudget.after_batch`; the batch's pages are the frames written since the
+        pool's clock was `clock0`), then unmap them from this process so that the worker
+        running the partition next can evict them. Returns (ms taken, residency figures
+        for the metrics record); (0, {}) without a budget.
+
+        Raises
+        ------
+        WorkingSetTooLargeError
+            If the batch wrote more pages than the partition may keep in memory.
+        """
+        if self.cache is None:
+            return 0.0, {}
+        t = time.perf_counter()
+        eb = self._budget()
+        eb.after_batch(self.budget_name, written_since=clock0)
+        self.cache.unmap()
+        st = self.cache.stats()
+        return (time.perf_counter() - t) * 1e3, {
+            "resident_bytes": st["resident_bytes"], "evicted_bytes": st["evicted_bytes"],
+            "state_bytes": st["state_bytes"], "budget_bytes": st["budget_bytes"],
+            "executor_budget_bytes": eb.budget_bytes,
+            "evicted_frames": st["evicted_frames_total"],
+            "batch_pages_bytes": self.cache.last_working_set_bytes}
 
     def _metrics(self, rec: dict[str, Any]) -> None:
         done = [f for f in self._pending_metrics if f.done()]

@@ -1,0 +1,203 @@
+"""A memory budget in real Spark queries (`sguard.spark.budget` wired into the runtime):
+state that outgrows the budget mid-run is evicted to the pool files on local disk and the
+output equals the oracle's; a batch that cannot fit fails with an error naming the
+partition, its size and the budget, and the query recovers exactly once with a larger
+budget; a Python worker killed (SIGKILL) while pages are being evicted loses nothing."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import sguard.spark as ss
+from ioservice import open_root
+from mmm.pagecache import BudgetError, is_memory_fs
+from sguard.spark.state import read_durable_state
+from tests.spark.helpers import (StreamInput, every_batch, landed_metrics, last_batch,
+                                 running_oracle, stream)
+
+PB = 4096  # the smallest page: many pages for little state
+PARTS = 2
+
+
+def _input(d: Path, spec: list[tuple[int, int, int]], seed: int) -> StreamInput:
+    """One parquet file per batch: ``(rows, lowest key, highest key + 1)`` each."""
+    d.mkdir()
+    tables = []
+    for i, (rows, lo, hi) in enumerate(spec):
+        rng = np.random.default_rng([seed, i])
+        ts = (i * 10_000_000 + rng.integers(0, 10_000_000, rows)).astype("datetime64[us]")
+        t = pa.table({"k": rng.integers(lo, hi, rows, dtype=np.int64),
+                      "v": rng.integers(-500, 500, rows, dtype=np.int64),
+                      "ts": pa.array(ts, pa.timestamp("us", tz="UTC"))})
+        f = d / f"part-{i:05d}.parquet"
+        pq.write_table(t, f)
+        os.utime(f, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source orders by mtime
+        tables.append(t)
+    return StreamInput(d, tables)
+
+
+def _growing(d: Path) -> StreamInput:
+    """7 batches, each 800 new keys (twice each): every partition's state grows by about
+    70 KB a batch while one batch writes well under 256 KB of pages."""
+    return _input(d, [(1600, 800 * i, 800 * (i + 1)) for i in range(7)], seed=33)
+
+
+def _on_disk(p: Path) -> None:
+    if is_memory_fs(str(p)):
+        pytest.fail(f"{p} is on a memory file system: a memory budget needs a disk "
+                    f"(point pytest's --basetemp to one)")
+
+
+def run_query(spark: Any, inp: StreamInput, work: Path, operator: Any, *, partitions: int,
+              restarts: int = 3, **kw: Any) -> tuple[list[tuple[Any, ...]],
+                                                     list[tuple[Any, ...]], int]:
+    """`tests.spark.helpers.run_query` for pages of any size: the final state is read
+    from the state URI (checkpoints and input log, `read_durable_state`)."""
+    failures = 0
+    uri = str(work / "state")
+    while True:
+        out = ss.stateful(stream(spark, inp), "k", operator, uri, partitions,
+                          local_dir=str(work / "local"), **kw)
+        q = (out.writeStream.format("parquet").option("path", str(work / "out"))
+             .option("checkpointLocation", str(work / "ckpt")).start())
+        try:
+            q.processAllAvailable()
+            q.stop()
+            break
+        except Exception:
+            failures += 1
+            q.stop()
+            if failures > restarts:
+                raise
+    rows = sorted(tuple(r) for r in spark.read.parquet(str(work / "out")).collect())
+    st, _ = read_durable_state(uri)
+    return rows, sorted(tuple(r.values()) for r in st.to_pylist()), failures
+
+
+def _status(uri: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "sguard", "spark", "status", uri, "--json"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    got: dict[str, Any] = json.loads(out.stdout)
+    return got
+
+
+def _check_evicted(work: Path, budget: int) -> list[dict[str, Any]]:
+    """Every batch record carries the residency figures; the state outgrew the budget,
+    pages were evicted, and ``sguard spark status`` shows resident and evicted bytes per
+    partition. Returns the batch records."""
+    last = last_batch(work)
+    batches, _ = landed_metrics(open_root(str(work / "state")), every_batch(last, PARTS))
+    assert all(r["executor_budget_bytes"] == budget for r in batches)
+    assert all(r["budget_bytes"] >= budget // PARTS for r in batches)
+    assert max(r["state_bytes"] for r in batches) > budget // PARTS  # outgrew its share
+    assert max(r["evicted_frames"] for r in batches) > 0
+    st = _status(str(work / "state"))
+    assert st["summary"]["evicted_bytes"] > 0 and st["summary"]["resident_bytes"] > 0
+    for pp in st["partitions"]:
+        assert pp["budget_bytes"] >= budget // PARTS
+        assert pp["resident_bytes"] is not None and pp["evicted_bytes"] is not None
+    assert sum(pp["evicted_bytes"] for pp in st["partitions"]) == st["summary"]["evicted_bytes"]
+    text = subprocess.run([sys.executable, "-m", "sguard", "spark", "status",
+                           str(work / "state")], capture_output=True, text=True, timeout=300,
+                          check=True).stdout
+    assert re.search(r"p0: .*resident \d+ of budget \d+ bytes, evicted \d+", text), text
+    return batches
+
+
+def test_state_outgrows_budget_exactly_as_oracle(spark: Any, tmp_path: Path) -> None:
+    _on_disk(tmp_path)
+    inp = _growing(tmp_path / "in")
+    budget = 512 << 10
+    rows, state, failures = run_query(spark, inp, tmp_path, ss.RunningAggregate("v"),
+                                      partitions=PARTS, page_bytes=PB, capacity_bytes=64 << 20,
+                                      memory_budget="512k", restarts=0)
+    assert failures == 0
+    assert (rows, state) == running_oracle(inp.tables)
+    recs = _check_evicted(tmp_path, budget)
+    # pages went to disk only once the state had outgrown the partition's share
+    first = min(r["batch"] for r in recs if r["evicted_bytes"] > 0)
+    assert first > 0
+
+
+def test_working_set_too_large_then_larger_budget(spark: Any, tmp_path: Path) -> None:
+    _on_disk(tmp_path)
+    # two small batches fit; the third writes about 100 KB of pages per partition
+    inp = _input(tmp_path / "in", [(200, 0, 100), (200, 0, 100), (4000, 0, 5000),
+                                   (400, 0, 5000)], seed=7)
+    uri, local = str(tmp_path / "state"), str(tmp_path / "local")
+
+    def start(budget: str) -> Any:
+        out = ss.stateful(stream(spark, inp), "k", ss.RunningAggregate("v"), uri, PARTS,
+                          local_dir=local, page_bytes=PB, capacity_bytes=64 << 20,
+                          memory_budget=budget)
+        return (out.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+
+    q = start("64k")
+    try:
+        with pytest.raises(Exception) as info:
+            q.processAllAvailable()
+    finally:
+        q.stop()
+    msg = str(info.value)
+    assert "WorkingSetTooLargeError" in msg, msg[:2000]
+    m = re.search(r"partition ([01]) of 'running_aggregate' \(generation 0\) at \S+: one batch "
+                  r"touched (\d+) bytes of pages, more than the (\d+) bytes it may keep in "
+                  r"memory \(executor memory budget 65536 bytes shared by \d partition\(s\); "
+                  r"state (\d+) bytes\)", msg)
+    assert m is not None, msg[:2000]
+    assert int(m.group(2)) > int(m.group(3)) and int(m.group(4)) >= int(m.group(2))
+    assert last_batch(tmp_path) == 1  # batches 0 and 1 committed, 2 did not
+
+    q = start("8m")  # the same query, a larger budget: it goes on from batch 2
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    rows = sorted(tuple(r) for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    assert rows == running_oracle(inp.tables)[0]  # every batch's output once
+    batches, _ = landed_metrics(open_root(uri), every_batch(3, PARTS))
+    assert {r["executor_budget_bytes"] for r in batches if r["batch"] >= 2} == {8 << 20}
+
+
+def test_bad_budget_and_tmpfs_local_dir(spark: Any, tmp_path: Path) -> None:
+    inp = _input(tmp_path / "in", [(10, 0, 5)], seed=1)
+    with pytest.raises(BudgetError, match="memory_budget: '12 apples' is not a size"):
+        ss.stateful(stream(spark, inp), "k", ss.RunningAggregate("v"), str(tmp_path / "s"),
+                    1, memory_budget="12 apples")
+    spark.conf.set("sguard.memoryBudget", "-3m")
+    try:
+        with pytest.raises(BudgetError, match="sguard.memoryBudget: '-3m' is not a size"):
+            ss.stateful(stream(spark, inp), "k", ss.RunningAggregate("v"),
+                        str(tmp_path / "s"), 1)
+    finally:
+        spark.conf.unset("sguard.memoryBudget")
+    if os.path.isdir("/dev/shm") and is_memory_fs("/dev/shm"):
+        with pytest.raises(BudgetError, match="local_dir /dev/shm/x is on a memory file"):
+            ss.stateful(stream(spark, inp), "k", ss.RunningAggregate("v"),
+                        str(tmp_path / "s"), 1, memory_budget="1g", local_dir="/dev/shm/x")
+    assert not (tmp_path / "s" / "sguard-operator.json").exists()  # nothing written
+
+
+def test_worker_killed_while_evicting(spark: Any, tmp_path: Path) -> None:
+    _on_disk(tmp_path)
+    inp = _growing(tmp_path / "in")
+    (tmp_path / "faults").mkdir()
+    plan = ss.FaultPlan((ss.Fault("kill", 4, 0, "mid"), ss.Fault("kill", 5, 1, "end")),
+                        str(tmp_path / "faults"))
+    rows, state, _ = run_query(spark, inp, tmp_path, ss.RunningAggregate("v"),
+                               partitions=PARTS, page_bytes=PB, capacity_bytes=64 << 20,
+                               memory_budget=512 << 10, faults=plan)
+    assert len(os.listdir(plan.fault_dir)) == 2  # both kills fired
+    assert (rows, state) == running_oracle(inp.tables)
+    _check_evicted(tmp_path, 512 << 10)
