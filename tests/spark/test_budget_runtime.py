@@ -193,11 +193,16 @@ def test_worker_killed_while_evicting(spark: Any, tmp_path: Path) -> None:
     _on_disk(tmp_path)
     inp = _growing(tmp_path / "in")
     (tmp_path / "faults").mkdir()
-    plan = ss.FaultPlan((ss.Fault("kill", 4, 0, "mid"), ss.Fault("kill", 5, 1, "end")),
-                        str(tmp_path / "faults"))
+    # two kills once the state has outgrown the budget, then partition 0's local state
+    # lost: it restores a state larger than its share from its checkpoint, and the
+    # restored pages do not count as the batch's
+    plan = ss.FaultPlan((ss.Fault("kill", 4, 0, "mid"), ss.Fault("kill", 5, 1, "end"),
+                         ss.Fault("delete_local", 6, 0, "start")), str(tmp_path / "faults"))
     rows, state, _ = run_query(spark, inp, tmp_path, ss.RunningAggregate("v"),
                                partitions=PARTS, page_bytes=PB, capacity_bytes=64 << 20,
                                memory_budget=512 << 10, faults=plan)
-    assert len(os.listdir(plan.fault_dir)) == 2  # both kills fired
+    assert len(os.listdir(plan.fault_dir)) == 3  # every fault fired
     assert (rows, state) == running_oracle(inp.tables)
-    _check_evicted(tmp_path, 512 << 10)
+    recs = {(r["batch"], r["partition"]): r for r in _check_evicted(tmp_path, 512 << 10)}
+    assert recs[(6, 0)]["recovery"] == "restored", recs[(6, 0)]["reason"]
+    assert recs[(6, 0)]["state_bytes"] > recs[(6, 0)]["budget_bytes"]
