@@ -351,3 +351,59 @@ def test_kill_9_during_eviction_then_local_recovery() -> None:
         assert found.all() and got["c"].tolist() == [model[k] for k in sorted(model)]
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_working_set_of_written_pages_leaves_out_what_a_reader_brought_in() -> None:
+    """`enforce(written_since=clock)`: pages another reader of the pool brought in (a
+    checkpoint writer, a recovery) do not count as the batch's; the pages the batch wrote
+    (copied on write after the snapshot: new versions) do."""
+    d = _disk_dir()
+    try:
+        pm = _ORIG_PM(page_bytes=4096, capacity_bytes=16 << 20, path=os.path.join(d, "pool"))
+        cache = PageCache(pm.pool, 8 * 4096, name="p")
+        m = mmm.HashMap.create(pm, "m", key="<u8", value=[("c", "<i8")])
+        keys = np.arange(20000, dtype="<u8")
+        m.put(keys, np.zeros(len(keys), dtype=[("c", "<i8")]))
+        cache.evict_all()
+        cache.enforce()
+        snap = pm.chkpt()  # the rollback point: writes now go to new frames
+        clock0 = int(pm.pool.clock)
+        _ = int(pm.pool.frames[np.flatnonzero(pm.pool.state)].sum())  # a reader: every page
+        m.put(keys[:2], np.ones(2, dtype=[("c", "<i8")]))  # the batch: two keys
+        n_pages = int(pm.pool.used_frames)
+        cache.enforce(check=True, written_since=clock0)  # no error: the keys' pages only
+        assert 0 < cache.last_working_set_bytes <= 4 * 4096 < n_pages * 4096 // 4
+        _within_budget(cache)
+        # without the clock every page that came in counts
+        _ = int(pm.pool.frames[np.flatnonzero(pm.pool.state)].sum())
+        with pytest.raises(WorkingSetTooLargeError):
+            cache.enforce(check=True)
+        found, vals = m.get(keys[:3])
+        assert found.all() and vals["c"].tolist() == [1, 1, 0]
+        snap.release()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_unmap_leaves_the_bytes_and_the_page_cache() -> None:
+    """`unmap`: nothing of the pool stays mapped in this process, every byte is still
+    there (and a write after it lands), the page cache keeps the pages until evicted."""
+    d = _disk_dir()
+    try:
+        pm, frames = _pool_with_pages(d, 30)
+        cache = PageCache(pm.pool, 64 * 4096, name="u")
+        assert cache.mapped_bytes() >= 30 * 4096
+        before = cache.resident_bytes()
+        cache.unmap()
+        assert cache.mapped_bytes() == 0
+        assert cache.resident_bytes() == before  # unmapped, not dropped
+        assert np.array_equal(pm.pool.frames[frames, 64:],
+                              np.broadcast_to((frames[:, None] % 251).astype(np.uint8),
+                                              (30, 4096 - 64)))
+        pm.pool.frames[frames[:5], 100] = 7
+        cache.unmap()
+        cache.evict_all()  # from the file now
+        assert cache.resident_bytes() == 0
+        assert (pm.pool.frames[frames[:5], 100] == 7).all()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

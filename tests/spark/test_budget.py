@@ -201,3 +201,40 @@ def test_a_batch_that_cannot_fit_names_partition_size_and_budget_then_runs_when_
     with pytest.raises(BudgetError):
         ex.set_budget_bytes(0)
     assert ex.budget_bytes == 64 * PB
+
+
+def test_a_query_budget_from_keyword_then_option_then_pyspark_memory() -> None:
+    """`MemoryBudget.for_query`: the first value given wins; none is no budget; ``auto``
+    is the machine fraction; a bad value names where it came from."""
+    assert MemoryBudget.for_query(None, None, None) is None
+    assert MemoryBudget.for_query(None, "  ", None) is None
+    assert MemoryBudget.for_query("64m", "1g", "2g") == MemoryBudget(64 << 20, source="option")
+    assert MemoryBudget.for_query(None, "1g", "2g") == MemoryBudget(1 << 30, source="option")
+    assert MemoryBudget.for_query(None, None, "2g") == MemoryBudget(2 << 30,
+                                                                    source="pyspark.memory")
+    assert MemoryBudget.for_query(4096, None, None) == MemoryBudget(4096, source="option")
+    auto = MemoryBudget.for_query(None, "AUTO", "2g")
+    assert auto is not None and auto.budget_bytes is None
+    assert auto.resolve() == int(machine_memory_bytes() * DEFAULT_MACHINE_FRACTION)
+    for args, what in (((1.5, None, None), "memory_budget"), ((None, "x", None), QUERY_OPTION),
+                       ((None, None, "0"), PYSPARK_MEMORY), ((True, None, None), "memory_budget")):
+        with pytest.raises(BudgetError, match=what.replace(".", r"\.")):
+            MemoryBudget.for_query(*args)  # type: ignore[arg-type]
+
+
+def test_one_executor_budget_per_ledger_and_disk_local_dirs(disk: str) -> None:
+    from sguard.spark.budget import executor_budget
+    from sguard.spark.placement import disk_local_dir
+    led = os.path.join(disk, "ledger")
+    a = executor_budget(led, 1 << 20)
+    assert executor_budget(led, 1 << 20) is a
+    assert executor_budget(led, 2 << 20) is a and a.budget_bytes == 2 << 20  # raised
+    assert executor_budget(os.path.join(disk, "other"), 1 << 20) is not a
+    with pytest.raises(BudgetError):
+        executor_budget(led, 0)
+    assert a.budget_bytes == 2 << 20  # unchanged by the refused value
+    assert disk_local_dir(1, [disk]) == os.path.join(disk, f"sguard-{os.getuid()}")
+    if is_memory_fs("/dev/shm"):
+        assert disk_local_dir(1, ["/dev/shm", disk]).startswith(disk)
+        with pytest.raises(BudgetError, match="every local directory"):
+            disk_local_dir(1, ["/dev/shm"])
