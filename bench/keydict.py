@@ -18,6 +18,7 @@ keys already known: the steady state of a running aggregate):
 
 Run: ``python -m bench.keydict [--quick] [--out DIR]``. Writes ``DIR/keydict.json``;
 summary: ``intern_ns_per_key_over_int_upsert`` (per key kind and group count),
+``index_bytes_per_key`` and ``bytes_per_key`` (the index's pages, and all pages, over the keys),
 ``string_state_over_int_state`` (target <= 2, issue 17), ``ns_per_key``, and both ratios
 in process CPU time (``cpu_time``, steadier on a loaded machine). Each variant's best of
 ``repeats`` interleaved runs.
@@ -136,7 +137,9 @@ def bench_groups(kind: str, groups: int, n: int, batch: int, repeats: int) -> di
             "cpu_time": {"intern_over_int_upsert": min(cpu["intern"]) / cbase,
                          "string_state_over_int_state": min(cpu["string_state"]) / cbase,
                          "ns_per_key": {k: min(v) / n * 1e9 for k, v in cpu.items()}},
-            "seconds": runs, "pages": kd.page_count}
+            "seconds": runs, "pages": kd.page_count,
+            "index_bytes_per_key": kd.memory()["index"] / groups,
+            "bytes_per_key": sum(kd.memory().values()) / groups}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"ns/row); intern+upsert {r['string_state_over_int_state']:.2f}x; lookup "
                   f"{ns['lookup']:.1f}, keys {ns['keys']:.1f}, new keys {ns['intern_new']:.1f} "
                   f"ns/key (CPU time: {r['cpu_time']['intern_over_int_upsert']:.2f}x, "
-                  f"{r['cpu_time']['string_state_over_int_state']:.2f}x)")
+                  f"{r['cpu_time']['string_state_over_int_state']:.2f}x); index "
+                  f"{r['index_bytes_per_key']:.1f} B/key, all pages {r['bytes_per_key']:.1f} B/key")
     summary = {
         "intern_ns_per_key_over_int_upsert": {k: round(v["intern_over_int_upsert"], 3)
                                               for k, v in results.items()},
@@ -167,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         for k, v in results.items()},
         "ns_per_key": {k: {m: round(x, 2) for m, x in v["ns_per_key"].items()}
                        for k, v in results.items()},
+        "index_bytes_per_key": {k: round(v["index_bytes_per_key"], 1) for k, v in results.items()},
+        "bytes_per_key": {k: round(v["bytes_per_key"], 1) for k, v in results.items()},
         "cpu_time": {k: {m: round(x, 3) for m, x in v["cpu_time"].items() if m != "ns_per_key"}
                      for k, v in results.items()},
         "targets": {"intern_ns_per_key_over_int_upsert": "<= 1.5-2 (short keys)",

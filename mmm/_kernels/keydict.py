@@ -9,11 +9,12 @@ HDR + ...``::
         key, else key length + 1; a key of up to 20 bytes sits in ``data``,
         a longer one in a chain of chunks whose first chunk + 1 is data[0:8]
     chunk (64 B)               [data 56 B][next chunk + 1 (0: end) i64]
-    index slot (32 B)          [hash u64][id + 1 i64 (0: empty, -1: deleted)][key 15 B][len u8]
-        a key of up to 15 bytes is copied into its slot (len byte: its length), so
-        finding it reads one cache line; a longer key has len byte 0xFF, its length
-        (u32) at byte 24 and, beyond 20 bytes, its first chunk + 1 at byte 16
-        (compared along the chunks without reading the record)
+    index slot (8 B, u64)      [id + 1: bits 0-31 (0: empty, 0xFFFFFFFF: deleted)]
+                               [the hash's low 32 bits: bits 32-63]
+        a probe reads a slot's record (full hash, length, bytes) only when the slot's
+        32 hash bits match: a different key almost never costs a record read, and
+        eight slots share a cache line (format 2; format 1's 32-byte slots, which
+        copied keys of up to 15 bytes into the slot, are rebuilt into these on first use)
     control (int64 words)      see the C_* constants
 
 Keys arrive in Arrow layout: ``data`` (uint8) and ``offs`` (int32 or int64,
@@ -67,13 +68,17 @@ LENF_OFF = 28     # record: lenf (u32)
 NULL_LEN = 0xFFFFFFFF
 CHUNK = 64        # chunk bytes
 CDATA = 56        # key bytes per chunk
-SLOT = 32         # index slot bytes
-SLOT_INLINE = 15  # key bytes copied into the index slot
-SLOT_LONG = 0xFF  # slot length byte of a longer key
+SLOT = 8          # index slot bytes (format 2)
+SLOT_V1 = 32      # index slot bytes of format 1
+TOMB = 0xFFFFFFFF  # the id field of a deleted slot
+MAX_IDS = 0xFFFFFFFE  # ids are below this (id + 1 fits the slot's 32-bit field)
+LO32 = np.uint64(0xFFFFFFFF)
 
 # control words (int64, after the control page's header)
-C_HIGH, C_LIVE, C_FREEID, C_CBUMP, C_FREECH, C_NULL, C_USED, C_TOMBS, C_IGEN, C_IPAGES = range(10)
-N_CTL = 10
+(C_HIGH, C_LIVE, C_FREEID, C_CBUMP, C_FREECH, C_NULL, C_USED, C_TOMBS, C_IGEN, C_IPAGES,
+ C_SLOTB) = range(11)
+N_CTL = 11
+"""``C_SLOTB``: the index's slot bytes, `SLOT`; 0 in format 1 (32-byte slots, no such word)."""
 
 # geo: page_bytes, records/page, chunks/page, slots/page, index slots, hash mask, epoch,
 # control seq, index load limit (used slots), record pages, chunk pages, and the `magic`
@@ -383,19 +388,28 @@ def _chain_eq(T: Any, g: Any, c: Any, db: Any, a: Any, L: Any, dlen: Any) -> Any
 
 
 @_scalar
-def _slot_holds(sa: Any, h: Any, db: Any, a: Any, L: Any, dlen: Any, T: Any, g: Any) -> Any:
-    """The live index slot at address ``sa`` holds the key ``data[a:a+L]`` (hash ``h``):
-    compared in the slot (up to 15 bytes), in the record (up to 20) or along the chunks."""
-    if _ld(sa) != h:
-        return False
-    lb = np.int64(_ld8(sa + 31))
-    if lb != SLOT_LONG:
-        return lb == L and _eq_bytes(sa + 16, db, a, L, dlen)
-    if L <= SLOT_INLINE or np.int64(_ld_u32(sa + 24)) != L:
+def _slot_word(h: Any, tag: Any) -> Any:
+    """The slot of id ``tag - 1`` with hash ``h``."""
+    return ((h & LO32) << np.uint64(32)) | np.uint64(tag)
+
+
+@_scalar
+def _rec_holds(ra: Any, h: Any, db: Any, a: Any, L: Any, dlen: Any, T: Any, g: Any) -> Any:
+    """The live record at address ``ra`` holds the key ``data[a:a+L]`` (hash ``h``):
+    compared in the record (up to 20 bytes) or along the chunks."""
+    if _ld(ra) != h or np.int64(_ld_u32(ra + LENF_OFF)) != L + 1:
         return False
     if L <= INLINE:
-        return _eq_bytes(_rec_at(T, g, _ld_i64(sa + 8) - 1) + 8, db, a, L, dlen)
-    return _chain_eq(T, g, _ld_i64(sa + 16) - 1, db, a, L, dlen)
+        return _eq_bytes(ra + 8, db, a, L, dlen)
+    return _chain_eq(T, g, _ld_i64(ra + 8) - 1, db, a, L, dlen)
+
+
+@_scalar
+def _slot_holds(w: Any, h: Any, db: Any, a: Any, L: Any, dlen: Any, T: Any, g: Any) -> Any:
+    """The live index slot ``w`` holds the key ``data[a:a+L]`` (hash ``h``)."""
+    if (w >> np.uint64(32)) != (h & LO32):
+        return False
+    return _rec_holds(_rec_at(T, g, np.int64(w & LO32) - 1), h, db, a, L, dlen, T, g)
 
 
 @_scalar
@@ -417,14 +431,14 @@ def _probe(h: Any, home: Any, db: Any, a: Any, L: Any, dlen: Any, T: Any, g: Any
     k = s - p * g[G_SPP]
     tomb = np.int64(-1)
     while True:
-        sa = _page_at(T, g, _i64(T[T_ISEQS], p)) + k * SLOT
-        v = _ld_i64(sa + 8)
+        w = _ld(_page_at(T, g, _i64(T[T_ISEQS], p)) + k * SLOT)
+        v = np.int64(w & LO32)
         if v == 0:
             return np.int64(-1), s, tomb
-        if v < 0:
+        if v == TOMB:
             if tomb < 0:
                 tomb = s
-        elif _slot_holds(sa, h, db, a, L, dlen, T, g):
+        elif _slot_holds(w, h, db, a, L, dlen, T, g):
             return v - 1, s, tomb
         s, p, k = _next_slot(s, p, k, g[G_CAP], g[G_SPP])
 
@@ -516,21 +530,10 @@ def _put_chunks(k: Any, db: Any, a: Any, L: Any, dlen: Any, T: Any, g: Any, SCR:
 @_scalar
 def _put_slot(s: Any, nid: Any, h: Any, L: Any, k: Any, tomb: Any, db: Any, a: Any,
               dlen: Any, T: Any, g: Any, SCR: Any) -> None:
-    """Write index slot ``s`` (a deleted one if ``tomb`` >= 0) of new key ``nid``: its hash,
-    id and bytes (up to 15) or length and first chunk."""
-    sa = _slot_at(T, g, s)
+    """Write index slot ``s`` (a deleted one if ``tomb`` >= 0) of new key ``nid``: its id
+    and 32 bits of its hash."""
     _stamp(T, g, _slot_seq(T, g, s))
-    _st(sa, h)
-    _st_i64(sa + 8, nid + 1)
-    _st(sa + 16, np.uint64(0))
-    _st(sa + 24, np.uint64(0))
-    if L <= SLOT_INLINE:
-        _put_bytes(sa + 16, db, a, L, dlen)
-        _st8(sa + 31, np.uint64(L))
-    else:
-        _st_i64(sa + 16, _i64(SCR, 0) + 1 if k > 0 else np.int64(0))
-        _st_u32(sa + 24, np.uint32(L))
-        _st8(sa + 31, np.uint64(SLOT_LONG))
+    _st(_slot_at(T, g, s), _slot_word(h, nid + 1))
     if tomb < 0:
         _ctl_add(T[T_CTL], C_USED, 1)
     else:
@@ -565,17 +568,6 @@ def _add_key(isnull: Any, h: Any, s: Any, tomb: Any, db: Any, a: Any, L: Any, dl
     return DONE, nid
 
 
-@_scalar
-def _prefetch_long(sa: Any, T: Any, g: Any) -> None:
-    """Prefetch the first chunk (over 20 bytes) or the record of the long key in the index
-    slot at address ``sa``."""
-    head = _ld_i64(sa + 16)
-    if head > 0:
-        _prefetch_at(_chunk_at(T, g, head - 1))
-    else:
-        _prefetch_at(_rec_at(T, g, _ld_i64(sa + 8) - 1))
-
-
 @jit
 def _hash_chunk(c0: Any, c1: Any, X: Any, SC: Any, T: Any, g: Any) -> None:
     """Pass 1: hash each row's key, note its home slot and prefetch it."""
@@ -592,25 +584,40 @@ def _hash_chunk(c0: Any, c1: Any, X: Any, SC: Any, T: Any, g: Any) -> None:
 
 
 @jit
-def _peek_chunk(c0: Any, c1: Any, X: Any, OUT: Any, SC: Any, T: Any, g: Any) -> None:
-    """Pass 2: a short key in its home slot is found here (``out``, and its hit flag); for a
-    long one, prefetch the record or chunk the home slot names if its hash matches."""
+def _peek_chunk(c0: Any, c1: Any, X: Any, SC: Any, T: Any, g: Any) -> None:
+    """Pass 2: when the home slot's hash bits match, note its id + 1 as the row's candidate
+    (``SC_HIT``) and prefetch its record."""
     for i in range(c0, c1):
         _st_i64(_sc(SC, SC_HIT, i - c0), 0)
         if _is_null(X, i):
             continue
-        sa = _slot_at(T, g, _i64(_sc(SC, SC_HOME, i - c0), 0))
-        v = _ld_i64(sa + 8)
-        if v <= 0 or _ld(sa) != _ld(_sc(SC, SC_HASH, i - c0)):
+        w = _ld(_slot_at(T, g, _i64(_sc(SC, SC_HOME, i - c0), 0)))
+        v = np.int64(w & LO32)
+        if v == 0 or v == TOMB or (w >> np.uint64(32)) != (_ld(_sc(SC, SC_HASH, i - c0)) & LO32):
             continue
-        lb = np.int64(_ld8(sa + 31))
-        if lb != SLOT_LONG:
-            a, L = _key(X, i)
-            if lb == L and _eq_bytes(sa + 16, X[X_DATA], a, L, X[X_DLEN]):
-                _st_i64(OUT + 8 * i, v - 1)  # an existing key does not move while the batch runs
-                _st_i64(_sc(SC, SC_HIT, i - c0), 1)
-        else:
-            _prefetch_long(sa, T, g)
+        _st_i64(_sc(SC, SC_HIT, i - c0), v)
+        _prefetch_at(_rec_at(T, g, v - 1))
+
+
+@jit
+def _match_chunk(c0: Any, c1: Any, X: Any, OUT: Any, SC: Any, T: Any, g: Any) -> None:
+    """Pass 3: a candidate whose record holds the row's key of up to 20 bytes is found here
+    (``out``; ``SC_HIT`` -1); for a longer key whose hash and length match, prefetch its
+    first chunk (pass 4 compares it)."""
+    for i in range(c0, c1):
+        v = _i64(_sc(SC, SC_HIT, i - c0), 0)
+        if v <= 0:
+            continue
+        ra = _rec_at(T, g, v - 1)
+        a, L = _key(X, i)
+        if L > INLINE:
+            if _ld(ra) == _ld(_sc(SC, SC_HASH, i - c0)) and \
+                    np.int64(_ld_u32(ra + LENF_OFF)) == L + 1:
+                _prefetch_at(_chunk_at(T, g, _ld_i64(ra + 8) - 1))
+            continue
+        if _rec_holds(ra, _ld(_sc(SC, SC_HASH, i - c0)), X[X_DATA], a, L, X[X_DLEN], T, g):
+            _st_i64(OUT + 8 * i, v - 1)  # an existing key does not move while the batch runs
+            _st_i64(_sc(SC, SC_HIT, i - c0), -1)
 
 
 @jit
@@ -620,7 +627,7 @@ def _apply_chunk(mode: Any, c0: Any, c1: Any, X: Any, OUT: Any, ST: Any, SC: Any
     a status (``state`` at ``ST`` = [row, arg] as `intern_rows`)."""
     db, dlen = X[X_DATA], X[X_DLEN]
     for i in range(c0, c1):
-        if _i64(_sc(SC, SC_HIT, i - c0), 0) != 0:
+        if _i64(_sc(SC, SC_HIT, i - c0), 0) < 0:
             continue
         _st_i64(ST, i)
         isnull = _is_null(X, i)
@@ -700,9 +707,10 @@ def intern_rows(mode: Any, i0: Any, db: Any, dlen: Any, offs: Any, valid: Any, h
     `SCRATCH` entries and then at least the chunk count of the longest key. Returns a
     status code.
 
-    Rows go in chunks of `CHUNK_ROWS`, in three passes (each a function): hash each row and
-    prefetch its home index slot; find a short key in its home slot, or prefetch the record
-    the home slot names when its hash matches; then probe, compare and intern in input order.
+    Rows go in chunks of `CHUNK_ROWS`, in four passes (each a function): hash each row and
+    prefetch its home index slot; prefetch the record the home slot names when its hash
+    bits match; find a key of up to 20 bytes in that record, or prefetch a longer one's
+    first chunk; then probe, compare and intern in input order.
     """
     _check_tables(offs, valid, fseq, mod, pins, rseqs, cseqs, iseqs, geo, out, scratch, state)
     g = _geo_of(geo)
@@ -716,7 +724,8 @@ def intern_rows(mode: Any, i0: Any, db: Any, dlen: Any, offs: Any, valid: Any, h
     while c0 < n:
         c1 = min(c0 + CHUNK_ROWS, n)
         _hash_chunk(c0, c1, X, SC, T, g)
-        _peek_chunk(c0, c1, X, OUT, SC, T, g)
+        _peek_chunk(c0, c1, X, SC, T, g)
+        _match_chunk(c0, c1, X, OUT, SC, T, g)
         code = _apply_chunk(mode, c0, c1, X, OUT, ST, SC, T, g)
         if code != DONE:
             return code
@@ -768,7 +777,7 @@ def remove_rows(i0: Any, ids: Any, pool: Any, fseq: Any, mod: Any, pins: Any, rs
             while True:
                 p = _div(g, MS)
                 sa = fseq[iseqs[p]] * pb + HDR + (g - p * SPP) * SLOT
-                v = i64[(sa >> 3) + 1]
+                v = np.int64(u64[sa >> 3] & LO32)
                 if v == rid + 1:
                     slot = g
                     iq = iseqs[p]
@@ -805,10 +814,7 @@ def remove_rows(i0: Any, ids: Any, pool: Any, fseq: Any, mod: Any, pins: Any, rs
             if slot >= 0:
                 sa = fseq[iq] * pb + HDR + (slot - _div(slot, MS) * SPP) * SLOT
                 mod[iq] = epoch
-                u64[sa >> 3] = np.uint64(0)
-                i64[(sa >> 3) + 1] = -1
-                u64[(sa + 16) >> 3] = np.uint64(0)
-                u64[(sa + 24) >> 3] = np.uint64(0)
+                u64[sa >> 3] = np.uint64(TOMB)
                 i64[cb + C_TOMBS] += 1
             if tail >= 0:
                 q = cseqs[_div(tail, MC)]
@@ -840,7 +846,6 @@ def rebuild_index(pool: Any, fseq: Any, rseqs: Any, newseqs: Any, high: Any, geo
     MS = geo[G_MS]
     cap = newseqs.shape[0] * SPP
     u64 = pool.view(np.uint64)
-    i64 = pool.view(np.int64)
     u32 = pool.view(np.uint32)
     used = 0
     for rid in range(high):
@@ -853,18 +858,8 @@ def rebuild_index(pool: Any, fseq: Any, rseqs: Any, newseqs: Any, high: Any, geo
         while True:
             p = _div(g, MS)
             sa = fseq[newseqs[p]] * pb + HDR + (g - p * SPP) * SLOT
-            if i64[(sa >> 3) + 1] == 0:
-                u64[sa >> 3] = h
-                i64[(sa >> 3) + 1] = rid + 1
-                L = lenf - 1
-                if L <= SLOT_INLINE:
-                    for t in range(L):
-                        pool[sa + 16 + t] = pool[ra + 8 + t]
-                    pool[sa + 31] = np.uint8(L)
-                else:
-                    i64[(sa + 16) >> 3] = i64[(ra + 8) >> 3] if L > INLINE else 0
-                    u32[(sa + 24) >> 2] = np.uint32(L)
-                    pool[sa + 31] = np.uint8(SLOT_LONG)
+            if u64[sa >> 3] == 0:
+                u64[sa >> 3] = _slot_word(h, rid + 1)
                 used += 1
                 break
             g += 1

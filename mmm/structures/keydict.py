@@ -13,17 +13,22 @@ and an ordinal within its role (header ``aux0``):
 
 control   one page: counters (ids allocated, live keys, free-id list head,
           chunk bump pointer, free-chunk list head, the null key's id, index
-          slots used and deleted, index generation and size)
+          slots used and deleted, index generation, size and slot bytes)
 record    ``id -> record`` (fixed 32 bytes, ``id // per_page`` is the ordinal):
           the key's 64-bit hash, its length, and its bytes inline when at most
           20 bytes long, else the first of a chain of chunks
 chunk     64-byte chunks (56 key bytes and the next chunk) for longer keys; a
           key of any length spans as many chunks (and pages) as it needs
-index     an open-addressing table (linear probing) of ``(hash, id, short key)``
-          slots (32 bytes: a key of up to 15 bytes is copied into its slot) over
-          all the index pages of the current generation (``aux1``), at most
-          70% used (deleted slots count); it is rebuilt into new pages, twice
-          as large, when a new key would pass that
+index     an open-addressing table (linear probing) of 8-byte slots (the id and
+          32 bits of the key's hash) over all the index pages of the current
+          generation (``aux1``), at most 70% used (deleted slots count); it is
+          rebuilt into new pages, twice as large, when a new key would pass that
+
+Format 2 (today's) has 8-byte index slots; format 1 had 32-byte ones (the full
+hash, the id and a key of up to 15 bytes). Records and chunks are the same in
+both, and the index is redundant with the records: a dictionary restored from a
+format-1 checkpoint rebuilds its index in format 2 on its first intern, lookup or
+remove (the control page's slot-bytes word, 0 in format 1, tells them apart).
 
 Ids are dense: a new key takes the most recently removed id, else the next
 one; within a batch, new keys get ids in order of first appearance, so a
@@ -33,16 +38,17 @@ replay of the same calls from the same state gives the same ids. The null key
 that later keys reuse (the pages themselves stay; the index is rebuilt
 smaller once most of it is deleted slots).
 
-Why this design: finding an existing key costs a hash over its bytes and one
-index slot, one cache line: the full hash is in the slot (a different key
-almost never costs a byte comparison) and a key of up to 15 bytes (ids,
-short names) is compared right there; a longer key also reads its record
-(up to 20 bytes inline) and, beyond 20 bytes, its chunks. Rows are hashed
-and their slots prefetched 32 at a time, so the misses overlap. An id is an
+Why this design: finding an existing key costs a hash over its bytes, one
+index slot and its record: 32 hash bits in the slot mean a different key
+almost never costs a record read, and the record holds the full hash, the
+length and a key of up to 20 bytes; a longer key also reads its chunks. Rows
+are hashed and their slots, then the records their slots name, then a long
+key's first chunk prefetched 32 at a time, so the misses overlap. An id is an
 array position, so ``keys(ids)`` is a gather. Fixed-size records and chunks
 need no compaction: space is reused through free lists, deterministically.
-Cost in memory: 32 bytes of record per key, 32-byte index slots at 35-70%
-load, and 64 bytes per started 56 bytes of a key longer than 20 bytes.
+Cost in memory: 32 bytes of record per key, 8-byte index slots at 35-70% load
+(11-23 bytes per key; 32-byte slots, 46-91 bytes, in format 1), and 64 bytes
+per started 56 bytes of a key longer than 20 bytes. At most 2**32 - 2 ids.
 
 Every operation is a compiled kernel pass (`mmm._kernels.keydict`) over the
 batch, in input order. A kernel never writes a page a snapshot pins and never
@@ -99,6 +105,7 @@ class KeyDict(Structure):
 
     KIND = "key_dict"
     MAX_LOAD = 0.7
+    FORMAT = 2  # the index layout of new dictionaries (module docstring)
 
     @classmethod
     def create(cls, pm: PageManager | Namespace, name: str, *, _hash_mask: int | None = None) -> "KeyDict":
@@ -121,7 +128,7 @@ class KeyDict(Structure):
 
     def __init__(self, pm: PageManager | Namespace, name: str, schema: dict[str, str], mask: int) -> None:
         self._ctl_seq = -1
-        super().__init__(pm, name, schema, {"hash_mask": str(mask), "format": 1})
+        super().__init__(pm, name, schema, {"hash_mask": str(mask), "format": self.FORMAT})
         self._mask = int(self._params["hash_mask"])
         if self._ctl_seq < 0:  # new: the control page and a one-page index
             self._gen = -1
@@ -135,6 +142,7 @@ class KeyDict(Structure):
             h["aux1"][fi] = 0
             c = self._ctl_view(fc)
             c[K.C_IPAGES] = 1
+            c[K.C_SLOTB] = K.SLOT
             self._sync()
 
     # -- page bookkeeping ---------------------------------------------------------------------
@@ -205,6 +213,12 @@ class KeyDict(Structure):
             h["aux0"][fr] = np.arange(len(self._cseqs), len(self._cseqs) + n)
             self._cseqs = np.concatenate([self._cseqs, seqs])
 
+    def _upgrade(self) -> None:
+        """Rebuild a format-1 index (32-byte slots) into today's (the records and chunks
+        are the same in both formats); a no-op on a format-2 dictionary."""
+        if int(self._ctl()[K.C_SLOTB]) != K.SLOT:
+            self._reindex(int(self._ctl()[K.C_LIVE]))
+
     def _reindex(self, want: int) -> None:
         """Rebuild the index into new pages sized for ``want`` keys at ``MAX_LOAD / 2``."""
         pm = self._pm
@@ -227,6 +241,7 @@ class KeyDict(Structure):
         old = np.concatenate([self._iseqs, self._stale_index])
         cw[K.C_IGEN] = gen
         cw[K.C_IPAGES] = n_pages
+        cw[K.C_SLOTB] = K.SLOT
         cw[K.C_USED] = used
         cw[K.C_TOMBS] = 0
         self._iseqs = new
@@ -377,23 +392,35 @@ class KeyDict(Structure):
         if n == 0:
             return out
         chunks = math.ceil(int(offs[-1] - offs[0]) / K.CDATA) + n if longest > K.INLINE else 0
-        self._guarded(lambda: self._run(K.MODE_INTERN, data, offs, vmask, has_valid, longest,
-                                        out), self._need_frames(n, chunks))
+        high = int(self._ctl()[K.C_HIGH])
+        if high + n > K.MAX_IDS and high - len(self) + n > K.MAX_IDS:
+            raise KeyFormatError(f"key dict {self.name!r}: intern: {n} keys could take ids past "
+                                 f"the {K.MAX_IDS} a key dict holds")
+
+        def run() -> None:
+            self._upgrade()
+            self._run(K.MODE_INTERN, data, offs, vmask, has_valid, longest, out)
+        self._guarded(run, self._need_frames(n, chunks))
         return out
 
     def lookup(self, data: Any, offsets: npt.NDArray[Any],
                valid: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.int64]:
-        """The id of each key, -1 where absent; changes nothing (arguments as `intern`).
+        """The id of each key, -1 where absent; changes nothing (arguments as `intern`), but
+        for the first call on a dictionary restored from format 1, which rebuilds its index
+        in today's format.
 
         Raises
         ------
         RecordTypeError, KeyFormatError
             Bad input (the argument named).
+        PoolExhaustedError
+            Rebuilding a format-1 index found too few frames; nothing changed.
         """
         self._sync()
         data, offs, vmask, has_valid, n, longest = self._input(data, offsets, valid, "lookup")
         out = np.empty(n, np.int64)
         if n:
+            self._guarded(self._upgrade, self._need_frames(0, 0))
             self._run(K.MODE_LOOKUP, data, offs, vmask, has_valid, longest, out)
         return out
 
@@ -474,6 +501,7 @@ class KeyDict(Structure):
         self._guarded(lambda: self._remove(order), self._need_frames(0, 0))
 
     def _remove(self, order: npt.NDArray[np.int64]) -> None:
+        self._upgrade()
         pm = self._pm
         state = np.zeros(2, np.int64)
         flat = self._flat
@@ -504,6 +532,15 @@ class KeyDict(Structure):
                                          self._rseqs, self._geo(), high)).astype(np.int64)
         data, offs, valid = self.keys(ids)
         return ids, data, offs, valid
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of pages by role: ``index``, ``records``, ``chunks`` and ``other`` (the
+        control and super pages), whole pages counted."""
+        self._sync()
+        pb = self._pb
+        index, recs, chunks = len(self._iseqs), len(self._rseqs), len(self._cseqs)
+        return {"index": index * pb, "records": recs * pb, "chunks": chunks * pb,
+                "other": (self._ps.n_pages - index - recs - chunks) * pb}
 
     def __repr__(self) -> str:
         return f"<KeyDict {self.name!r} len={len(self)} pages={self._ps.n_pages}>"
@@ -573,33 +610,24 @@ class KeyDict(Structure):
             f = int(chunk(f - 1)[K.CDATA:].view(np.int64)[0])
         assert sorted(used_ch) == list(range(int(c[K.C_CBUMP]))), "chunks lost or shared"
         assert int(c[K.C_CBUMP]) <= len(self._cseqs) * self._cpp
-        # index: each non-null key once, reachable from its home slot
-        assert len(self._iseqs) == int(c[K.C_IPAGES])
+        # index: each non-null key once, with its hash bits, reachable from its home slot
+        assert len(self._iseqs) == int(c[K.C_IPAGES]) and int(c[K.C_SLOTB]) == K.SLOT
         cap = len(self._iseqs) * self._spp
-        raw = np.concatenate([pool[int(fr_of[q]), HEADER_BYTES:HEADER_BYTES +
-                                   self._spp * K.SLOT].reshape(-1, K.SLOT)
-                              for q in self._iseqs])
-        slots = raw[:, :16].copy().view(np.int64)
-        ids_in = slots[:, 1]
-        assert int(np.count_nonzero(ids_in != 0)) == int(c[K.C_USED])
-        assert int(np.count_nonzero(ids_in == -1)) == int(c[K.C_TOMBS])
-        for g in np.flatnonzero(ids_in > 0).tolist():  # the short keys copied into slots
-            kb = key_of[int(ids_in[g]) - 1]
-            if len(kb) <= K.SLOT_INLINE:
-                assert raw[g, 31] == len(kb) and bytes(raw[g, 16:16 + len(kb)]) == kb
-            else:
-                assert raw[g, 31] == K.SLOT_LONG
-                assert int(raw[g, 24:28].view(np.uint32)[0]) == len(kb)
-                rid = int(ids_in[g]) - 1
-                head = int(raw[g, 16:24].view(np.int64)[0])
-                assert head == (int(rec(rid)[8:16].view(np.int64)[0])
-                                if len(kb) > K.INLINE else 0), "slot's first chunk"
+        words = np.concatenate([pool[int(fr_of[q]), HEADER_BYTES:HEADER_BYTES +
+                                     self._spp * K.SLOT].view(np.uint64)
+                                for q in self._iseqs])
+        tag = (words & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        assert int(np.count_nonzero(tag != 0)) == int(c[K.C_USED])
+        assert int(np.count_nonzero(tag == K.TOMB)) == int(c[K.C_TOMBS])
+        assert not np.any(words[tag == K.TOMB] >> np.uint64(32)), "a deleted slot's hash bits"
         assert int(c[K.C_USED]) <= cap * self.MAX_LOAD
-        full = ids_in > 0
-        assert sorted((ids_in[full] - 1).tolist()) == sorted(keys.values())
+        full = (tag != 0) & (tag != K.TOMB)
+        assert sorted((tag[full] - 1).tolist()) == sorted(keys.values())
         for g in np.flatnonzero(full).tolist():
-            h = int(slots[g, 0]) & _FULL_MASK
+            rid = int(tag[g]) - 1
+            h = int(rec(rid)[:8].view(np.uint64)[0])
+            assert int(words[g]) >> 32 == h & 0xFFFFFFFF, "slot's hash bits"
             home = ((h >> 32) * cap) >> 32
             while home != g:  # no empty slot between the home and the key's slot
-                assert ids_in[home] != 0, "key unreachable by probing"
+                assert tag[home] != 0, "key unreachable by probing"
                 home = (home + 1) % cap
