@@ -21,6 +21,13 @@ A budgeted configuration one of whose batches touches more pages than the budget
 stops there and reports ``failed`` (the `WorkingSetTooLargeError`) and no throughput.
 The Spark SQL aggregate on RocksDB under the same limit is not measured yet
 (``big_state_ratio_vs_rocksdb_sql_uniform`` is null).
+
+``--runtime`` measures something else (`runtime_main`): what a budget costs a state that
+fits in memory, through the Spark runtime's batch path (`sguard.spark.runtime`, no
+Spark): the default pool under /dev/shm without a budget against a pool on ``--dir``
+under a budget larger than the state, interleaved ``--reps`` times; summary
+``disk_over_shm_call_ms``, ``disk_over_shm_apply_ms``, ``budget_ms_median``
+(``big_state_runtime.json``/``.png``).
 """
 from __future__ import annotations
 

@@ -490,7 +490,7 @@ class _Partition:
                 ck_parts = {**self.ckpt.last_call_ms, "checkpoint_base": self.ckpt.base_source}
                 if pending is not None:
                     prepare_ms = pending.prepare_s * 1e3
-                    pending.add_done_callback(lambda _p: self._maybe_release())
+                    pending.add_done_callback(self._checkpoint_landed(self.cache))
                     if forced:
                         pending.exception(60)
                         raise AssertionError("the checkpoint fault did not fire")
@@ -555,6 +555,20 @@ class _Partition:
             with self._mu:
                 self._task = False
             self._maybe_release()
+
+    def _checkpoint_landed(self, cache: PageCache | None) -> Callable[[Any], None]:
+        """The callback of a checkpoint in flight: with a memory budget, unmap the pages
+        its writer faulted in (so the worker running the partition next can evict
+        them); then let the lock go when no task runs."""
+        def done(_pending: Any) -> None:
+            if cache is not None:
+                try:
+                    cache.unmap()  # the cache holds the pool, hence its mapping
+                except OSError as exc:  # only memory stays mapped: never fails a checkpoint
+                    logger.warning("partition %d: unmapping after a checkpoint: %s", self.p,
+                                   exc)
+            self._maybe_release()
+        return done
 
     def _after_batch(self, clock0: int) -> tuple[float, dict[str, int]]:
         """With a memory budget: bring the partition's resident pages within its share
