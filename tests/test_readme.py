@@ -36,9 +36,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+
+from ioservice.testing import SeaweedCluster
+from tests.ioservice.conftest import seaweed  # noqa: F401 - the SeaweedFS cluster fixture
 
 #: appended to a command (matched by its leading words) to run it small
 REDUCED: dict[tuple[str, ...], list[str]] = {
@@ -318,15 +322,16 @@ def test_no_page_speaks_of_sessions() -> None:
             assert allowed.search(context), f"{page}: ...{context}..."
 
 
-def test_readme_s3_configuration_works_against_a_real_s3(tmp_path: Path) -> None:
+def test_readme_s3_configuration_works_against_a_real_s3(tmp_path: Path,
+                                                        seaweed: SeaweedCluster) -> None:
     """The S3 lines of the guide that documents storage roots (```text: they need a service)
-    work with their placeholders filled in for a local SeaweedFS cluster: the documented
+    work with their placeholders filled in for a local SeaweedFS cluster (the suite's, shared
+    with the other SeaweedFS tests of this process; a prefix of its own): the documented
     environment variables are the ones `sguard checkpoints` reads."""
     import numpy as np
 
     import mmm
     from ioservice import CheckpointManager, open_root
-    from ioservice.testing import SeaweedCluster
     from mmm.structures.hashmap import HashMap
 
     texts = [page_text(page) for page in pages()]
@@ -334,28 +339,28 @@ def test_readme_s3_configuration_works_against_a_real_s3(tmp_path: Path) -> None
     lines = [ln.strip() for body in blocks(text, "text") for ln in body.splitlines()]
     s3_lines = [ln for ln in lines if "SGUARD_S3_ENDPOINT" in ln or "s3://" in ln]
     assert len(s3_lines) == 2 and s3_lines[0].startswith("export "), s3_lines
-    with SeaweedCluster() as cluster:
-        cluster.create_bucket("readme")
-        host_port = cluster.s3_endpoint.removeprefix("http://")
-        root = open_root("s3://readme/ckpt", s3_endpoint=cluster.s3_endpoint,
-                         s3_access_key=cluster.access_key, s3_secret_key=cluster.secret_key)
-        pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
-        counts = HashMap.create(pm, "counts", key="<u4", value=[("n", "<i8")])
-        counts.upsert(np.arange(100, dtype="<u4"), combine={"n": "count"})
-        with CheckpointManager(pm, root, "readme0") as mgr:
-            pending = mgr.checkpoint()
-            assert pending is not None
-            pending.result()
-        fill = {"<host>:<port>": host_port, "<key>": cluster.access_key,
-                "<secret>": cluster.secret_key, "<bucket>": "readme", "<prefix>": "ckpt"}
-        script = "\n".join(s3_lines)
-        for placeholder, value in fill.items():
-            script = script.replace(placeholder, value)
-        assert "<" not in script, script
-        clone = fresh_clone(checkout(), tmp_path / "clone")
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("AWS_", "SGUARD_S3")) and k != "PYTHONPATH"}
-        out = subprocess.run(["bash", "-ec", script], cwd=clone, env=env, capture_output=True,
-                             text=True, timeout=300)
+    prefix = f"ckpt-{uuid.uuid4().hex[:12]}"
+    seaweed.create_bucket("readme")
+    host_port = seaweed.s3_endpoint.removeprefix("http://")
+    root = open_root(f"s3://readme/{prefix}", s3_endpoint=seaweed.s3_endpoint,
+                     s3_access_key=seaweed.access_key, s3_secret_key=seaweed.secret_key)
+    pm = mmm.PageManager(page_bytes=4096, capacity_bytes=1 << 22)
+    counts = HashMap.create(pm, "counts", key="<u4", value=[("n", "<i8")])
+    counts.upsert(np.arange(100, dtype="<u4"), combine={"n": "count"})
+    with CheckpointManager(pm, root, "readme0") as mgr:
+        pending = mgr.checkpoint()
+        assert pending is not None
+        pending.result()
+    fill = {"<host>:<port>": host_port, "<key>": seaweed.access_key,
+            "<secret>": seaweed.secret_key, "<bucket>": "readme", "<prefix>": prefix}
+    script = "\n".join(s3_lines)
+    for placeholder, value in fill.items():
+        script = script.replace(placeholder, value)
+    assert "<" not in script, script
+    clone = fresh_clone(checkout(), tmp_path / "clone")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AWS_", "SGUARD_S3")) and k != "PYTHONPATH"}
+    out = subprocess.run(["bash", "-ec", script], cwd=clone, env=env, capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "readme0-1" in out.stdout, out.stdout  # the checkpoint written above
