@@ -70,9 +70,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _scalar(fn: F) -> F:
-    """A scalar helper, compiled into its callers. Not cached on disk itself: its callers'
-    cached code holds it, and a disk cache costs each helper about 1 ms at import (the
-    cache's locator and index), a tenth of the first operator call's time."""
+    """A scalar function, compiled into its callers. Not cached on disk itself: its
+    callers' cached code holds it, and a disk cache costs each such function about 1 ms
+    at import (the cache's locator and index)."""
     out: F = numba.njit(inline="always", nogil=True)(fn)  # type: ignore[assignment]
     return out
 
