@@ -951,3 +951,51 @@ def scan_offsets(offs: Any, dlen: Any, out: Any) -> Any:
             longest = L
     out[0] = longest
     return -1
+
+
+@jit
+def relink_free(pool: Any, fseq: Any, pins: Any, mod: Any, seqs: Any, per_page: Any,
+                m: Any, item: Any, next_off: Any, pb: Any, epoch: Any, cseq: Any, word: Any,
+                limit: Any) -> Any:
+    """Drop the entries ``>= limit`` from a free list (of records: ``item`` 32, next at byte 8;
+    or of chunks: 64, at byte `CDATA`; the entries of pages ``seqs``, ``per_page`` a page,
+    ``m = magic(per_page)``), keeping the others' order. The list's head + 1 is control
+    word ``word`` of the control page ``cseq``; each link holds the next entry + 1 (0: end).
+    Writes only links that change. Returns -1 when done, else the seq of a shared page it
+    must write first (then call again: the walk restarts and finds the done part as is)."""
+    i64 = pool.view(np.int64)
+    ca = fseq[cseq] * pb + HDR + 8 * word  # the link being walked: the head first
+    lq = cseq
+    f = i64[ca >> 3]
+    while f > 0:
+        e = f - 1
+        q = seqs[_div(e, m)]
+        ea = fseq[q] * pb + HDR + (e - _div(e, m) * per_page) * item + next_off
+        nxt = i64[ea >> 3]
+        if e >= limit:  # unlink: the link at ca skips it
+            if pins[fseq[lq]] > 0:
+                return lq
+            mod[lq] = epoch
+            i64[ca >> 3] = nxt
+        else:
+            ca = ea
+            lq = q
+        f = nxt
+    return -1
+
+
+@jit
+def free_chunk_marks(pool: Any, fseq: Any, cseqs: Any, geo: Any, head: Any, bump: Any) -> Any:
+    """Which of the chunks below ``bump`` are on the free list starting at ``head`` (+ 1)."""
+    pb = geo[G_PB]
+    CPP = geo[G_CPP]
+    MC = geo[G_MC]
+    i64 = pool.view(np.int64)
+    out = np.zeros(bump, np.bool_)
+    f = head
+    while f > 0:
+        c = f - 1
+        out[c] = True
+        ca = fseq[cseqs[_div(c, MC)]] * pb + HDR + (c - _div(c, MC) * CPP) * CHUNK
+        f = i64[(ca + CDATA) >> 3]
+    return out

@@ -35,8 +35,10 @@ one; within a batch, new keys get ids in order of first appearance, so a
 replay of the same calls from the same state gives the same ids. The null key
 (``valid[i] == False``) is one key with an id of its own, like Spark's
 ``groupBy`` null group. Removed keys' records and chunks go to free lists
-that later keys reuse (the pages themselves stay; the index is rebuilt
-smaller once most of it is deleted slots).
+that later keys reuse; the record and chunk pages at the end that hold no key
+any more go back to the pool (the high mark and the chunk bump pointer come
+down, the free lists lose what was past them), and the index is rebuilt
+smaller once most of it is deleted slots.
 
 Why this design: finding an existing key costs a hash over its bytes, one
 index slot and its record: 32 hash bits in the slot mean a different key
@@ -45,7 +47,9 @@ length and a key of up to 20 bytes; a longer key also reads its chunks. Rows
 are hashed and their slots, then the records their slots name, then a long
 key's first chunk prefetched 32 at a time, so the misses overlap. An id is an
 array position, so ``keys(ids)`` is a gather. Fixed-size records and chunks
-need no compaction: space is reused through free lists, deterministically.
+need no compaction: space is reused through free lists, deterministically,
+and ids never move (they are the keys of the state); only pages at the end
+that hold no key go back (a key left near the end keeps its page).
 Cost in memory: 32 bytes of record per key, 8-byte index slots at 35-70% load
 (11-23 bytes per key; 32-byte slots, 46-91 bytes, in format 1), and 64 bytes
 per started 56 bytes of a key longer than 20 bytes. At most 2**32 - 2 ids.
@@ -518,6 +522,66 @@ class KeyDict(Structure):
         keys = int(c[K.C_USED]) - int(c[K.C_TOMBS])
         if int(c[K.C_TOMBS]) > keys or (len(self._iseqs) > 1 and keys < cap * self.MAX_LOAD / 8):
             self._reindex(keys)
+        if self._trim_records():
+            self._trim_chunks()
+
+    def _relink(self, seqs: npt.NDArray[np.int64], per_page: int, item: int, next_off: int,
+                word: int, limit: int) -> None:
+        """Drop the entries ``>= limit`` from the free list whose head is control word
+        ``word`` (`K.relink_free`), un-sharing the pages it writes."""
+        pm = self._pm
+        while True:
+            q = int(K.relink_free(self._flat, self._ps.frames, pm.pool.pins, self._ps.mod, seqs,
+                                  per_page, K.magic(per_page), item, next_off, self._pb,
+                                  pm.epoch, self._ctl_seq, word, limit))
+            if q < 0:
+                return
+            pm.writable1(self.psid, q)
+
+    def _trim_records(self) -> bool:
+        """Give the record pages at the end whose ids are all free back to the pool: the
+        high mark comes down to the first id of the last page still holding a key, and
+        the free id list loses the ids past it (the others keep their order). Returns
+        whether pages were given back."""
+        rpp = self._rpp
+        high = int(self._ctl()[K.C_HIGH])
+        n = -(-high // rpp)
+        pool = self._pm.pool.frames
+        while n > 0:
+            f = int(self._ps.frames[self._rseqs[n - 1]])
+            lenf = pool[f, HEADER_BYTES:HEADER_BYTES + rpp * K.REC].view(np.uint32)
+            if np.any(lenf[K.LENF_OFF // 4::K.REC // 4][:high - (n - 1) * rpp]):
+                break
+            n -= 1
+        if n * rpp >= high or n == len(self._rseqs):
+            return False
+        self._ctl_w()[K.C_HIGH] = min(high, n * rpp)
+        self._relink(self._rseqs, rpp, K.REC, 8, K.C_FREEID, n * rpp)
+        gone = self._rseqs[n:]
+        self._rseqs = self._rseqs[:n].copy()
+        self._pm.release(self.psid, gone)
+        return True
+
+    def _trim_chunks(self) -> None:
+        """Give the chunk pages at the end whose chunks are all free back to the pool (as
+        `_trim_records`: the bump pointer comes down, the free chunk list loses the chunks
+        past it)."""
+        c = self._ctl()
+        bump = int(c[K.C_CBUMP])
+        if not bump:
+            return
+        free = K.free_chunk_marks(self._flat, self._ps.frames, self._cseqs, self._geo(),
+                                  int(c[K.C_FREECH]), bump)
+        used = np.flatnonzero(~free)
+        new_bump = int(used[-1]) + 1 if len(used) else 0
+        n = -(-new_bump // self._cpp)
+        if n == len(self._cseqs):
+            return
+        self._ctl_w()[K.C_CBUMP] = new_bump
+        self._relink(self._cseqs, self._cpp, K.CHUNK, K.CDATA, K.C_FREECH, new_bump)
+        gone = self._cseqs[n:]
+        self._cseqs = self._cseqs[:n].copy()
+        self._pm.release(self.psid, gone)
 
     def __len__(self) -> int:
         self._sync()

@@ -22,6 +22,7 @@ from mmm._kernels import keydict as K
 from mmm.structures.keydict import KeyDict
 
 PAGE_BYTES = 4096
+RPP = (PAGE_BYTES - 64) // K.REC  # records a page
 Key = "bytes | None"
 
 
@@ -198,6 +199,33 @@ def test_removed_space_is_reused(pm: mmm.PageManager) -> None:
         pages.append(kd.page_count)
     assert len(kd) == 0
     assert pages[-1] == pages[1]
+    kd._check()
+
+
+def test_freed_pages_go_back_to_the_pool_and_are_reused(pm: mmm.PageManager) -> None:
+    kd = KeyDict.create(pm, "kd")
+    keys: list[bytes | None] = [b"key-%d" % i * (1 + i % 12) for i in range(3000)]
+    data, offs, _ = enc(keys)
+    ids = kd.intern(data, offs)
+    full = kd.memory()
+    free0 = pm.pool.free_frames
+    kd.remove(ids[1000:])  # the last 2000 ids: their record and chunk pages go back
+    part = kd.memory()
+    assert pm.pool.free_frames - free0 >= (full["records"] + full["chunks"] - part["records"]
+                                           - part["chunks"]) // PAGE_BYTES
+    assert part["records"] == -(-1000 // RPP) * PAGE_BYTES
+    assert 0 < part["chunks"] < full["chunks"] / 2
+    kd._check()
+    snap = pm.chkpt()  # it keeps the pages it shares until released
+    kd.remove(ids[:1000])  # every key: every record and chunk page goes back
+    assert kd.memory()["records"] == kd.memory()["chunks"] == 0 and len(kd) == 0
+    kd._check()
+    again = kd.intern(data, offs)
+    assert again.tolist() == list(range(3000))  # ids start over, pages reused
+    assert kd.memory() == full
+    kd._check()
+    pm.rollback(snap)  # the pages a snapshot shares were never written
+    assert state_of(kd) == dict(zip(keys[:1000], range(1000)))
     kd._check()
 
 
@@ -440,6 +468,16 @@ class KeyDictMachine(RuleBasedStateMachine):
             out.append(self.model[k])
         return out
 
+    def trim(self) -> None:
+        """The record pages at the end holding no key go back to the pool: the high mark
+        comes down to the end of the last page with a key, the free ids past it are gone."""
+        live = set(self.model.values())
+        pages = -(-self.high // RPP)
+        while pages > 0 and not any((pages - 1) * RPP <= i < self.high for i in live):
+            pages -= 1
+        self.high = min(self.high, pages * RPP)
+        self.free = [f for f in self.free if f < self.high]
+
     def known(self) -> list[bytes | None]:
         return list(self.model)
 
@@ -487,6 +525,7 @@ class KeyDictMachine(RuleBasedStateMachine):
         ids = [self.model.pop(k) for k in dict.fromkeys(pick)]
         self.kd.remove(np.array(ids + ids[:1], np.int64))
         self.free.extend(sorted(ids, reverse=True))
+        self.trim()
 
     @precondition(lambda self: len(self.model) > 50)
     @rule(frac=st.floats(0.3, 1.0))
@@ -495,6 +534,7 @@ class KeyDictMachine(RuleBasedStateMachine):
         ids = [self.model.pop(k) for k in ks]
         self.kd.remove(np.array(ids, np.int64))
         self.free.extend(sorted(ids, reverse=True))
+        self.trim()
 
     @precondition(lambda self: self.snap is None)
     @rule()
@@ -556,6 +596,24 @@ class KeyDictMachine(RuleBasedStateMachine):
         ids, data, offs, valid = self.kd.items()
         assert ids.tolist() == sorted(self.model.values())
         assert dict(zip(dec(data, offs, valid), ids.tolist())) == self.model
+        assert self.kd.memory()["records"] == -(-self.high // RPP) * PAGE_BYTES
+
+    @precondition(lambda self: len(self.model) > 50)
+    @rule()
+    def remove_all(self) -> None:
+        """Every page of records and chunks goes back to the pool, and the dictionary
+        starts over from id 0."""
+        free0 = self.pm.pool.free_frames
+        pages0 = self.kd.memory()
+        self.kd.remove(np.array(list(self.model.values()), np.int64))
+        self.model.clear()
+        self.free.clear()
+        self.high = 0
+        mem = self.kd.memory()
+        assert mem["records"] == mem["chunks"] == 0
+        if self.snap is None:  # (a snapshot holds the pages it shares)
+            assert self.pm.pool.free_frames >= free0 + (pages0["records"] +
+                                                        pages0["chunks"]) // PAGE_BYTES
 
 
 TestKeyDictMachine = KeyDictMachine.TestCase
