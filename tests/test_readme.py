@@ -9,15 +9,16 @@ bash block is one test (``test_page_bash_block[docs/peace.md:bash1]``), so a fai
 its page; lines that depend on each other (``sguard demo`` then ``sguard checkpoints ls`` of
 its output) sit in one block. The prose's inline commands (see `inline_commands`) of a page
 run after its blocks, as one more test (``...:inline``). Its ```python blocks are run, one
-test each, by the interpreter under test. ```text blocks (commands that need your own S3 or
+test each, by the interpreter under test (tests/test_pages_python.py: a file of their own, so
+that pytest-xdist's ``--dist loadfile`` runs them on another worker than the bash blocks). ```text blocks (commands that need your own S3 or
 HDFS service, patterns with placeholders) are not run.
 
 De-duplication, to keep the run as long as it was when only the README was run: each
 distinct command line (as run, i.e. after its reduction below) runs once per test run, and
 each distinct python block once; a page that repeats a command another page already ran
 skips it. So a guide may repeat the README's commands for the reader at no cost. Under
-pytest-xdist (``--dist loadgroup``) the bash blocks form one group, so they share that
-one copy and its record of what ran; the python blocks are spread over the workers.
+pytest-xdist the bash blocks run in one worker (``--dist loadfile``; one group under
+``--dist loadgroup``), so they share that one copy and its record of what ran.
 
 Long commands run in a reduced form: the command exactly as written, with
 arguments appended that make it small (argparse takes the last value of an
@@ -266,23 +267,6 @@ def test_every_page_command_runs_in_full(tmp_path: Path, request: pytest.Fixture
     full = Clone(tmp_path / "clone")
     for page, item in bash_items():
         full.run(f"{page}:{item}", item_commands(page, item), full=True)
-
-
-_PYTHON_RAN: set[str] = set()
-
-
-@pytest.mark.parametrize(("page", "index"), [pytest.param(p, i, id=f"{p}:python{i}")
-                                             for p, i in python_items()])
-def test_page_python_block(page: str, index: int, tmp_path: Path) -> None:
-    """Each ```python block of a page runs without error on the package under test
-    (a block identical to one already run is not run again)."""
-    body = blocks(page_text(page), "python")[index - 1]
-    if body in _PYTHON_RAN:
-        return
-    out = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, f"{page}: python block {index} failed:\n{body}\n{out.stderr[-3000:]}"
-    _PYTHON_RAN.add(body)
 
 
 def test_readme_test_command_is_what_ci_runs() -> None:
