@@ -21,15 +21,17 @@ export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 # The suite runs in SGUARD_TEST_WORKERS pytest-xdist workers (default: one per core, at most 4;
 # each Spark test itself keeps 2 cores busy, so more workers than cores only adds load).
 # --dist loadfile sends each test file to one worker, so that its module fixtures start once;
-# session fixtures (the SparkSession, the SeaweedFS cluster) start once per worker. A -n given in
-# the arguments wins; SGUARD_TEST_WORKERS=0 runs in this process.
+# session fixtures (the SparkSession, the SeaweedFS cluster) start once per worker. Files are
+# handed out in collection order (--no-loadscope-reorder), which tests/conftest.py starts with
+# the longest files (LONGEST_FIRST), so that no long file starts last. A -n given in the
+# arguments wins; SGUARD_TEST_WORKERS=0 runs in this process.
 CORES="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
 WORKERS="${SGUARD_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"
 case "$WORKERS" in ''|*[!0-9]*) echo "SGUARD_TEST_WORKERS must be a number, not '$WORKERS'" >&2; exit 2;; esac
 if [ "$WORKERS" = 1 ]; then WORKERS=0; fi   # one worker is one process: no xdist needed
 PAR=()
 if [ "$WORKERS" != 0 ]; then
-  PAR=(-n "$WORKERS" --dist loadfile)
+  PAR=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)
 fi
 if [ "${SGUARD_TEST_SOURCE:-0}" = 1 ]; then
   exec python -m pytest -q ${PAR[@]+"${PAR[@]}"} "$@"
