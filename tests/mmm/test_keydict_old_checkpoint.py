@@ -41,7 +41,9 @@ def test_format1_checkpoint_restores_and_keeps_working(tmp_path: Path) -> None:
         want = {(bytes.fromhex(k) if k is not None else None): i for i, k in expect[name]}
         assert state(kd) == want  # read before any index use
         keys = list(want)
+        old_index = kd.memory()["index"]  # 32-byte slots
         assert kd.lookup(*enc(keys)).tolist() == [want[k] for k in keys]
+        assert kd.memory()["index"] < old_index / 2  # rebuilt in 8-byte slots
         kd._check()
         # it keeps working: interns (old and new keys), removes, all against the oracle
         model = dict(want)
