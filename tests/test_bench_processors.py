@@ -7,11 +7,12 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.test_readme import checkout
 
 pd = pytest.importorskip("pandas")
 pytest.importorskip("pyspark")
@@ -19,7 +20,7 @@ pytest.importorskip("pyspark")
 
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
-    monkeypatch.setattr(sys, "path", [*sys.path, str(Path(__file__).resolve().parents[1])])
+    monkeypatch.setattr(sys, "path", [*sys.path, str(checkout())])  # the bench is not installed
     return (importlib.import_module("bench.spark_processors"),
             importlib.import_module("bench._processors"))
 

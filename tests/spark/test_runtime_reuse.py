@@ -5,6 +5,7 @@ manager and rollback point it holds, rather than re-attach the pool file each ba
 from __future__ import annotations
 
 import pickle
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +18,32 @@ from sguard.statelayout import OperatorLayout
 from tests.spark.helpers import StreamInput, every_batch, run_query, running_oracle, \
     task_records
 
+IDLE_WORKER_TIMEOUT_S = 75
+"""Spark's PythonWorkerFactory stops its idle workers after 1 minute without Python tasks
+(checked every 10 s)."""
+
 
 def test_same_worker_keeps_its_partition(spark: Any, stream_input: StreamInput,
                                          tmp_path: Path) -> None:
-    rows, state, failures = run_query(spark, stream_input, tmp_path, ss.RunningAggregate("v"),
-                                      partitions=1)
-    assert failures == 0
-    assert (rows, state) == running_oracle(stream_input.tables)
-    n = len(stream_input.tables)
-    recs = task_records(open_root(str(tmp_path / "state")), every_batch(n - 1, 1))
-    same = [b for b in range(1, n) if recs[(b, 0)]["pid"] == recs[(b - 1, 0)]["pid"]]
-    assert same, "no two consecutive batches ran in the same Python worker"
-    for b in same:  # the worker that ran b - 1 holds "after b-1" in memory
-        assert recs[(b, 0)]["recovery"] == "cached", (b, recs[(b, 0)]["reason"])
+    for attempt in range(2):
+        work = tmp_path / f"run{attempt}"
+        rows, state, failures = run_query(spark, stream_input, work, ss.RunningAggregate("v"),
+                                          partitions=1)
+        assert failures == 0
+        assert (rows, state) == running_oracle(stream_input.tables)
+        n = len(stream_input.tables)
+        recs = task_records(open_root(str(work / "state")), every_batch(n - 1, 1))
+        same = [b for b in range(1, n) if recs[(b, 0)]["pid"] == recs[(b - 1, 0)]["pid"]]
+        for b in same:  # the worker that ran b - 1 holds "after b-1" in memory
+            assert recs[(b, 0)]["recovery"] == "cached", (b, recs[(b, 0)]["reason"])
+        if same:
+            return
+        # Spark hands a task the longest-idle Python worker: with several idle workers
+        # (left by earlier queries of this SparkSession) consecutive batches rotate
+        # through them. Spark stops idle workers after a minute without Python tasks;
+        # then one worker serves every batch of a one-partition query.
+        time.sleep(IDLE_WORKER_TIMEOUT_S)
+    raise AssertionError("no two consecutive batches ran in the same Python worker")
 
 
 def test_config_equal_after_unpickling_and_new_per_query(tmp_path: Path) -> None:
