@@ -204,5 +204,11 @@ def test_worker_killed_while_evicting(spark: Any, tmp_path: Path) -> None:
     assert len(os.listdir(plan.fault_dir)) == 3  # every fault fired
     assert (rows, state) == running_oracle(inp.tables)
     recs = {(r["batch"], r["partition"]): r for r in _check_evicted(tmp_path, 512 << 10)}
-    assert recs[(6, 0)]["recovery"] == "restored", recs[(6, 0)]["reason"]
-    assert recs[(6, 0)]["state_bytes"] > recs[(6, 0)]["budget_bytes"]
+    r6 = recs[(6, 0)]
+    # the local state lost at batch 6's start was restored from the checkpoint. When
+    # Spark ran the batch again after that first attempt had applied part of it (the
+    # restore done), the record is the retry's, which rolls back what that attempt wrote
+    retried = (r6["recovery"] == "rolled_back_file"
+               and "partly applied by another attempt" in r6["reason"])
+    assert r6["recovery"] == "restored" or retried, (r6["recovery"], r6["reason"])
+    assert r6["state_bytes"] > r6["budget_bytes"]
