@@ -65,12 +65,15 @@ def stream(spark: Any, inp: StreamInput) -> Any:
 
 def run_query(spark: Any, inp: StreamInput, work: Path, operator: Any, *, faults: Any = None,
               partitions: int = 2, restarts: int = 3, state_uri_override: str | None = None,
-              **kw: Any) -> tuple[list[tuple[Any, ...]],
-                                                                          list[tuple[Any, ...]], int]:
+              durable: bool = False,
+              **kw: Any) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], int]:
     """Run a stateful query to the end of the input, restarting it (same
-    checkpointLocation) when it fails; returns (sink rows, state rows, failures)."""
+    checkpointLocation) when it fails; returns (sink rows, state rows, failures).
+
+    The state rows are read from the executors' local pools, or with `durable` from the
+    state URI alone (checkpoints and input log: any page size), sorted."""
     import sguard.spark as ss
-    from sguard.spark.state import read_local_state
+    from sguard.spark.state import read_durable_state, read_local_state
     failures = 0
     uri = state_uri_override or str(work / "state")
     while True:
@@ -89,6 +92,9 @@ def run_query(spark: Any, inp: StreamInput, work: Path, operator: Any, *, faults
                 raise
             time.sleep(0.2)
     rows = sorted(tuple(r) for r in spark.read.parquet(str(work / "out")).collect())
+    if durable:
+        got, _ = read_durable_state(uri)
+        return rows, sorted(tuple(r.values()) for r in got.to_pylist()), failures
     # taking each partition's lock also waits for its checkpoint in flight (a worker
     # holds the lock until the checkpoint is durable): the bound only catches a hang
     st, _ = read_local_state(uri, storage_options=kw.get("storage_options"),

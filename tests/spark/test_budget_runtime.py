@@ -21,9 +21,8 @@ import pytest
 import sguard.spark as ss
 from ioservice import open_root
 from mmm.pagecache import BudgetError, is_memory_fs
-from sguard.spark.state import read_durable_state
 from tests.spark.helpers import (StreamInput, every_batch, landed_metrics, last_batch,
-                                 running_oracle, stream)
+                                 run_query, running_oracle, stream)
 
 PB = 4096  # the smallest page: many pages for little state
 PARTS = 2
@@ -56,32 +55,6 @@ def _on_disk(p: Path) -> None:
     if is_memory_fs(str(p)):
         pytest.fail(f"{p} is on a memory file system: a memory budget needs a disk "
                     f"(point pytest's --basetemp to one)")
-
-
-def run_query(spark: Any, inp: StreamInput, work: Path, operator: Any, *, partitions: int,
-              restarts: int = 3, **kw: Any) -> tuple[list[tuple[Any, ...]],
-                                                     list[tuple[Any, ...]], int]:
-    """`tests.spark.helpers.run_query` for pages of any size: the final state is read
-    from the state URI (checkpoints and input log, `read_durable_state`)."""
-    failures = 0
-    uri = str(work / "state")
-    while True:
-        out = ss.stateful(stream(spark, inp), "k", operator, uri, partitions,
-                          local_dir=str(work / "local"), **kw)
-        q = (out.writeStream.format("parquet").option("path", str(work / "out"))
-             .option("checkpointLocation", str(work / "ckpt")).start())
-        try:
-            q.processAllAvailable()
-            q.stop()
-            break
-        except Exception:
-            failures += 1
-            q.stop()
-            if failures > restarts:
-                raise
-    rows = sorted(tuple(r) for r in spark.read.parquet(str(work / "out")).collect())
-    st, _ = read_durable_state(uri)
-    return rows, sorted(tuple(r.values()) for r in st.to_pylist()), failures
 
 
 def _status(uri: str) -> dict[str, Any]:
@@ -119,8 +92,9 @@ def test_state_outgrows_budget_exactly_as_oracle(spark: Any, tmp_path: Path) -> 
     inp = _growing(tmp_path / "in")
     budget = 512 << 10
     rows, state, failures = run_query(spark, inp, tmp_path, ss.RunningAggregate("v"),
-                                      partitions=PARTS, page_bytes=PB, capacity_bytes=64 << 20,
-                                      memory_budget="512k", restarts=0)
+                                      durable=True, partitions=PARTS, page_bytes=PB,
+                                      capacity_bytes=64 << 20, memory_budget="512k",
+                                      restarts=0)
     assert failures == 0
     assert (rows, state) == running_oracle(inp.tables)
     recs = _check_evicted(tmp_path, budget)
@@ -199,8 +173,8 @@ def test_worker_killed_while_evicting(spark: Any, tmp_path: Path) -> None:
     plan = ss.FaultPlan((ss.Fault("kill", 4, 0, "mid"), ss.Fault("kill", 5, 1, "end"),
                          ss.Fault("delete_local", 6, 0, "start")), str(tmp_path / "faults"))
     rows, state, _ = run_query(spark, inp, tmp_path, ss.RunningAggregate("v"),
-                               partitions=PARTS, page_bytes=PB, capacity_bytes=64 << 20,
-                               memory_budget=512 << 10, faults=plan)
+                               durable=True, partitions=PARTS, page_bytes=PB,
+                               capacity_bytes=64 << 20, memory_budget=512 << 10, faults=plan)
     assert len(os.listdir(plan.fault_dir)) == 3  # every fault fired
     assert (rows, state) == running_oracle(inp.tables)
     recs = {(r["batch"], r["partition"]): r for r in _check_evicted(tmp_path, 512 << 10)}
