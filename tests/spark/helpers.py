@@ -24,11 +24,16 @@ class StreamInput:
 
 
 def make_input(d: Path, batches: int, rows: int, keys: int, seed: int) -> StreamInput:
+    return make_input_spec(d, [(rows, 0, keys)] * batches, seed)
+
+
+def make_input_spec(d: Path, spec: list[tuple[int, int, int]], seed: int) -> StreamInput:
+    """One parquet file per batch: ``(rows, lowest key, highest key + 1)`` each."""
     tables = []
-    for i in range(batches):
+    for i, (rows, lo, hi) in enumerate(spec):
         rng = np.random.default_rng([seed, i])
         ts = (i * 10_000_000 + rng.integers(0, 10_000_000, rows)).astype("datetime64[us]")
-        t = pa.table({"k": rng.integers(0, keys, rows, dtype=np.int64),
+        t = pa.table({"k": rng.integers(lo, hi, rows, dtype=np.int64),
                       "v": rng.integers(-500, 500, rows, dtype=np.int64),
                       "ts": pa.array(ts, pa.timestamp("us", tz="UTC"))})
         f = d / f"part-{i:05d}.parquet"

@@ -13,15 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import sguard.spark as ss
 from ioservice import open_root
 from mmm.pagecache import BudgetError, is_memory_fs
 from tests.spark.helpers import (StreamInput, every_batch, landed_metrics, last_batch,
+                                 make_input_spec,
                                  run_query, running_oracle, stream)
 
 PB = 4096  # the smallest page: many pages for little state
@@ -31,18 +29,7 @@ PARTS = 2
 def _input(d: Path, spec: list[tuple[int, int, int]], seed: int) -> StreamInput:
     """One parquet file per batch: ``(rows, lowest key, highest key + 1)`` each."""
     d.mkdir()
-    tables = []
-    for i, (rows, lo, hi) in enumerate(spec):
-        rng = np.random.default_rng([seed, i])
-        ts = (i * 10_000_000 + rng.integers(0, 10_000_000, rows)).astype("datetime64[us]")
-        t = pa.table({"k": rng.integers(lo, hi, rows, dtype=np.int64),
-                      "v": rng.integers(-500, 500, rows, dtype=np.int64),
-                      "ts": pa.array(ts, pa.timestamp("us", tz="UTC"))})
-        f = d / f"part-{i:05d}.parquet"
-        pq.write_table(t, f)
-        os.utime(f, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source orders by mtime
-        tables.append(t)
-    return StreamInput(d, tables)
+    return make_input_spec(d, spec, seed)
 
 
 def _growing(d: Path) -> StreamInput:
