@@ -8,7 +8,8 @@
 # 3. installs the wheel, not editable, with its test extras into a separate venv
 #    ($SGUARD_TEST_WORK/venv, default build/test-wheel/venv: created fresh on first use and
 #    whenever pyproject.toml changes; the sguard wheel is reinstalled on every run);
-# 4. smoke-tests the installed `sguard` command (--version, --help of every command);
+# 4. smoke-tests the installed `sguard` command (--version, --help of every command), and
+#    compiles the numba kernels once (`sguard kernels warm`) for it and for .venv;
 # 5. runs pytest on a copy of tests/ outside the checkout, so `import mmm` can only find the
 #    installed package (tests/sguard/test_install.py asserts it is under site-packages).
 #
@@ -88,13 +89,27 @@ for name in ("mmm", "mmm.structures", "ioservice", "peace", "sguard"):
     assert site in f.parents, f"{name} imported from {f}, not from {site}"
 print(f"mmm, ioservice, peace, sguard import from {site}")
 EOF
-for cmd in "" demo checkpoints "checkpoints ls" "checkpoints verify" "checkpoints show" \
+for cmd in "" demo kernels "kernels warm" checkpoints "checkpoints ls" "checkpoints verify" "checkpoints show" \
            peace "peace simulate" "peace schedule" "peace serve"; do
   # shellcheck disable=SC2086
   "$VENV/bin/sguard" $cmd --help >/dev/null || { echo "sguard $cmd --help failed"; exit 1; }
 done
 "$VENV/bin/sguard" demo --batches -5 2>/dev/null && { echo "a bad argument was accepted"; exit 1; }
 echo "sguard $VERSION: --version, --help of every command: ok"
+
+# Each process that first calls a numba kernel compiles it unless numba's disk cache holds it;
+# on a fresh install that is ~100 s of one core, paid again in every process that starts before
+# the first has written it (parallel tests, Spark's Python workers). Compile once, for the
+# installed package (the suite) and for the checkout's .venv (the pages' commands), side by side.
+step "compiling the kernels once (sguard kernels warm)"
+"$VENV/bin/sguard" kernels warm > "$WORK/warm-installed.log" 2>&1 &
+warm_installed=$!
+"$ROOT/.venv/bin/sguard" kernels warm > "$WORK/warm-checkout.log" 2>&1 &
+warm_checkout=$!
+wait "$warm_installed" || { cat "$WORK/warm-installed.log"; exit 1; }
+wait "$warm_checkout" || { cat "$WORK/warm-checkout.log"; exit 1; }
+sed 's/^/installed: /' "$WORK/warm-installed.log"
+sed 's/^/checkout:  /' "$WORK/warm-checkout.log"
 
 step "the test suite against the installed package"
 cp -rp "$ROOT/tests" "$ROOT/notebooks" "$ROOT/pytest.ini" "$RUN/"

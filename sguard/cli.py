@@ -30,7 +30,7 @@ __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "subparsers_of"]
 #: modules that expose ``register(subparsers) -> None``; each leaf subcommand sets ``func``.
 #: Every module listed must import: a missing one is a broken install, not an optional feature.
 SUBCOMMAND_MODULES: tuple[str, ...] = ("sguard.demo", "ioservice.cli", "peace.cli",
-                                       "sguard.spark.cli", "sguard.state_cli")
+                                       "sguard.spark.cli", "sguard.state_cli", "sguard.kernels")
 
 _EPILOG = """\
 examples:
