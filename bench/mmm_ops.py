@@ -65,7 +65,7 @@ import numpy as np
 import mmm
 from bench._harness import figure, parse_args, save_figure, stats, write_result
 from bench._latency_loop import dict_update
-from mmm._kernels import jit
+from mmm import jit
 from mmm.structures.ordered_map import OrderedMap
 from mmm.structures.sequence import PagedDeque, PagedList
 from sguard.operators import AGG_VALUE, Aggregate

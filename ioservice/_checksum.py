@@ -25,7 +25,7 @@ import xxhash._xxhash as _xxhash_ext
 from llvmlite import binding as _llvm
 from numba import types as _nbt
 
-from mmm._kernels import jit
+from mmm import jit
 
 __all__ = ["pread_verify_rows", "verify_rows", "xxh3_rows"]
 

@@ -30,6 +30,7 @@ from mmm.errors import (IdNotFoundError, KeyFormatError, MmmError, NamespaceFull
 from mmm._kernels import CompileReport as KernelCompileReport
 from mmm._kernels import cached_variants as cached_kernel_variants
 from mmm._kernels import compile_variants as compile_kernel_variants
+from mmm._kernels import jit
 from mmm._kernels import loaded_variants as loaded_kernel_variants
 from mmm._kernels import preload_cached as preload_kernels
 from mmm.manager import PSID_LIMIT, Loader, PageManager, PageSet
@@ -45,7 +46,7 @@ from mmm.structures.sequence import PagedDeque, PagedList
 __all__ = [
     "PageManager", "PageSet", "Namespace", "PSID_LIMIT", "HashMap", "KeyDict", "OrderedMap", "PagedList", "PagedDeque", "PagePool", "Loader", "Snapshot", "SnapshotState", "Layout",
     "make_page_id", "split_page_id", "preload_kernels", "loaded_kernel_variants",
-    "compile_kernel_variants", "cached_kernel_variants", "KernelCompileReport",
+    "compile_kernel_variants", "cached_kernel_variants", "KernelCompileReport", "jit",
     "IdNotFoundError", "KeyFormatError", "MmmError", "NamespaceFullError", "PageFormatError",
     "PageSetExistsError", "PageNotFoundError", "PageSetNotFoundError", "PageSizeError",
     "PoolExhaustedError", "PoolFileError", "PoolSpaceError", "RecordTypeError",

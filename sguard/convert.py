@@ -75,7 +75,7 @@ from ioservice import (CheckpointManager, CheckpointPolicy, IOService, Manifest,
                        restore)
 from ioservice.errors import StorageNotFoundError
 from mmm import PageManager
-from mmm._kernels import jit
+from mmm import jit
 from mmm.page import HEADER_BYTES, decode_meta
 from mmm.schema import dtype_from_text
 from mmm.structures.hashmap import HashMap

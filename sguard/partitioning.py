@@ -4,7 +4,7 @@
 ``hash`` is Spark's `Murmur3Hash` expression (Murmur3 x86 32-bit, seed 42) and
 ``pmod`` the non-negative remainder. To put a key's state where Spark will
 send the key's rows, `partition_of` computes exactly that, over a whole numpy
-(or Arrow) column at once, with compiled kernels (`mmm._kernels.jit`).
+(or Arrow) column at once, with compiled kernels (`mmm.jit`).
 
 How each key type is hashed (what Spark's ``Murmur3HashFunction`` does):
 
@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from mmm._kernels import jit
+from mmm import jit
 
 __all__ = ["SEED", "PartitioningError", "murmur3_hash", "partition_of", "pmod", "spark_type_of"]
 

@@ -1,6 +1,7 @@
 """Packages meet at public names only.
 
 A static (ast) scan of every module of sguard/, ioservice/ and bench/: none may
+import from a private module (``mmm._kernels``) of another project package, nor
 read a private attribute (``obj._name``, ``getattr(obj, "_name")``), import a
 private name, pass a private keyword or override a private method that belongs
 to *another* project package (mmm, ioservice, peace, sguard). A name counts as
@@ -101,6 +102,12 @@ def _scan(path: Path, own: str, foreign: set[str], own_defs: set[str]) -> set[st
             if top in PROJECT and top != own:
                 found.update(f"import {node.module}.{a.name}" for a in node.names
                              if _private(a.name))
+                if any(_private(part) for part in node.module.split(".")):
+                    found.add(f"import from {node.module}")
+        elif isinstance(node, ast.Import):
+            found.update(f"import {a.name}" for a in node.names
+                         if a.name.split(".")[0] in PROJECT and a.name.split(".")[0] != own
+                         and any(_private(part) for part in a.name.split(".")))
         elif isinstance(node, ast.ClassDef) and any(
                 isinstance(b, ast.Name) and b.id in imported for b in node.bases):
             for item in node.body:  # a subclass of another package's class
@@ -139,6 +146,8 @@ def test_the_scan_catches_each_kind_of_use(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
     src.write_text(
         "from mmm.pool import _POOL_MAGIC\n"
+        "from mmm._kernels import jit\n"
+        "import ioservice._checksum\n"
         "from mmm import PagePool\n"
         "class P(PagePool):\n"
         "    def _open_file(self, path): return super()._open_file(path)\n"
@@ -148,5 +157,6 @@ def test_the_scan_catches_each_kind_of_use(tmp_path: Path) -> None:
         "    return self_ok\n")
     foreign = {"_POOL_MAGIC", "_open_file", "_flush_structures", "_raw", "_attach"}
     assert _scan(src, "sguard", foreign, {"_open_file"}) == {
-        "import mmm.pool._POOL_MAGIC", "override _open_file", "read pm._flush_structures",
+        "import mmm.pool._POOL_MAGIC", "import from mmm._kernels", "import ioservice._checksum",
+        "override _open_file", "read pm._flush_structures",
         "read getattr(pool, '_raw')", "keyword _attach"}

@@ -45,7 +45,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mmm._kernels import jit
+from mmm import jit
 from sguard.spark.errors import SchemaChangedError, UnsupportedKeyTypeError
 
 __all__ = ["KEYDICT", "KeySpec", "KeyIndex", "NullKeyError", "key_columns", "key_spec",

@@ -90,7 +90,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from mmm import HashMap, Namespace, PageManager, PagedDeque
-from mmm._kernels import jit
+from mmm import jit
 from sguard.spark import ttl as _ttl
 from sguard.spark.columns import column_numpy
 from sguard.spark.columns import duration_units as _duration_units
