@@ -55,6 +55,11 @@ copy_checkout() {  # copy_checkout DEST
   fi
 }
 
+# the checkout's kernels compile while the wheel is built and installed (see below)
+"$ROOT/.venv/bin/sguard" kernels warm --jobs 1 > "$WORK/warm-checkout.log" 2>&1 &
+warm_checkout=$!
+trap 'kill "$warm_checkout" 2>/dev/null || true' EXIT
+
 step "building the wheel"
 copy_checkout "$WORK/src"
 rm -rf "$WORK/dist"
@@ -100,13 +105,11 @@ echo "sguard $VERSION: --version, --help of every command: ok"
 # Each process that first calls a numba kernel compiles it unless numba's disk cache holds it;
 # on a fresh install that is ~100 s of one core, paid again in every process that starts before
 # the first has written it (parallel tests, Spark's Python workers). Compile once, for the
-# installed package (the suite) and for the checkout's .venv (the pages' commands), side by side.
+# installed package (the suite) here, and for the checkout's .venv (the pages' commands) in
+# the background since the start (warm_checkout).
 step "compiling the kernels once (sguard kernels warm)"
-"$VENV/bin/sguard" kernels warm > "$WORK/warm-installed.log" 2>&1 &
-warm_installed=$!
-"$ROOT/.venv/bin/sguard" kernels warm > "$WORK/warm-checkout.log" 2>&1 &
-warm_checkout=$!
-wait "$warm_installed" || { cat "$WORK/warm-installed.log"; exit 1; }
+"$VENV/bin/sguard" kernels warm > "$WORK/warm-installed.log" 2>&1 \
+  || { cat "$WORK/warm-installed.log"; exit 1; }
 wait "$warm_checkout" || { cat "$WORK/warm-checkout.log"; exit 1; }
 sed 's/^/installed: /' "$WORK/warm-installed.log"
 sed 's/^/checkout:  /' "$WORK/warm-checkout.log"
