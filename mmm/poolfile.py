@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from mmm.pool import _MADV_POPULATE_WRITE, _POOL_HEADER, _POOL_MAGIC, PagePool, _populate_headers
 
-__all__ = ["mapped_n_frames", "populate_frame_headers", "MADV_POPULATE_WRITE"]
+__all__ = ["mapped_n_frames", "file_page_bytes", "populate_frame_headers", "MADV_POPULATE_WRITE"]
 
 MADV_POPULATE_WRITE = _MADV_POPULATE_WRITE
 """Linux >= 5.14; not in Python's `mmap` module before 3.13."""
@@ -33,6 +33,25 @@ def mapped_n_frames(raw: Any, page_bytes: int) -> int | None:
     if bytes(hdr["magic"]) != _POOL_MAGIC or int(hdr["page_bytes"]) != page_bytes:
         return None
     return int(hdr["n_frames"])
+
+
+def file_page_bytes(path: str) -> int | None:
+    """The page size of the pool file at `path` (from its header), or None when the file
+    is not a pool file (too short, another magic). Reads the header only.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be opened or read.
+    """
+    with open(path, "rb") as f:
+        head = f.read(_POOL_HEADER.itemsize)
+    if len(head) < _POOL_HEADER.itemsize:
+        return None
+    hdr = np.frombuffer(head, _POOL_HEADER)[0]
+    if bytes(hdr["magic"]) != _POOL_MAGIC:
+        return None
+    return int(hdr["page_bytes"])
 
 
 def populate_frame_headers(pool: PagePool, frames: npt.NDArray[np.int64]) -> int:

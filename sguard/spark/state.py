@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from ioservice import DamagedCheckpointWarning, StorageRoot, list_checkpoints, open_root
 from mmm import PageManager
+from mmm.poolfile import file_page_bytes
 from sguard.spark import fencing, inputlog
 from sguard.spark.checkpointing import latest_checkpoint_batch
 from sguard.spark.groupstate import open_state
@@ -73,7 +74,10 @@ def read_local_state(state_uri: str, *, local_dir: str | None = None,
             if m is None or not slot.has_pool():
                 raise FileNotFoundError(f"partition {p}: no local state in {slot.dir}")
             base = slot.read_base() if m.status == "applying" else None
-            pm = attach_at(slot.pool_path, 1 << 16, base, copy_on_write=True)
+            page_bytes = file_page_bytes(slot.pool_path)
+            if page_bytes is None:
+                raise FileNotFoundError(f"partition {p}: {slot.pool_path} is not a pool file")
+            pm = attach_at(slot.pool_path, page_bytes, base, copy_on_write=True)
             parts.append(open_state(op, pm, schema, lay.key, lay.key_group_range(p)).dump())
             batches[p] = m.batch if m.status == "applied" else m.batch - 1
         finally:

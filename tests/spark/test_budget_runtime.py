@@ -84,6 +84,10 @@ def test_state_outgrows_budget_exactly_as_oracle(spark: Any, tmp_path: Path) -> 
                                       restarts=0)
     assert failures == 0
     assert (rows, state) == running_oracle(inp.tables)
+    # the executors' live pools (PB-byte pages, partly evicted to disk) hold the same state
+    from sguard.spark.state import read_local_state
+    local, _ = read_local_state(str(tmp_path / "state"), local_dir=str(tmp_path / "local"))
+    assert [tuple(r.values()) for r in local.to_pylist()] == state
     recs = _check_evicted(tmp_path, budget)
     # pages went to disk only once the state had outgrown the partition's share
     first = min(r["batch"] for r in recs if r["evicted_bytes"] > 0)
