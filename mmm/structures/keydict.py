@@ -687,11 +687,17 @@ class KeyDict(Structure):
         assert int(c[K.C_USED]) <= cap * self.MAX_LOAD
         full = (tag != 0) & (tag != K.TOMB)
         assert sorted((tag[full] - 1).tolist()) == sorted(keys.values())
-        for g in np.flatnonzero(full).tolist():
+        slots = np.flatnonzero(full)
+        homes = np.empty(len(slots), np.int64)
+        for j, g in enumerate(slots.tolist()):
             rid = int(tag[g]) - 1
             h = int(rec(rid)[:8].view(np.uint64)[0])
             assert int(words[g]) >> 32 == h & 0xFFFFFFFF, "slot's hash bits"
-            home = ((h >> 32) * cap) >> 32
-            while home != g:  # no empty slot between the home and the key's slot
-                assert tag[home] != 0, "key unreachable by probing"
-                home = (home + 1) % cap
+            homes[j] = ((h >> 32) * cap) >> 32
+        # no empty slot between a key's home and its slot (cyclically): the home lies after
+        # the last empty slot before the key's slot (O(slots), whatever the clusters' length)
+        empty = np.flatnonzero(tag == 0)
+        if len(empty) and len(slots):
+            at = np.searchsorted(empty, slots) - 1          # the last empty slot before each
+            last = np.where(at >= 0, empty[at], empty[-1] - cap)
+            assert np.all((slots - homes) % cap < slots - last), "key unreachable by probing"
