@@ -4,7 +4,7 @@
 Runs the running aggregate over the input to its end (restarting the query from its
 checkpointLocation if it fails), then writes the sink rows and the final local state
 to ``<work-dir>/result.json``. ``SGUARD_TEST_SPARK_CONF`` (a JSON object) adds Spark
-settings (e.g. speculation).
+settings (e.g. speculation); ``SGUARD_TEST_PARTITIONS`` sets the state partitions (2).
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def main(argv: list[str]) -> int:
     conf = json.loads(os.environ.get("SGUARD_TEST_SPARK_CONF", "{}"))
     spark = ss.local_session(master, "sguard-test-driver", shuffle_partitions=2, conf=conf)
     rows, state, failures = run_query(spark, StreamInput(inp, []), work,
-                                      ss.RunningAggregate(value="v"), faults=plan)
+                                      ss.RunningAggregate(value="v"), faults=plan,
+                                      partitions=int(os.environ.get("SGUARD_TEST_PARTITIONS", "2")))
     (work / "result.json").write_text(json.dumps({"rows": rows, "state": state,
                                                   "failures": failures}))
     spark.stop()
