@@ -10,7 +10,11 @@ with the same state fully in memory (anonymous pool, no budget, no limit).
 
 Phases: build (every key inserted once, in batches) then the timed phase: ``--tuples``
 tuples in batches of ``--batch``, keys uniform or Zipf (s = ``--zipf-s``) over the
-keys. Throughput is tuples per second of the timed phase, eviction included.
+keys. Throughput is tuples per second of the timed phase, eviction included. Before
+each budgeted batch the worker announces the pages the batch's keys live on
+(`mmm.pagecache.PageCache.will_use` of `mmm.HashMap.frames_for`): the cache evicts the coldest
+other pages to make room and reads those pages in together, instead of one fault at a
+time (``--no-will-use`` measures without it).
 
 Summary: ``big_state_ratio_vs_in_memory_zipf`` and ``_uniform`` (budgeted throughput
 over in-memory; goal >= 0.5 for Zipf), ``peak_rss_over_budget`` (the worker's peak
@@ -93,8 +97,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     m = mmm.HashMap.create(pm, "agg", key="<u8", value=VALUE, expected_keys=nkeys)
     rng = np.random.default_rng(7)
     t0 = time.perf_counter()
+    hook = cache is not None and not args.no_will_use
     for i in range(0, nkeys, args.batch):
         k = np.arange(i, min(nkeys, i + args.batch), dtype="<u8")
+        if hook:
+            cache.will_use(m.frames_for(k))
         m.upsert(k, {"x": rng.random(len(k))}, SPEC)
         if cache:
             cache.enforce()
@@ -102,10 +109,15 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     state_bytes = pm.pool.used_frames * pb
     done = 0
     t0 = time.perf_counter()
-    evict_s = 0.0
+    evict_s = will_use_s = 0.0
+    read_ahead = 0
     while done < args.tuples:
         n = min(args.batch, args.tuples - done)
         k = keys_for(args.dist, rng, n, nkeys, args.zipf_s)
+        if hook:
+            e0 = time.perf_counter()
+            read_ahead += cache.will_use(m.frames_for(k))
+            will_use_s += time.perf_counter() - e0
         m.upsert(k, {"x": rng.random(n)}, SPEC)
         done += n
         if cache:
@@ -119,7 +131,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "dist": args.dist, "budget_bytes": (args.budget_mb or 0) * MB,
         "state_bytes": state_bytes,
-        "build_s": build_s, "run_s": run_s, "evict_s": evict_s,
+        "build_s": build_s, "run_s": run_s, "evict_s": evict_s, "will_use_s": will_use_s,
+        "will_use": hook, "read_ahead_frames": read_ahead,
         "tuples_per_s": args.tuples / run_s, "base_rss": base_rss,
         "peak_rss": _status("VmHWM"), "count_total": total}
     if cache:
@@ -193,9 +206,12 @@ def run_worker(args: argparse.Namespace, dist: str, budget_mb: int, limit: bool
            "--keys", str(args.keys), "--tuples", str(args.tuples), "--batch", str(args.batch),
            "--page-bytes", str(args.page_bytes), "--zipf-s", str(args.zipf_s),
            "--dir", args.dir, "--out", str(args.out)]
+    if args.no_will_use:
+        cmd.append("--no-will-use")
     if budget_mb:
         cmd += ["--budget-mb", str(budget_mb)]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          cwd=root)
     assert p.stdin is not None and p.stdout is not None
@@ -214,6 +230,7 @@ def run_worker(args: argparse.Namespace, dist: str, budget_mb: int, limit: bool
         rc = p.wait()
         res: dict[str, Any] = json.loads(line) if line.strip() else {"failed": True}
         res["returncode"] = rc
+        res["wall_s"] = time.perf_counter() - t0  # the worker's whole life, build included
         if cg is not None:
             res["limit"] = cg.report() if cg.path else {"cgroup": None,
                                                         "why": "no writable memory cgroup"}
@@ -337,6 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--page-bytes", type=int, default=4096)
     ap.add_argument("--zipf-s", type=float, default=1.2)
     ap.add_argument("--dir", default="/var/tmp", help="a disk directory for the pool files")
+    ap.add_argument("--no-will-use", action="store_true",
+                    help="budgeted runs: do not announce each batch's pages "
+                    "(PageCache.will_use of HashMap.frames_for); they fault in one by one")
     ap.add_argument("--runtime", action="store_true",
                     help="measure the runtime's batch path with the state resident: no "
                     "budget (pool under /dev/shm) against a budget on --dir (runtime_main)")
@@ -395,7 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = write_result("big_state", summary, rows,
                         {"quick": args.quick, "budget_mb": budget_mb, "keys": args.keys,
                          "tuples": args.tuples, "batch": args.batch,
-                         "page_bytes": args.page_bytes, "zipf_s": args.zipf_s})
+                         "page_bytes": args.page_bytes, "zipf_s": args.zipf_s,
+                         "will_use": not args.no_will_use})
     plt, png = figure("big_state")
     fig, ax = plt.subplots(figsize=(6.5, 4.0))
     names = list(rows)

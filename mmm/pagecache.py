@@ -79,6 +79,7 @@ MAX_ROUNDS = 4
 _MADV_RANDOM = 1
 _MADV_DONTNEED = 4
 _SYNC_RANGE = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | WRITE | WAIT_AFTER
+_SYNC_START = 2  # SYNC_FILE_RANGE_WRITE: start writing the dirty pages, no wait
 _MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
 _MIN_TRACKED = 1024  # frames of bookkeeping allocated at first
 FOLIO_WINDOW_BYTES = 2 << 20
@@ -111,7 +112,42 @@ def _libc() -> Any:
     lib.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                     ctypes.c_uint]
     lib.sync_file_range.restype = ctypes.c_int
+    try:
+        lib.syscall.restype = ctypes.c_long
+    except AttributeError:  # pragma: no cover - every glibc has syscall(2)
+        pass
     return lib
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_NR_PROCESS_MADVISE = {"x86_64": 440, "aarch64": 440}.get(os.uname().machine)
+_PIDFD_SELF = -10000  # the calling process (Linux 6.13+ lets it advise itself anything)
+_IOV_MAX = 1024
+_batched_unmap = [_NR_PROCESS_MADVISE is not None]  # cleared when the kernel refuses
+
+
+def _unmap_runs(base: int, runs: "list[tuple[int, int]]", pb: int) -> bool:
+    """``MADV_DONTNEED`` on every run of frames in as few system calls as the kernel
+    allows (``process_madvise`` on this process, up to 1024 runs a call, one TLB flush);
+    False when the kernel refuses it (older than 6.13): the caller unmaps run by run."""
+    if not _batched_unmap[0]:
+        return False
+    lib = _lib()
+    for i in range(0, len(runs), _IOV_MAX):
+        part = runs[i:i + _IOV_MAX]
+        iov = (_Iovec * len(part))(*[(base + a * pb, (b - a) * pb) for a, b in part])
+        want = sum(b - a for a, b in part) * pb
+        got = lib.syscall(ctypes.c_long(_NR_PROCESS_MADVISE), ctypes.c_int(_PIDFD_SELF),
+                          iov, ctypes.c_size_t(len(part)), ctypes.c_int(_MADV_DONTNEED),
+                          ctypes.c_uint(0))
+        if got != want:  # refused, or stopped part-way: madvise is idempotent, redo per run
+            if got < 0 and i == 0:
+                _batched_unmap[0] = False
+            return False
+    return True
 
 
 _LIBC: Any = None
@@ -342,6 +378,57 @@ class PageCache:
         fr = self._frames_arg(frames, "cold")
         self._seen[fr] = 0
 
+    def will_use(self, frames: npt.ArrayLike, make_room: bool = True) -> int:
+        """Announce the frames the next batch uses (e.g. `mmm.HashMap.frames_for` of its
+        keys): they are marked used (evicted last, like the frames that come into memory
+        during a batch) and those not in memory after the last `enforce` or `will_use`
+        are read in together (``posix_fadvise(WILLNEED)`` per run of consecutive frames:
+        the reads overlap instead of waiting one fault at a time). With ``make_room``,
+        the coldest frames the batch does not use are evicted first, so that the frames
+        in memory plus those read stay within the budget: the batch then runs within it
+        (up to the pages it adds) and the next `enforce` has little or nothing to evict.
+        It reads no more frames than the budget then holds (the rest fault in when
+        touched). Returns the frames read ahead. Changes no byte of any page; the frames
+        read count as the batch's working set at the next `enforce`.
+
+        Raises
+        ------
+        ValueError
+            If a frame lies outside the pool; nothing is marked, evicted or read.
+        OSError
+            As `evict`.
+        """
+        fr = np.unique(self._frames_arg(frames, "will_use"))
+        if len(fr) == 0:
+            return 0
+        self._seen[fr] = self.round + 1  # the round the next `enforce` opens
+        out = fr[~self._was[fr]]
+        if len(out) == 0:
+            return 0
+        pb = self.pool.page_bytes
+        cap = self.budget_bytes // pb  # frames the budget holds
+        hw = self._hw
+        if make_room:
+            was = self._was[:hw].copy()
+            was[fr] = False  # the batch's own frames stay
+            cand = np.flatnonzero(was)
+            excess = int(np.count_nonzero(self._was[:hw])) + len(out) - cap
+            if excess > 0 and len(cand):
+                order = cand[np.argsort(self._seen[cand], kind="stable")]
+                self.evict(order[:excess])
+        room = cap - int(np.count_nonzero(self._was[:hw]))
+        out = out[:max(0, room)]
+        if len(out) == 0:
+            return 0
+        brk = np.flatnonzero(np.diff(out) != 1) + 1
+        firsts = out[np.concatenate(([0], brk))].tolist()
+        lasts = out[np.concatenate((brk - 1, [len(out) - 1]))].tolist()
+        off0, fd = self._off0, self._fd
+        advise, willneed = os.posix_fadvise, os.POSIX_FADV_WILLNEED
+        for a, b in zip(firsts, lasts):
+            advise(fd, off0 + a * pb, (b + 1 - a) * pb, willneed)
+        return len(out)
+
     # -- eviction -------------------------------------------------------------------------
     def evict(self, frames: npt.ArrayLike) -> int:
         """Write back and drop these frames from memory; returns how many runs of
@@ -363,11 +450,22 @@ class PageCache:
         ends = np.concatenate((brk, [len(fr)]))
         pb, lib = self.pool.page_bytes, _lib()
         runs = list(zip(fr[starts].tolist(), (fr[ends - 1] + 1).tolist()))
-        for a, b in runs:  # out of this process's page tables (dirty bits to the pages)
-            if lib.madvise(self._base + a * pb, (b - a) * pb, _MADV_DONTNEED) != 0:
-                raise _os_error(f"{self.name}: unmapping frames {a}..{b - 1} of pool file "
+        # out of this process's page tables (dirty bits to the pages)
+        if not _unmap_runs(self._base, runs, pb):
+            for a, b in runs:
+                if lib.madvise(self._base + a * pb, (b - a) * pb, _MADV_DONTNEED) != 0:
+                    raise _os_error(f"{self.name}: unmapping frames {a}..{b - 1} of pool "
+                                    f"file {self.pool.path}")
+        # dirty pages to the file: every run's writes are started first (the device works
+        # on them together), then each run is written again and waited for (a no-op for a
+        # run already clean; it writes a page that was already being written back and got
+        # dirty again before its write was started)
+        for a, b in runs:
+            if lib.sync_file_range(self._fd, self._off0 + a * pb, (b - a) * pb,
+                                   _SYNC_START) != 0:
+                raise _os_error(f"{self.name}: writing frames {a}..{b - 1} to pool file "
                                 f"{self.pool.path}")
-        for a, b in runs:  # dirty pages to the file, waited for
+        for a, b in runs:
             if lib.sync_file_range(self._fd, self._off0 + a * pb, (b - a) * pb,
                                    _SYNC_RANGE) != 0:
                 raise _os_error(f"{self.name}: writing frames {a}..{b - 1} to pool file "

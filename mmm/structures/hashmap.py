@@ -1115,6 +1115,35 @@ class HashMap(Structure):
                     vout.reshape(-1).view(np.uint64) if vs % 8 == 0 else none)
         return kout.view(self.key_dtype).reshape(n), vout.view(self.value_dtype).reshape(n)
 
+    def frames_for(self, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """The frames an operation on ``keys`` reads: every page of the chains of their
+        buckets, distinct and sorted. A page cache (`mmm.pagecache.PageCache.will_use`)
+        reads them in together and marks them used before the batch runs. Pages a
+        following upsert adds (splits, overflow pages) are not among them. Touches no page.
+
+        Runtime complexity: O(n log n + chain pages). Pages copied: 0.
+
+        Raises
+        ------
+        RecordTypeError
+            Keys of the wrong dtype or shape.
+        """
+        self._flush()
+        self._sync()
+        kc = self._canon(keys, "keys")
+        if not len(kc):
+            return np.zeros(0, dtype=np.int64)
+        seqs = self._bucket_seq[np.unique(self._bucket_of(self._hash(kc)))]
+        seqs = seqs[seqs >= 0]
+        parts = [seqs]
+        while len(seqs):
+            seqs = self._next_of[seqs]
+            seqs = seqs[seqs >= 0]
+            parts.append(seqs)
+        out: npt.NDArray[np.int64] = np.unique(
+            self._ps.frames[np.concatenate(parts)].astype(np.int64))
+        return out
+
     def keys(self) -> npt.NDArray[Any]:
         """All keys as an array (storage order)."""
         return self.items()[0]

@@ -407,3 +407,141 @@ def test_unmap_leaves_the_bytes_and_the_page_cache() -> None:
         assert (pm.pool.frames[frames[:5], 100] == 7).all()
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_frames_for_names_every_page_an_upsert_of_those_keys_writes() -> None:
+    """`HashMap.frames_for`: the chains of the keys' buckets, distinct and sorted; an
+    upsert of those (present) keys writes no page outside them; it reads no page."""
+    pm = _ORIG_PM(page_bytes=4096, capacity_bytes=32 << 20)
+    m = mmm.HashMap.create(pm, "m", key="<u8", value=[("c", "<i8"), ("s", "<f8")],
+                           page_slots=8)  # small pages: many buckets, overflow chains
+    n = 3000
+    m.upsert(np.arange(n, dtype="<u8"), {"x": np.ones(n)}, {"c": "count", "s": ("sum", "x")})
+    rng = np.random.default_rng(3)
+    spec = {"c": "count", "s": ("sum", "x")}
+    for size in (1, 7, 200, 2000):
+        keys = rng.integers(0, n, size).astype("<u8")
+        fr = m.frames_for(keys)
+        assert fr.dtype == np.int64 and np.array_equal(fr, np.unique(fr))
+        assert (pm.pool.state[fr] != mmm.pool.FREE).all()
+        before = pm.pool.frames.copy()
+        m.upsert(keys, {"x": np.full(size, 2.0)}, spec)
+        changed = np.flatnonzero((pm.pool.frames != before).any(axis=1))
+        assert np.isin(changed, fr).all(), (size, np.setdiff1d(changed, fr))
+        assert len(changed) <= len(fr)
+    # a key's page is among its frames: look each of a few keys up page by page
+    one = m.frames_for(np.array([5], dtype="<u8"))
+    assert 1 <= len(one) < pm.pool.used_frames
+    assert m.frames_for(np.zeros(0, dtype="<u8")).shape == (0,)
+    with pytest.raises(mmm.errors.RecordTypeError):
+        m.frames_for(np.zeros(2, dtype="<f4"))
+    found, vals = m.get(np.arange(n, dtype="<u8"))
+    assert found.all() and int(vals["c"].sum()) == n + 1 + 7 + 200 + 2000
+
+
+def _frames_for_oracle(budget_pages: int, make_room: bool) -> None:
+    d = _disk_dir()
+    try:
+        pm = _ORIG_PM(page_bytes=4096, capacity_bytes=64 << 20, path=os.path.join(d, "pool"))
+        cache = PageCache(pm.pool, budget_pages * 4096, name="wu")
+        m = mmm.HashMap.create(pm, "m", key="<u8", value=[("c", "<i8"), ("s", "<f8")],
+                               page_slots=16)  # ~12 keys a page: many pages
+        spec = {"c": "count", "s": ("sum", "x")}
+        model: dict[int, list[float]] = {}
+        rng = np.random.default_rng(11)
+        read = 0
+        for i in range(40):
+            hi = 500 + 400 * i  # the key range grows: splits and new pages every batch
+            keys = rng.integers(0, hi, int(rng.integers(1, 80))).astype("<u8")
+            x = rng.random(len(keys))
+            read += cache.will_use(m.frames_for(keys), make_room=make_room)
+            if make_room:  # what is in memory plus what it reads fits in the budget
+                assert cache.resident_bytes() <= cache.budget_bytes, cache.stats()
+            m.upsert(keys, {"x": x}, spec)
+            for k, v in zip(keys.tolist(), x.tolist()):
+                e = model.setdefault(k, [0, 0.0])
+                e[0] += 1
+                e[1] += v
+            if i % 7 == 3:
+                gone = np.array(sorted(model)[::5], dtype="<u8")
+                cache.will_use(m.frames_for(gone), make_room=make_room)
+                m.delete(gone)
+                for k in gone.tolist():
+                    del model[k]
+            cache.enforce()  # (a batch that splits many buckets may outgrow the budget)
+            _within_budget(cache)
+        assert read > 0 and cache.evicted_frames > 0
+        assert pm.pool.used_frames > 2 * budget_pages
+        cache.evict_all()
+        ks, vs = m.items()
+        got = {int(k): (int(c), float(s)) for k, c, s in zip(ks, vs["c"], vs["s"])}
+        assert got.keys() == model.keys()
+        for k, (c, s) in model.items():
+            assert got[k][0] == c and got[k][1] == pytest.approx(s)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("make_room", [True, False])
+def test_will_use_before_each_batch_keeps_the_oracle_and_the_budget(make_room: bool) -> None:
+    """A hash map of ~100 pages under a 32-page budget: before each batch `will_use`
+    of the frames its keys touch (evicting others first with ``make_room``), after it
+    `enforce`: every value equals a dict's, the budget holds after each `enforce` (and
+    after `will_use` with ``make_room``)."""
+    _frames_for_oracle(32, make_room)
+
+
+def test_will_use_marks_frames_used_evicts_others_and_reads_only_what_fits() -> None:
+    d = _disk_dir()
+    try:
+        pm, frames = _pool_with_pages(d, 40)
+        cache = PageCache(pm.pool, 20 * 4096, name="wu")
+        cache.evict_all()
+        _ = int(pm.pool.frames[frames[:16], 8].sum())  # 16 pages in
+        cache.enforce()
+        # 8 not in memory; 16 + 8 > 20: 4 of the others go first, and not frames[:4],
+        # which this batch uses
+        assert cache.will_use(np.concatenate((frames[:4], frames[30:38]))) == 8
+        res = cache.resident()
+        assert res[frames[:4]].all() and int((res[frames[4:16]] > 0).sum()) == 8
+        pm.pool.frames[frames[30:38], 8] = 3  # the batch
+        assert cache.enforce() == 0  # the batch ran within the budget
+        # used frames are evicted last: frames[:4] and [30:38] were just used
+        _ = int(pm.pool.frames[frames[20:24], 8].sum())  # 4 more in: 24 > 20
+        assert cache.enforce() == 24 - 17  # down to LOW_WATER of 20 pages
+        res = cache.resident()
+        assert res[frames[:4]].all() and res[frames[30:38]].all()
+        assert res[frames[20:24]].all() and int((res[frames[4:16]] > 0).sum()) == 1
+        assert cache.will_use(frames[30:38]) == 0  # all in memory: nothing read
+        # more than the budget holds: it reads only what fits, the rest faults in later
+        cache.evict_all()
+        assert cache.will_use(frames) == 20
+        assert cache.will_use(frames, make_room=False) == 20  # none in memory since
+        with pytest.raises(ValueError, match="wu: will_use: frames must lie in"):
+            cache.will_use([pm.pool.n_frames])
+        assert np.array_equal(pm.pool.frames[frames[30:38], 8], np.full(8, 3, np.uint8))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_evict_unmaps_run_by_run_where_the_kernel_refuses_a_batched_unmap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eviction unmaps every run in one ``process_madvise`` where the kernel allows it,
+    else with one ``madvise`` per run: both leave nothing mapped or resident and lose
+    no byte."""
+    import mmm.pagecache as pc
+    d = _disk_dir()
+    try:
+        pm, frames = _pool_with_pages(d, 64)
+        cache = PageCache(pm.pool, 8 * 4096, name="runs")
+        for batched in (True, False):
+            monkeypatch.setattr(pc, "_batched_unmap", [batched and pc._batched_unmap[0]])
+            pm.pool.frames[frames, 200] = 9 if batched else 10
+            assert cache.evict(frames[::2]) == 32
+            res = cache.resident()
+            assert not res[frames[::2]].any()
+            cache.evict_all()
+            assert cache.resident_bytes() == 0 and cache.mapped_bytes() == 0
+            assert (pm.pool.frames[frames, 200] == (9 if batched else 10)).all()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
