@@ -681,6 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=65536, help="batch size of the batch API")
     ap.add_argument("--parts", default="agg,join,structures",
                     help="comma-separated experiments to run (agg, join, structures)")
+    ap.add_argument("--no-cold-start", dest="cold_start", action="store_false",
+                    help="leave out agg's cold start (a fresh process compiling every kernel "
+                         "into an empty numba cache: ~40 s)")
     args = parse_args(ap, argv)
     parts = set(args.parts.split(","))
     if not parts <= {"agg", "join", "structures"}:
@@ -706,7 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{a['cpu_time']['batch_speedup_vs_dict']:.2f}x and "
               f"{a['cpu_time']['record_slowdown_vs_dict']:.2f}x; tolist() of the input "
               f"{a['conversion_ms']:.0f} ms (not timed in any variant)")
-    cold = cold_start() if "agg" in parts else {}
+    cold = cold_start() if "agg" in parts and args.cold_start else {}
     if cold:
         print(f"cold start (import + first calls): {cold['no_cache']:.2f} s without a numba "
               f"cache, {cold['warm_cache']:.2f} s with a warm one")
@@ -764,7 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 g: a["record_slowdown_vs_dict"] for g, a in agg.items()},
             "agg_cpu_time_by_groups": {g: a["cpu_time"] for g, a in agg.items()},
             "agg_record_slowdown_vs_dict": agg["100000"]["record_slowdown_vs_dict"],
-            "agg_cold_start_s": cold,
+            "agg_cold_start_s": cold or None,  # None: --no-cold-start
             # numpy -> Python lists of the input, charged to no variant (ms, 1M tuples)
             "agg_conversion_ms": agg["100000"]["conversion_ms"],
             "agg_conversion_ms_1m": agg["1000000"]["conversion_ms"]})

@@ -56,10 +56,11 @@ REDUCED: dict[tuple[str, ...], list[str]] = {
                                    "--checkpoint-every", "1", "--page-bytes", "4096"],
     (".venv/bin/sguard", "peace", "simulate"): ["--writers", "4", "--sizes-mb", "128",
                                                 "--policies", "peace", "hdfs", "--no-progress"],
-    (".venv/bin/python", "-m", "bench.mmm_ops"): ["--tuples", "20000", "--batch", "4096"],
+    (".venv/bin/python", "-m", "bench.mmm_ops"): ["--tuples", "20000", "--batch", "4096",
+                                                  "--no-cold-start"],
     (".venv/bin/python", "-m", "bench.chkpt_latency"): [
         "--state-mb", "4", "--duration-s", "2", "--first-s", "0.5", "--interval-s", "1",
-        "--partitions", "1"],
+        "--partitions", "1", "--rounds", "1"],
     (".venv/bin/python", "-m", "bench.io_throughput"): [
         "--local-mb", "8", "--repeats", "1", "--workers", "1", "--no-seaweedfs"],
     (".venv/bin/python", "-m", "bench.recovery"): [
