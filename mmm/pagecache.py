@@ -77,6 +77,7 @@ LOW_WATER = 0.85
 MAX_ROUNDS = 4
 """Eviction rounds `enforce` tries before it leaves the resident bytes above the budget."""
 _MADV_RANDOM = 1
+_MADV_WILLNEED = 3
 _MADV_DONTNEED = 4
 _SYNC_RANGE = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | WRITE | WAIT_AFTER
 _SYNC_START = 2  # SYNC_FILE_RANGE_WRITE: start writing the dirty pages, no wait
@@ -129,10 +130,12 @@ _IOV_MAX = 1024
 _batched_unmap = [_NR_PROCESS_MADVISE is not None]  # cleared when the kernel refuses
 
 
-def _unmap_runs(base: int, runs: "list[tuple[int, int]]", pb: int) -> bool:
-    """``MADV_DONTNEED`` on every run of frames in as few system calls as the kernel
-    allows (``process_madvise`` on this process, up to 1024 runs a call, one TLB flush);
-    False when the kernel refuses it (older than 6.13): the caller unmaps run by run."""
+def _unmap_runs(base: int, runs: "list[tuple[int, int]]", pb: int,
+                advice: int = _MADV_DONTNEED) -> bool:
+    """``MADV_DONTNEED`` (or ``advice``) on every run of frames in as few system calls as
+    the kernel allows (``process_madvise`` on this process, up to 1024 runs a call, one
+    TLB flush); False when the kernel refuses it (older than 6.13): the caller advises
+    run by run."""
     if not _batched_unmap[0]:
         return False
     lib = _lib()
@@ -141,7 +144,7 @@ def _unmap_runs(base: int, runs: "list[tuple[int, int]]", pb: int) -> bool:
         iov = (_Iovec * len(part))(*[(base + a * pb, (b - a) * pb) for a, b in part])
         want = sum(b - a for a, b in part) * pb
         got = lib.syscall(ctypes.c_long(_NR_PROCESS_MADVISE), ctypes.c_int(_PIDFD_SELF),
-                          iov, ctypes.c_size_t(len(part)), ctypes.c_int(_MADV_DONTNEED),
+                          iov, ctypes.c_size_t(len(part)), ctypes.c_int(advice),
                           ctypes.c_uint(0))
         if got != want:  # refused, or stopped part-way: madvise is idempotent, redo per run
             if got < 0 and i == 0:
@@ -381,9 +384,11 @@ class PageCache:
     def will_use(self, frames: npt.ArrayLike, make_room: bool = True) -> int:
         """Announce the frames the next batch uses (e.g. `mmm.HashMap.frames_for` of its
         keys): they are marked used (evicted last, like the frames that come into memory
-        during a batch) and those not in memory after the last `enforce` or `will_use`
-        are read in together (``posix_fadvise(WILLNEED)`` per run of consecutive frames:
-        the reads overlap instead of waiting one fault at a time). With ``make_room``,
+        during a batch) and those not in memory after the last `enforce` (or evicted
+        since) are read in together (``MADV_WILLNEED`` on every run of consecutive
+        frames, in one ``process_madvise`` where the kernel allows it, else
+        ``posix_fadvise(WILLNEED)`` per run: the reads overlap instead of waiting one
+        fault at a time). With ``make_room``,
         the coldest frames the batch does not use are evicted first, so that the frames
         in memory plus those read stay within the budget: the batch then runs within it
         (up to the pages it adds) and the next `enforce` has little or nothing to evict.
@@ -422,11 +427,15 @@ class PageCache:
             return 0
         brk = np.flatnonzero(np.diff(out) != 1) + 1
         firsts = out[np.concatenate(([0], brk))].tolist()
-        lasts = out[np.concatenate((brk - 1, [len(out) - 1]))].tolist()
-        off0, fd = self._off0, self._fd
-        advise, willneed = os.posix_fadvise, os.POSIX_FADV_WILLNEED
-        for a, b in zip(firsts, lasts):
-            advise(fd, off0 + a * pb, (b + 1 - a) * pb, willneed)
+        ends = (out[np.concatenate((brk - 1, [len(out) - 1]))] + 1).tolist()
+        runs = list(zip(firsts, ends))
+        # MADV_WILLNEED of a file mapping reads the file's pages in (as fadvise does),
+        # all runs in one or a few system calls
+        if not _unmap_runs(self._base, runs, pb, _MADV_WILLNEED):
+            off0, fd = self._off0, self._fd
+            advise, willneed = os.posix_fadvise, os.POSIX_FADV_WILLNEED
+            for a, b in runs:
+                advise(fd, off0 + a * pb, (b - a) * pb, willneed)
         return len(out)
 
     # -- eviction -------------------------------------------------------------------------
