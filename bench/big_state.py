@@ -139,6 +139,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             cache.enforce(check=True)
             evict_s += time.perf_counter() - e0
     run_s = time.perf_counter() - t0
+    peak_rss_run = _status("VmHWM")  # before the check below reads the whole state
     assert len(m) == nkeys
     total = int(m.values()["c"].sum())
     assert total == nkeys + args.tuples, (total, nkeys, args.tuples)
@@ -148,7 +149,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         "build_s": build_s, "run_s": run_s, "evict_s": evict_s, "will_use_s": will_use_s,
         "will_use": hook, "read_ahead_frames": read_ahead,
         "tuples_per_s": args.tuples / run_s, "base_rss": base_rss,
-        "peak_rss_run": _status("VmHWM"), "peak_rss_build": peak_rss_build,
+        "peak_rss_run": peak_rss_run, "peak_rss_build": peak_rss_build,
         "count_total": total}
     out["peak_rss"] = max(out["peak_rss_run"], peak_rss_build)
     if cache:

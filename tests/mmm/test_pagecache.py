@@ -545,3 +545,33 @@ def test_evict_unmaps_run_by_run_where_the_kernel_refuses_a_batched_unmap(
             assert (pm.pool.frames[frames, 200] == (9 if batched else 10)).all()
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_frames_many_batches_use_outlive_frames_used_once() -> None:
+    """Victims by recency weighted by use: 4 frames announced for 5 batches stay when 20
+    frames used once, each more recently, overflow the budget; `cold` takes the weight
+    away again."""
+    d = _disk_dir()
+    try:
+        pm, frames = _pool_with_pages(d, 40)
+        cache = PageCache(pm.pool, 20 * 4096, name="hits")
+        b0 = pm.pool.frames[frames[:4], 100].copy()
+        cache.evict_all()
+        for _ in range(5):  # a hot key's pages: every batch uses them
+            cache.will_use(frames[:4])
+            pm.pool.frames[frames[:4], 100] += 1
+            cache.enforce()
+        _ = int(pm.pool.frames[frames[4:20], 8].sum())  # the tail: once each, later
+        cache.enforce()
+        _ = int(pm.pool.frames[frames[20:24], 8].sum())  # 24 pages > 20
+        assert cache.enforce() == 24 - 17
+        res = cache.resident()
+        assert res[frames[:4]].all()  # plain LRU would have taken them first
+        assert not res[frames[4:11]].any() and res[frames[11:24]].all()
+        cache.cold(frames[:4])
+        _ = int(pm.pool.frames[frames[24:28], 8].sum())  # 21 pages > 20
+        cache.enforce()
+        assert not cache.resident()[frames[:4]].any()  # cold: first out again
+        assert (pm.pool.frames[frames[:4], 100] == b0 + 5).all()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
