@@ -1,5 +1,6 @@
 """Write sguard/kernel_variants.json (what `sguard kernels warm` compiles) from numba's disk
-cache of this checkout's kernels: every variant the cache holds for the current source.
+cache of this checkout's kernels: every variant the cache holds for the current source, added
+to those the file already lists (``--replace``: only the cache's).
 
 Run it after the test suite and the benchmarks have run on the source tree
 (``SGUARD_TEST_SOURCE=1 bash scripts/test.sh``, ``.venv/bin/python -m bench.<name> --quick``),
@@ -33,6 +34,8 @@ def import_all() -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "sguard" / "kernel_variants.json"))
+    ap.add_argument("--replace", action="store_true",
+                    help="write only what the cache holds (default: add it to the file's list)")
     ap.add_argument("--check", action="store_true",
                     help="compare with --out instead of writing it")
     args = ap.parse_args()
@@ -46,6 +49,11 @@ def main() -> int:
         for k, v in missing:
             print(f"not cached: {k} {v}")
         return 1 if missing else 0
+    if not args.replace and Path(args.out).exists():
+        from sguard.kernels import read_variants
+        for k, vs in read_variants(args.out).items():
+            found[k] = sorted(set(found.get(k, [])) | set(vs))
+        found = dict(sorted(found.items()))
     doc = {"format": 1, "kernels": found}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"{sum(map(len, found.values()))} variants of {len(found)} kernels -> {args.out}")

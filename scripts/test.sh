@@ -108,9 +108,11 @@ echo "sguard $VERSION: --version, --help of every command: ok"
 # installed package (the suite) here, and for the checkout's .venv (the pages' commands) in
 # the background since the start (warm_checkout).
 step "compiling the kernels once (sguard kernels warm)"
-"$VENV/bin/sguard" kernels warm > "$WORK/warm-installed.log" 2>&1 \
-  || { cat "$WORK/warm-installed.log"; exit 1; }
-wait "$warm_checkout" || { cat "$WORK/warm-checkout.log"; exit 1; }
+# (a variant that no longer compiles, after a kernel's arguments changed, is only reported:
+# its kernel compiles at first use as without the warm-up; scripts/kernel_variants.py renews
+# the list)
+"$VENV/bin/sguard" kernels warm > "$WORK/warm-installed.log" 2>&1 || true
+wait "$warm_checkout" || true
 sed 's/^/installed: /' "$WORK/warm-installed.log"
 sed 's/^/checkout:  /' "$WORK/warm-checkout.log"
 
