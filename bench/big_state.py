@@ -90,9 +90,16 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import mmm
     from mmm.pagecache import PageCache
     nkeys, pb = args.keys, args.page_bytes
-    # warm the kernels on a tiny map so their code is part of the base memory
-    w = mmm.HashMap.create(mmm.PageManager(pb, 1 << 22), "w", key="<u8", value=VALUE)
-    w.upsert(np.arange(10, dtype="<u8"), {"x": np.ones(10)}, SPEC)
+    # warm the kernels on a small map (growing by splits, as the measured one does) so
+    # that their compiled code is part of the base memory, then free it
+    wpm = mmm.PageManager(pb, 1 << 26)
+    w = mmm.HashMap.create(wpm, "w", key="<u8", value=VALUE)
+    for i in range(0, 20000, 4096):
+        wk = np.arange(i, i + 4096, dtype="<u8")
+        w.frames_for(wk)
+        w.upsert(wk, {"x": np.ones(4096)}, SPEC)
+    w.upsert(np.arange(20000, dtype="<u8"), {"x": np.ones(20000)}, SPEC)
+    del w, wpm
     base_rss = _status("VmRSS")
     print(json.dumps({"base_rss": base_rss}), flush=True)
     sys.stdin.readline()  # the parent sets the limit from base_rss, then says go
@@ -140,6 +147,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             evict_s += time.perf_counter() - e0
     run_s = time.perf_counter() - t0
     peak_rss_run = _status("VmHWM")  # before the check below reads the whole state
+    rss_end = {f: _status(f) for f in ("RssAnon", "RssFile", "RssShmem")}
     assert len(m) == nkeys
     total = int(m.values()["c"].sum())
     assert total == nkeys + args.tuples, (total, nkeys, args.tuples)
@@ -150,7 +158,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         "will_use": hook, "read_ahead_frames": read_ahead,
         "tuples_per_s": args.tuples / run_s, "base_rss": base_rss,
         "peak_rss_run": peak_rss_run, "peak_rss_build": peak_rss_build,
-        "count_total": total}
+        "count_total": total, "rss_end": rss_end}
     out["peak_rss"] = max(out["peak_rss_run"], peak_rss_build)
     if cache:
         st = cache.stats()
