@@ -100,6 +100,22 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         w.upsert(wk, {"x": np.ones(4096)}, SPEC)
     w.upsert(np.arange(20000, dtype="<u8"), {"x": np.ones(20000)}, SPEC)
     del w, wpm
+    if args.budget_mb:  # and the page cache's paths (a pool file of 1000 pages)
+        wd = tempfile.mkdtemp(prefix="big-state-warm-", dir=args.dir)
+        try:
+            wpm = mmm.PageManager(pb, 1 << 26, os.path.join(wd, "pool"))
+            wc = PageCache(wpm.pool, 64 * pb, "warm")
+            w = mmm.HashMap.create(wpm, "w", key="<u8", value=VALUE, page_slots=16)
+            for i in range(0, 8000, 800):
+                wk = np.arange(i, i + 800, dtype="<u8")
+                wc.will_use(w.frames_for(wk))
+                w.upsert(wk, {"x": np.ones(800)}, SPEC)
+                wc.enforce(check=False)
+            wc.evict_all()
+            wc.close()
+            del w, wc, wpm
+        finally:
+            shutil.rmtree(wd, ignore_errors=True)
     base_rss = _status("VmRSS")
     print(json.dumps({"base_rss": base_rss}), flush=True)
     sys.stdin.readline()  # the parent sets the limit from base_rss, then says go
