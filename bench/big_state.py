@@ -135,7 +135,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     hook = cache is not None and not args.no_will_use
     for i in range(0, nkeys, args.batch):
         k = np.arange(i, min(nkeys, i + args.batch), dtype="<u8")
-        if hook:
+        if hook and cache is not None:
             cache.will_use(m.frames_for(k))
         m.upsert(k, {"x": rng.random(len(k))}, SPEC)
         if cache:
@@ -151,7 +151,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     while done < args.tuples:
         n = min(args.batch, args.tuples - done)
         k = keys_for(args.dist, rng, n, nkeys, args.zipf_s)
-        if hook:
+        if hook and cache is not None:
             e0 = time.perf_counter()
             read_ahead += cache.will_use(m.frames_for(k))
             will_use_s += time.perf_counter() - e0

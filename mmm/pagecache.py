@@ -144,14 +144,14 @@ def _unmap_runs(base: int, runs: "list[tuple[int, int]]", pb: int,
     the kernel allows (``process_madvise`` on this process, up to 1024 runs a call, one
     TLB flush); False when the kernel refuses it (older than 6.13): the caller advises
     run by run."""
-    if not _batched_unmap[0]:
+    if not _batched_unmap[0] or _NR_PROCESS_MADVISE is None:
         return False
-    lib = _lib()
+    lib, nr = _lib(), _NR_PROCESS_MADVISE
     for i in range(0, len(runs), _IOV_MAX):
         part = runs[i:i + _IOV_MAX]
-        iov = (_Iovec * len(part))(*[(base + a * pb, (b - a) * pb) for a, b in part])
+        iov = (_Iovec * len(part))(*[_Iovec(base + a * pb, (b - a) * pb) for a, b in part])
         want = sum(b - a for a, b in part) * pb
-        got = lib.syscall(ctypes.c_long(_NR_PROCESS_MADVISE), ctypes.c_int(_PIDFD_SELF),
+        got = lib.syscall(ctypes.c_long(nr), ctypes.c_int(_PIDFD_SELF),
                           iov, ctypes.c_size_t(len(part)), ctypes.c_int(advice),
                           ctypes.c_uint(0))
         if got != want:  # refused, or stopped part-way: madvise is idempotent, redo per run
