@@ -192,11 +192,19 @@ def read_input(root: StorageRoot, batch: int, generation: int, partition: int,
                 f"of partition {partition} was written by a fenced (stale) owner: partition "
                 f"{partition} cannot be rebuilt past this batch from here")
         return _with_kg(_read(root, best.relpath), key, key_groups)
-    # the files of one generation only: the newest one (not above ours) that logged the
-    # batch. A batch runs again under a newer generation only if the older one never
-    # committed it (a query killed mid-batch, restarted with another partition count);
-    # the older generation's files of it are then leftovers that must not count twice.
-    newest = max((f.generation for f in files if f.generation <= generation), default=None)
+    if any(f.generation == generation for f in files):
+        # our generation ran the batch and every partition logged its own rows, even none:
+        # ours is gone (trimmed after a checkpoint), and the other partitions' files are
+        # no substitute (they hold none of our key groups)
+        raise InputLogGapError(
+            f"input log of batch {batch} at {root.full_path(batch_dir(batch))} has no file of "
+            f"partition {partition} (generation {generation}): partition {partition} cannot be "
+            f"rebuilt past its last durable checkpoint from here")
+    # the files of one older generation only: the newest one that logged the batch. A
+    # batch runs again under a newer generation only if the older one never committed it (a
+    # query killed mid-batch, restarted with another partition count); the older
+    # generation's files of it are then leftovers that must not count twice.
+    newest = max((f.generation for f in files if f.generation < generation), default=None)
     by_part: dict[int, list[LogFile]] = {}
     for f in files:
         if f.generation == newest:

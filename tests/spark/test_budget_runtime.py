@@ -17,6 +17,7 @@ import pytest
 
 import sguard.spark as ss
 from ioservice import open_root
+from sguard.spark.metrics import read_metrics
 from mmm.pagecache import BudgetError, is_memory_fs
 from tests.spark.helpers import (StreamInput, every_batch, landed_metrics, last_batch,
                                  make_input_spec,
@@ -51,10 +52,13 @@ def _status(uri: str) -> dict[str, Any]:
     return got
 
 
-def _check_evicted(work: Path, budget: int) -> list[dict[str, Any]]:
+def _check_evicted(work: Path, budget: int, *, settled: bool = True) -> list[dict[str, Any]]:
     """Every batch record carries the residency figures; the state outgrew the budget,
     pages were evicted, and ``sguard spark status`` shows resident and evicted bytes per
-    partition. Returns the batch records."""
+    partition: each partition's latest record. With `settled` (no worker died), pages are
+    still evicted after the last batch; after kills a partition's allowance may be the
+    whole budget (a dead worker's ledger entry no longer counts), so its state may fit.
+    Returns the batch records."""
     last = last_batch(work)
     batches, _ = landed_metrics(open_root(str(work / "state")), every_batch(last, PARTS))
     assert all(r["executor_budget_bytes"] == budget for r in batches)
@@ -62,10 +66,16 @@ def _check_evicted(work: Path, budget: int) -> list[dict[str, Any]]:
     assert max(r["state_bytes"] for r in batches) > budget // PARTS  # outgrew its share
     assert max(r["evicted_frames"] for r in batches) > 0
     st = _status(str(work / "state"))
-    assert st["summary"]["evicted_bytes"] > 0 and st["summary"]["resident_bytes"] > 0
+    assert st["summary"]["resident_bytes"] > 0
+    assert st["summary"]["evicted_bytes"] > 0 or not settled
+    # each partition's figures are those of a record of its last batch (a retried task's
+    # record may land after `batches` was read)
+    again, _ = read_metrics(open_root(str(work / "state")))
     for pp in st["partitions"]:
         assert pp["budget_bytes"] >= budget // PARTS
-        assert pp["resident_bytes"] is not None and pp["evicted_bytes"] is not None
+        recs = {(r["resident_bytes"], r["evicted_bytes"], r["budget_bytes"]) for r in again
+                if (r["partition"], r["batch"]) == (pp["partition"], pp["last_batch"])}
+        assert (pp["resident_bytes"], pp["evicted_bytes"], pp["budget_bytes"]) in recs, (pp, recs)
     assert sum(pp["evicted_bytes"] for pp in st["partitions"]) == st["summary"]["evicted_bytes"]
     text = subprocess.run([sys.executable, "-m", "sguard", "spark", "status",
                            str(work / "state")], capture_output=True, text=True, timeout=300,
@@ -168,7 +178,8 @@ def test_worker_killed_while_evicting(spark: Any, tmp_path: Path) -> None:
                                capacity_bytes=64 << 20, memory_budget=512 << 10, faults=plan)
     assert len(os.listdir(plan.fault_dir)) == 3  # every fault fired
     assert (rows, state) == running_oracle(inp.tables)
-    recs = {(r["batch"], r["partition"]): r for r in _check_evicted(tmp_path, 512 << 10)}
+    recs = {(r["batch"], r["partition"]): r
+            for r in _check_evicted(tmp_path, 512 << 10, settled=False)}
     r6 = recs[(6, 0)]
     # the local state lost at batch 6's start was restored from the checkpoint. When
     # Spark ran the batch again after that first attempt had applied part of it (the
@@ -176,4 +187,4 @@ def test_worker_killed_while_evicting(spark: Any, tmp_path: Path) -> None:
     retried = (r6["recovery"] == "rolled_back_file"
                and "partly applied by another attempt" in r6["reason"])
     assert r6["recovery"] == "restored" or retried, (r6["recovery"], r6["reason"])
-    assert r6["state_bytes"] > r6["budget_bytes"]
+    assert r6["state_bytes"] > (512 << 10) // PARTS  # larger than its share

@@ -24,6 +24,7 @@ import pytest
 import sguard.spark as ss
 from ioservice import list_checkpoints, open_root
 from sguard.spark import inputlog
+from sguard.spark.errors import InputLogGapError
 from sguard.spark.checkpointing import latest_checkpoint_batch
 from sguard.spark.state import read_durable_state
 from sguard.statelayout import read_layout
@@ -400,6 +401,14 @@ def test_read_input_takes_one_generation(tmp_path: Path) -> None:
     assert sorted(got.column("k").to_pylist()) == sorted(want.tolist())
     got = inputlog.read_input(root, 7, 0, 1, 2, "k", key_groups=K)  # its own file
     assert sorted(got.column("k").to_pylist()) == sorted(want.tolist())
+    # its own file gone (trimmed) while the other partitions' of its generation remain:
+    # a gap, never their rows filtered to its key groups (none: an empty batch)
+    for f in inputlog.own_files(root, 1, 2).get(7, []):
+        root.delete_file(f.relpath)
+    with pytest.raises(InputLogGapError, match="has no file of partition 2 .generation 1."):
+        inputlog.read_input(root, 7, 1, 2, 3, "k", key_groups=K)
+    got = inputlog.read_input(root, 7, 1, 1, 3, "k", key_groups=K)  # the others still read
+    assert sorted(got.column("k").to_pylist()) == sorted(keys[owner_of(kg, 3, K) == 1].tolist())
 
 
 def test_state_repartition_to_the_same_count_composes_the_uncomposed_as_a_spark_job(
