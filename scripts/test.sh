@@ -73,11 +73,10 @@ VENV="$WORK/venv"
 if [ ! -x "$VENV/bin/python" ] || [ pyproject.toml -nt "$VENV/.sguard-deps" ]; then
   rm -rf "$VENV"
   "${PYTHON:-python3}" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "${WHEEL}[test]"
+  "$ROOT/.venv/bin/uv" pip install -q --python "$VENV/bin/python" "${WHEEL}[test]"
   touch "$VENV/.sguard-deps"
 fi
-"$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$WHEEL"
+"$ROOT/.venv/bin/uv" pip install -q --python "$VENV/bin/python" --reinstall --no-deps "$WHEEL"
 
 step "CLI smoke tests of the installed command"
 RUN="$WORK/run"
@@ -94,11 +93,22 @@ for name in ("mmm", "mmm.structures", "ioservice", "peace", "sguard"):
     assert site in f.parents, f"{name} imported from {f}, not from {site}"
 print(f"mmm, ioservice, peace, sguard import from {site}")
 EOF
-for cmd in "" demo kernels "kernels warm" checkpoints "checkpoints ls" "checkpoints verify" "checkpoints show" \
-           peace "peace simulate" "peace schedule" "peace serve"; do
-  # shellcheck disable=SC2086
-  "$VENV/bin/sguard" $cmd --help >/dev/null || { echo "sguard $cmd --help failed"; exit 1; }
-done
+"$VENV/bin/sguard" --help >/dev/null
+# every command's --help in one process (the entry point's own function, as `sguard` calls it)
+"$VENV/bin/python" - <<'EOF'
+import contextlib, io
+from sguard.cli import main
+for cmd in ("demo", "kernels", "kernels warm", "checkpoints", "checkpoints ls",
+            "checkpoints verify", "checkpoints show", "peace", "peace simulate",
+            "peace schedule", "peace serve"):
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            rc = main([*cmd.split(), "--help"])
+    except SystemExit as exc:
+        rc = exc.code
+    assert rc in (0, None) and "usage:" in out.getvalue(), f"sguard {cmd} --help failed ({rc})"
+EOF
 "$VENV/bin/sguard" demo --batches -5 2>/dev/null && { echo "a bad argument was accepted"; exit 1; }
 echo "sguard $VERSION: --version, --help of every command: ok"
 
