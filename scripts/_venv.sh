@@ -14,5 +14,4 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   .venv/bin/uv pip install -q --python .venv/bin/python -e ".[test,bench]"
   touch "$STAMP"
 fi
-[ -x .venv/bin/uv ] || .venv/bin/python -m pip install -q uv   # a .venv made before uv was used
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -9,7 +9,7 @@
 #    ($SGUARD_TEST_WORK/venv, default build/test-wheel/venv: created fresh on first use and
 #    whenever pyproject.toml changes; the sguard wheel is reinstalled on every run);
 # 4. smoke-tests the installed `sguard` command (--version, --help of every command), and
-#    compiles the numba kernels once (`sguard kernels warm`) for it and for .venv;
+#    compiles the numba kernels once (`sguard kernels warm`) for it;
 # 5. runs pytest on a copy of tests/ outside the checkout, so `import mmm` can only find the
 #    installed package (tests/sguard/test_install.py asserts it is under site-packages).
 #
@@ -55,10 +55,8 @@ copy_checkout() {  # copy_checkout DEST
   fi
 }
 
-# the checkout's kernels compile while the wheel is built and installed (see below)
-"$ROOT/.venv/bin/sguard" kernels warm --jobs 1 > "$WORK/warm-checkout.log" 2>&1 &
-warm_checkout=$!
-trap 'kill "$warm_checkout" 2>/dev/null || true' EXIT
+UV="$ROOT/.venv/bin/uv"
+[ -x "$UV" ] || "$ROOT/.venv/bin/python" -m pip install -q uv   # a .venv made before uv was used
 
 step "building the wheel"
 copy_checkout "$WORK/src"
@@ -73,10 +71,13 @@ VENV="$WORK/venv"
 if [ ! -x "$VENV/bin/python" ] || [ pyproject.toml -nt "$VENV/.sguard-deps" ]; then
   rm -rf "$VENV"
   "${PYTHON:-python3}" -m venv "$VENV"
-  "$ROOT/.venv/bin/uv" pip install -q --python "$VENV/bin/python" "${WHEEL}[test]"
+  "$UV" pip install -q --python "$VENV/bin/python" "${WHEEL}[test]"
   touch "$VENV/.sguard-deps"
 fi
-"$ROOT/.venv/bin/uv" pip install -q --python "$VENV/bin/python" --reinstall --no-deps "$WHEEL"
+"$UV" pip install -q --python "$VENV/bin/python" --reinstall --no-deps "$WHEEL"
+# set up as scripts/_venv.sh marks .venv: tests/test_readme.py runs the pages' commands with
+# this venv as the scratch copy's .venv
+touch "$VENV/.sguard-installed"
 
 step "CLI smoke tests of the installed command"
 RUN="$WORK/run"
@@ -114,17 +115,13 @@ echo "sguard $VERSION: --version, --help of every command: ok"
 
 # Each process that first calls a numba kernel compiles it unless numba's disk cache holds it;
 # on a fresh install that is ~100 s of one core, paid again in every process that starts before
-# the first has written it (parallel tests, Spark's Python workers). Compile once, for the
-# installed package (the suite) here, and for the checkout's .venv (the pages' commands) in
-# the background since the start (warm_checkout).
+# the first has written it (parallel tests, Spark's Python workers, the pages' commands).
+# Compile once, for the installed package.
 step "compiling the kernels once (sguard kernels warm)"
 # (a variant that no longer compiles, after a kernel's arguments changed, is only reported:
 # its kernel compiles at first use as without the warm-up; scripts/kernel_variants.py renews
 # the list)
-"$VENV/bin/sguard" kernels warm > "$WORK/warm-installed.log" 2>&1 || true
-wait "$warm_checkout" || true
-sed 's/^/installed: /' "$WORK/warm-installed.log"
-sed 's/^/checkout:  /' "$WORK/warm-checkout.log"
+"$VENV/bin/sguard" kernels warm || true
 
 step "the test suite against the installed package"
 cp -rp "$ROOT/tests" "$ROOT/notebooks" "$ROOT/pytest.ini" "$RUN/"

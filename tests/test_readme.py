@@ -3,8 +3,9 @@ of the checkout.
 
 The pages are README.md, then docs/*.md in name order. Their ```bash blocks are run line by
 line, in order, by ``bash`` in one scratch copy of the checkout (a "fresh clone", shared by
-every page) whose ``.venv`` is the checkout's own, already set up by the README's first
-commands (``scripts/test.sh`` sources ``scripts/_venv.sh`` before the suite starts). Each
+every page) whose ``.venv`` is the environment under test: under ``scripts/test.sh`` the
+venv where the wheel is installed (not editable), so the pages' commands run the package a
+user installs, with the kernels the suite's warm-up compiled (`fresh_clone`). Each
 bash block is one test (``test_page_bash_block[docs/peace.md:bash1]``), so a failure names
 its page; lines that depend on each other (``sguard demo`` then ``sguard checkpoints ls`` of
 its output) sit in one block. The prose's inline commands (see `inline_commands`) of a page
@@ -166,16 +167,18 @@ def reduction(command: str) -> tuple[tuple[str, ...] | None, list[str]]:
     return None, []
 
 
-#: the packages: not copied into the scratch copy, so that its commands import them through
-#: the checkout's .venv (an editable install of the checkout, as a clone's own .venv is of the
-#: clone) from where the suite's kernel warm-up compiled them (scripts/test.sh): a copy at a
-#: new path would compile every numba kernel again in each process that first calls it
+#: the packages: not copied into the scratch copy, so that its commands import them from the
+#: environment under test (its ``.venv``, below), where the suite's kernel warm-up compiled
+#: them (scripts/test.sh): a copy at a new path would compile every numba kernel again in
+#: each process that first calls it, and would not be the package under test
 PACKAGES = ("mmm", "ioservice", "peace", "sguard")
 
 
 def fresh_clone(src: Path, dest: Path) -> Path:
     """Copy the checkout's files (no .git, .venv, build output, run data, and not the
-    `PACKAGES`, which its .venv imports from the checkout); link its .venv."""
+    `PACKAGES`); its ``.venv`` is a link to the environment of the interpreter under test:
+    the venv with the installed wheel under scripts/test.sh (which marks it set up, as
+    scripts/_venv.sh marks the checkout's), the checkout's own .venv when pytest runs there."""
     skip = shutil.ignore_patterns(".git", ".venv", "build", "__pycache__", "*.egg-info",
                                   "sguard-data", ".mypy_cache", ".hypothesis", "out")
 
@@ -183,7 +186,7 @@ def fresh_clone(src: Path, dest: Path) -> Path:
         top = set(PACKAGES) if Path(where) == src else set()
         return set(skip(where, names)) | (top & set(names))
     shutil.copytree(src, dest, ignore=ignore, symlinks=True)
-    venv = src / ".venv"
+    venv = Path(sys.prefix)
     stamp = venv / ".sguard-installed"
     assert (venv / "bin" / "python").exists() and stamp.exists(), \
         f"{venv} is not set up: run `bash scripts/demo.sh --help` (the README's first command)"
