@@ -256,13 +256,16 @@ class ExecutorBudget:
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump({"partition": partition, "pid": os.getpid(),
+                       "start": _start_time(os.getpid()),
                        "resident_bytes": int(resident_bytes),
                        "state_bytes": int(state_bytes)}, fh)
         os.replace(tmp, path)
 
     def ledger(self) -> dict[str, dict[str, int]]:
         """Every live partition of the executor: ``{name: {"pid", "resident_bytes",
-        "state_bytes"}}`` as last reported (entries of dead processes are left out)."""
+        "state_bytes"}}`` as last reported. An entry whose process is gone is left out and
+        removed: a process is its pid and its start time, so that a pid the system has
+        since given to another process does not keep a dead partition's share."""
         out: dict[str, dict[str, int]] = {}
         try:
             names = os.listdir(self.ledger_dir)
@@ -271,13 +274,16 @@ class ExecutorBudget:
         for name in names:
             if not name.endswith(".json"):
                 continue
+            path = os.path.join(self.ledger_dir, name)
             try:
-                with open(os.path.join(self.ledger_dir, name), encoding="utf-8") as fh:
+                with open(path, encoding="utf-8") as fh:
                     e = json.load(fh)
                 pid = int(e["pid"])
-            except (OSError, ValueError, KeyError, TypeError):
+                start = e.get("start")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue  # replaced or removed while read
-            if pid != os.getpid() and not _alive(pid):
+            if pid != os.getpid() and not _alive(pid, start):
+                _remove_if_dead(path, pid, start)
                 continue
             out[str(e["partition"])] = {"pid": pid, "resident_bytes": int(e["resident_bytes"]),
                                         "state_bytes": int(e["state_bytes"])}
@@ -358,11 +364,39 @@ def executor_budget(ledger_dir: str, budget_bytes: int) -> ExecutorBudget:
     return eb
 
 
-def _alive(pid: int) -> bool:
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat``, field
+    22), or None where there is no /proc or no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: int | None = None) -> bool:
+    """Whether process `pid` runs, and is the one that started at `start` (when given and
+    the system tells start times)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    if start is None:
         return True
-    return True
+    now = _start_time(pid)
+    return now is None or now == int(start)
+
+
+def _remove_if_dead(path: str, pid: int, start: int | None) -> None:
+    """Remove a dead process's ledger entry, unless it was replaced meanwhile (by a live
+    process that took the partition over)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            e = json.load(fh)
+        if (int(e["pid"]), e.get("start")) == (pid, start):
+            os.unlink(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass

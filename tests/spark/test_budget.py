@@ -4,6 +4,7 @@ of a batch that cannot fit, and the recovery when the budget is raised. Real poo
 on disk under real page caches; a real second process killed with SIGKILL."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -167,9 +168,32 @@ def test_workers_of_one_executor_share_through_the_ledger(disk: str) -> None:
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
     assert set(ex.ledger()) == {"a"}
+    assert sorted(os.listdir(ledger)) == ["a.json"]  # the dead worker's entry is removed
     a.batch(np.arange(10, 20), 2)
     ex.after_batch("a")
     assert a.cache.budget_bytes == budget
+    a.read_all()
+
+
+def test_a_reused_pid_does_not_keep_a_dead_partitions_share(disk: str) -> None:
+    """A ledger entry names its process by pid and start time: an entry whose pid the
+    system has given to another (live) process no longer counts, and is removed; an
+    entry written before start times were recorded counts while its pid lives."""
+    ledger = os.path.join(disk, "ledger")
+    ex = ExecutorBudget(64 * PB, ledger)
+    a = Part(disk, "a", 50)
+    ex.register("a", a.cache)
+    parent = os.getppid()  # a live process, never this one
+    for name, start in (("stale", 12345), ("old format", None)):
+        entry = {"partition": name, "pid": parent, "resident_bytes": 10 * PB,
+                 "state_bytes": 40 * PB}
+        if start is not None:
+            entry["start"] = start
+        with open(os.path.join(ledger, f"{name}.json"), "w", encoding="utf-8") as fh:
+            json.dump(entry, fh)
+    assert set(ex.ledger()) == {"a", "old format"}
+    assert not os.path.exists(os.path.join(ledger, "stale.json"))
+    assert ex.allowance("a") == (64 * PB - 10 * PB, 2)  # what the live one leaves
     a.read_all()
 
 
