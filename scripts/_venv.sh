@@ -9,9 +9,11 @@ fi
 STAMP=.venv/.sguard-installed
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   # uv (PyPI) installs what pip would, several times faster, and scripts/test.sh's venv
-  # links the same files from uv's cache instead of unpacking them again
+  # links the same files from uv's cache instead of unpacking them again; the bytecode is
+  # compiled at install, as pip does (a Python that may not write it, PYTHONDONTWRITEBYTECODE,
+  # would otherwise compile every module it imports in every process)
   .venv/bin/python -m pip install -q --upgrade pip uv
-  .venv/bin/uv pip install -q --python .venv/bin/python -e ".[test,bench]"
+  .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -e ".[test,bench]"
   touch "$STAMP"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

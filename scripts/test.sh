@@ -71,10 +71,10 @@ VENV="$WORK/venv"
 if [ ! -x "$VENV/bin/python" ] || [ pyproject.toml -nt "$VENV/.sguard-deps" ]; then
   rm -rf "$VENV"
   "${PYTHON:-python3}" -m venv "$VENV"
-  "$UV" pip install -q --python "$VENV/bin/python" "${WHEEL}[test]"
+  "$UV" pip install -q --compile-bytecode --python "$VENV/bin/python" "${WHEEL}[test]"
   touch "$VENV/.sguard-deps"
 fi
-"$UV" pip install -q --python "$VENV/bin/python" --reinstall --no-deps "$WHEEL"
+"$UV" pip install -q --compile-bytecode --python "$VENV/bin/python" --reinstall --no-deps "$WHEEL"
 # set up as scripts/_venv.sh marks .venv: tests/test_readme.py runs the pages' commands with
 # this venv as the scratch copy's .venv
 touch "$VENV/.sguard-installed"
