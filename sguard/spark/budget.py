@@ -29,8 +29,9 @@ Wiring (`sguard.spark.runtime`): a query gets its budget from
 `MemoryBudget.for_query` (``stateful(memory_budget=...)``, the session's
 `QUERY_OPTION`, `PYSPARK_MEMORY`; none: every page in memory under /dev/shm), its
 pools then live on a disk (`sguard.spark.placement.disk_local_dir`), the ledger under
-``<local_dir>/_budget`` (`executor_budget`), and every batch ends with `after_batch`
-(the batch's pages: those it wrote) and `PageCache.unmap`.
+``<local_dir>/_budget`` (`executor_budget`), every batch starts with `before_batch`
+(the pages its operator says it reads come in together, `PageCache.will_use`) and ends
+with `after_batch` (the batch's pages: those it wrote) and `PageCache.unmap`.
 
 What the budget counts: the pool frames' bytes in memory (`PageCache.resident_bytes`:
 page cache, mapped or not), an upper bound of their share of the workers' RSS.
@@ -45,6 +46,7 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mmm.pagecache import BudgetError, PageCache, WorkingSetTooLargeError
 
@@ -297,6 +299,28 @@ class ExecutorBudget:
         n = len(led) + 1
         others = sum(e["resident_bytes"] for e in led.values())
         return max(self.budget_bytes // n, self.budget_bytes - others), n
+
+    def before_batch(self, partition: str, frames: Any) -> int:
+        """Announce the frames ``partition``'s next batch reads (its operator's
+        `OperatorState.frames_for`): its cache takes its allowance, evicts the coldest
+        frames the batch does not use to make room, and reads those frames in together
+        (`PageCache.will_use`) instead of one fault at a time. Returns the frames read
+        ahead. Changes no byte of any page.
+
+        Raises
+        ------
+        KeyError
+            If ``partition`` is not registered.
+        ValueError
+            If a frame lies outside the partition's pool; nothing is evicted or read.
+        """
+        with self._lock:
+            cache = self._caches.get(partition)
+        if cache is None:
+            raise KeyError(f"partition {partition!r} is not under this executor's budget")
+        allow, _ = self.allowance(partition)
+        cache.set_budget(max(allow, 2 * cache.pool.page_bytes))
+        return cache.will_use(frames)
 
     def after_batch(self, partition: str, written_since: int | None = None) -> int:
         """Bring ``partition``'s resident bytes within its allowance after one of its

@@ -26,7 +26,7 @@ does not depend on the number of partitions, and a rescale changes nothing in it
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +40,7 @@ from sguard.spark.operators import Key, Operator, OperatorState
 from sguard.keygroups import key_group_of, owner_of
 from sguard.statelayout import key_group_psids
 
-__all__ = ["KG_COLUMN", "KeyGroupedState", "KeyGroupRoutingError", "namespace", "open_state",
+__all__ = ["KG_COLUMN", "KeyGroupedState", "GroupPager", "KeyGroupRoutingError", "namespace", "open_state",
            "stored_key_groups", "split_by_partition", "add_key_groups"]
 
 _NS_RE: Final = re.compile(r"^kg(?P<kg>\d{5})/")
@@ -59,6 +59,15 @@ def namespace(pm: PageManager, kg: int) -> Namespace:
 def stored_key_groups(pm: PageManager) -> list[int]:
     """The key groups that have structures in `pm`, ascending."""
     return sorted({int(m["kg"]) for n in pm.names() if (m := _NS_RE.match(n)) is not None})
+
+
+class GroupPager(Protocol):
+    """What `KeyGroupedState.apply` tells between key groups (a memory budget's page
+    cache, `sguard.spark.runtime`)."""
+
+    def before_group(self, frames: npt.NDArray[np.int64] | None) -> None:
+        """The next key group's operator is about to run and reads ``frames`` (None:
+        unknown)."""
 
 
 class KeyGroupedState(OperatorState):
@@ -129,19 +138,26 @@ class KeyGroupedState(OperatorState):
         ends = np.concatenate([cuts, [len(skg)]]).tolist()
         return [(int(skg[s]), data.slice(s, e - s)) for s, e in zip(starts, ends)]
 
-    def apply(self, table: pa.Table, batch_id: int) -> pa.Table:
+    def apply(self, table: pa.Table, batch_id: int,
+              pager: GroupPager | None = None) -> pa.Table:
+        """Each key group's rows to its operator, in key-group order (class docstring).
+        With a `pager`, it hears before each key group which frames that group's
+        operator says it reads (`OperatorState.frames_for`; None for a key group without
+        state yet or an operator that cannot tell): a memory budget's page cache can
+        then evict and read ahead between key groups, so that a batch needs only one key
+        group's pages at a time within its budget, not all of its pages at once."""
         # an operator with partition-level hooks (a processor: init/close once per
         # partition and batch, `sguard.spark.processors`)
         begin = getattr(self.operator, "begin_partition_batch", None)
         if begin is None:
-            return self._apply(table, batch_id)
+            return self._apply(table, batch_id, pager)
         begin(batch_id, table, (self.lo, self.hi))
         try:
-            return self._apply(table, batch_id)
+            return self._apply(table, batch_id, pager)
         finally:
             self.operator.end_partition_batch()  # type: ignore[attr-defined]
 
-    def _apply(self, table: pa.Table, batch_id: int) -> pa.Table:
+    def _apply(self, table: pa.Table, batch_id: int, pager: GroupPager | None) -> pa.Table:
         parts = dict(self.split(table))
         todo = sorted(set(parts) | set(self.key_groups())) if self.every_batch else sorted(parts)
         extra = getattr(self.operator, "extra_key_groups", None)
@@ -149,12 +165,15 @@ class KeyGroupedState(OperatorState):
             todo = sorted(set(todo) | set(extra()))
         empty = None
         outs = []
+        stored = set(self.key_groups()) if pager is not None else set()
         for kg in todo:
             rows = parts.get(kg)
             if rows is None:
                 if empty is None:
                     empty = table.drop_columns([KG_COLUMN]).slice(0, 0)
                 rows = empty
+            if pager is not None:
+                pager.before_group(self.state(kg).frames_for(rows) if kg in stored else None)
             out = self.state(kg).apply(rows, batch_id)
             if out.num_rows:
                 outs.append(out)

@@ -208,6 +208,13 @@ class OperatorState(abc.ABC):
         """Keys (or records) held, for metrics."""
         return 0
 
+    def frames_for(self, table: pa.Table) -> npt.NDArray[np.int64] | None:
+        """The pool frames `apply` of ``table`` will read, for a memory budget's page
+        cache to bring in together before the batch (`sguard.spark.budget`), or None
+        when the state cannot tell (then its pages fault in as they are touched).
+        Changes nothing and adds no key."""
+        return None
+
 
 class Operator(abc.ABC):
     """The driver-side description of a stateful operator (picklable, stateless)."""
@@ -350,6 +357,13 @@ class _RunningAggregateState(OperatorState):
         # the key columns of the output straight from the input rows (no dictionary decode)
         kcols = [table.column(f.name).take(pa.array(rows)) for f in self.keys.fields]
         return self._table(kcols, vals)
+
+    def frames_for(self, table: pa.Table) -> npt.NDArray[np.int64] | None:
+        # keys the partition has not seen yet (dictionary keys) have no bucket to read yet
+        keys = self.keys.lookup(table)
+        if not self.keys.spec.direct:
+            keys = keys[keys >= 0]
+        return self.map.frames_for(keys)
 
     def _table(self, keys: list[Any], vals: npt.NDArray[Any]) -> pa.Table:
         arrays = keys + [pa.array(vals[n]) for n in self.names]

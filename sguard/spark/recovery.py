@@ -28,7 +28,7 @@ from sguard.spark import inputlog
 from sguard.spark.errors import InputLogGapError, StateAheadError, UnrecoverableStateError
 from sguard.spark.fencing import FenceView
 from sguard.rescale import KeyGroupPositions
-from sguard.spark.groupstate import key_group_column, open_state
+from sguard.spark.groupstate import KeyGroupedState, key_group_column, open_state
 from sguard.spark.operators import Operator, OperatorState
 from sguard.statelayout import OperatorLayout
 
@@ -47,7 +47,7 @@ RestoreFn = Callable[[int | None], Manifest | None]
 class Rebuilt:
     """The outcome of `rebuild_partition`."""
 
-    state: OperatorState
+    state: KeyGroupedState
     manifest: Manifest | None
     """The checkpoint the state was rebuilt from (None: from the empty state)."""
     checkpoint_batch: int

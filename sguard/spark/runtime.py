@@ -19,7 +19,9 @@
    the partition "applying b";
 5. writes the input to the input log (an I/O thread, a file of its epoch)
    while the operator applies the batch; with a memory budget
-   (`RuntimeConfig.memory_budget`) brings the partition's resident pages within its
+   (`RuntimeConfig.memory_budget`) runs it one key group after another within the
+   partition's share (`_BudgetPager`: evicting between key groups, each key group's
+   pages read in together), and after it brings the partition's resident pages within its
    share of the executor's budget (`sguard.spark.budget.ExecutorBudget.after_batch`:
    a batch that wrote more pages than that fails here, before "applied", and does
    not count) and unmaps them from this worker; checks that it still owns the
@@ -66,10 +68,10 @@ from sguard.spark import ttl as _ttl
 from sguard.spark.checkpointing import CheckpointConfig, PartitionCheckpointer
 from sguard.spark.errors import NotStreamingError, StateAheadError
 from sguard.spark.columns import KG_COLUMN
-from sguard.spark.groupstate import add_key_groups, open_state
+from sguard.spark.groupstate import KeyGroupedState, add_key_groups, open_state
 from sguard.rescale import compose_loaded
 from sguard.spark.recovery import rebuild_partition
-from sguard.spark.operators import Operator, OperatorState
+from sguard.spark.operators import Operator
 from sguard.spark.placement import Marker, PartitionSlot, boot_id, new_token, state_id
 from sguard.spark.versions import Action, LocalStateDamaged, attach_at, decide
 from sguard.statelayout import PSID_SHIFT, OperatorLayout
@@ -265,7 +267,7 @@ class _Partition:
         self.haunit = self.cfg.layout.haunit(p)
         self.claim: fencing.Claim | None = None
         self.pm: PageManager | None = None
-        self.state: OperatorState | None = None
+        self.state: KeyGroupedState | None = None
         self.ckpt: PartitionCheckpointer | None = None
         self.snap: Snapshot | None = None
         self.token: str | None = None
@@ -332,7 +334,7 @@ class _Partition:
         self.ckpt.seed(durable, last)
         self.durable = durable
 
-    def _open(self, pm: PageManager) -> OperatorState:
+    def _open(self, pm: PageManager) -> KeyGroupedState:
         """The operator state of this partition's key groups on `pm`."""
         cfg = self.cfg
         return open_state(cfg.operator, pm, cfg.input_schema, cfg.key,
@@ -518,11 +520,12 @@ class _Partition:
                 self.snap = self.pm.chkpt()
                 slot.write_base(self.snap.page_ids, self.snap.frames)
                 self.state = self._open(self.pm)
-            clock0 = int(self.pm.pool.clock)
-            out = self.state.apply(table, b)
+            pager = self._pager()
+            out = self.state.apply(table, b, pager)
             self._flush()
             apply_ms = (time.perf_counter() - t_apply) * 1e3
-            budget_ms, mem = self._after_batch(clock0)  # may raise: b then does not count
+            # may raise: b then does not count
+            budget_ms, mem = self._after_batch(pager)
             t_log = time.perf_counter()
             log_bytes = log_fut.result()
             log_wait_ms = (time.perf_counter() - t_log) * 1e3
@@ -547,6 +550,7 @@ class _Partition:
                     "recovery": action.value, "reason": reason, "recovery_ms": recovery_ms,
                     "replayed_batches": replayed, "lock_wait_ms": waited * 1e3,
                     "compose_ms": self.compose_ms, "budget_ms": budget_ms, **mem,
+                    **(pager.figures() if pager is not None else {}),
                     "pid": os.getpid()})
             return out
         finally:
@@ -570,10 +574,16 @@ class _Partition:
             self._maybe_release()
         return done
 
-    def _after_batch(self, clock0: int) -> tuple[float, dict[str, int]]:
+    def _pager(self) -> _BudgetPager | None:
+        """With a memory budget: the pager this batch's key groups run under."""
+        if self.cache is None or self.pm is None:
+            return None
+        return _BudgetPager(self._budget(), self.budget_name, self.cache)
+
+    def _after_batch(self, pager: _BudgetPager | None) -> tuple[float, dict[str, int]]:
         """With a memory budget: bring the partition's resident pages within its share
         (`ExecutorBudget.after_batch`; the batch's pages are the frames written since the
-        pool's clock was `clock0`), then unmap them from this process so that the worker
+        pager last brought them within it), then unmap them from this process so that the worker
         running the partition next can evict them. Returns (ms taken, residency figures
         for the metrics record); (0, {}) without a budget.
 
@@ -582,11 +592,11 @@ class _Partition:
         WorkingSetTooLargeError
             If the batch wrote more pages than the partition may keep in memory.
         """
-        if self.cache is None:
+        if self.cache is None or pager is None:
             return 0.0, {}
         t = time.perf_counter()
         eb = self._budget()
-        eb.after_batch(self.budget_name, written_since=clock0)
+        eb.after_batch(self.budget_name, written_since=pager.clock0)
         self.cache.unmap()
         st = self.cache.stats()
         return (time.perf_counter() - t) * 1e3, {
@@ -686,6 +696,46 @@ def _write_metrics(root: StorageRoot, rec: dict[str, Any]) -> None:
         metrics.write_batch_record(root, rec)
     except Exception as exc:  # noqa: BLE001 - metrics never fail a batch
         logger.warning("metrics record failed: %s", exc)
+
+
+class _BudgetPager:
+    """A batch's key groups under a memory budget (`KeyGroupedState.apply`'s pager).
+
+    Before each key group: when the frames the key groups since the partition was last
+    brought within its allowance said they read (plus the pages written beyond them),
+    and those the next one says it reads, would pass half the allowance, it is brought
+    within it now (the other half is room for what a key group writes beyond what it
+    said, and for the structures' metadata written at the end of the batch) (`ExecutorBudget.after_batch` of the pages
+    written since: one key group's pages more than the allowance raise
+    `WorkingSetTooLargeError`); then the key group's frames come in together
+    (`ExecutorBudget.before_batch`). So a batch needs one key group's pages at a time
+    within the budget, not all of them at once, and its output is the same."""
+
+    def __init__(self, budget: ExecutorBudget, name: str, cache: PageCache) -> None:
+        self.eb, self.name, self.cache = budget, name, cache
+        self.pool = cache.pool
+        self.clock0 = int(self.pool.clock)
+        self.read_ahead = 0
+        self.announced = 0
+        self.rounds = 0
+
+    def before_group(self, frames: Any) -> None:
+        n = 0 if frames is None else len(frames)
+        # the working set since the last round: the frames announced (read or not) and
+        # those written beyond them (new pages: a map grows)
+        used = self.announced + int(self.pool.clock) - self.clock0
+        if used and used + n > self.cache.budget_bytes // self.pool.page_bytes // 2:
+            self.eb.after_batch(self.name, written_since=self.clock0)
+            self.clock0 = int(self.pool.clock)
+            self.announced = 0
+            self.rounds += 1
+        if n:
+            self.read_ahead += self.eb.before_batch(self.name, frames)
+            self.announced += n
+
+    def figures(self) -> dict[str, int]:
+        """For the batch's metrics record."""
+        return {"read_ahead_frames": self.read_ahead, "budget_rounds_in_batch": self.rounds}
 
 
 def run_partition_batch(cfg: RuntimeConfig, partition: int, batch: int, table: pa.Table

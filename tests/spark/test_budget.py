@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,6 +126,45 @@ def test_partitions_of_one_process_share_the_budget(disk: str) -> None:
     assert set(ex.ledger()) == {"a"}
     with pytest.raises(KeyError, match="'b' is not under"):
         ex.after_batch("b")
+
+
+def test_before_batch_reads_the_batch_pages_within_the_allowance(disk: str) -> None:
+    """`before_batch` reads the announced frames in and evicts others to make room within
+    the partition's allowance (here: what the other partition leaves), changes no byte,
+    and refuses a frame outside the pool, or a partition not registered, before any work."""
+    budget = 64 * PB
+    ex = ExecutorBudget(budget, os.path.join(disk, "ledger"))
+    a, b = Part(disk, "a", 200), Part(disk, "b", 200)
+    ex.register("a", a.cache)
+    ex.register("b", b.cache)
+    a.batch(np.arange(40), 7)  # a keeps 40 pages resident: b may keep its equal share
+    ex.after_batch("a")
+    assert a.cache.resident_bytes() == 40 * PB
+    b.batch(np.arange(20), 9)
+    ex.after_batch("b")
+    b.cache.evict_all()
+    want = b.frames[[1, 5, 6, 7, 30, 31, 100, 150]]
+    assert ex.before_batch("b", want) == len(want)
+    assert b.cache.budget_bytes == budget // 2
+    for _ in range(200):  # read in (asynchronously), not faulted one by one
+        if b.cache.resident_bytes() >= len(want) * PB:
+            break
+        time.sleep(0.01)
+    assert b.cache.resident_bytes() >= len(want) * PB
+    ex.after_batch("b")
+    assert ex.before_batch("b", want) == 0  # resident since the batch: nothing to read
+    # a batch of more frames than the allowance: the coldest others make room
+    big = b.frames[np.arange(0, 200, 5)]  # 40 frames against an allowance of 32
+    before = b.cache.resident_bytes()
+    got = ex.before_batch("b", big)
+    assert 0 < got < len(big)  # no more than the allowance holds: the rest fault in
+    assert b.cache.resident_bytes() <= max(before, b.cache.budget_bytes)
+    with pytest.raises(ValueError):
+        ex.before_batch("b", np.array([b.pool.n_frames + 5]))
+    with pytest.raises(KeyError, match="'c' is not under"):
+        ex.before_batch("c", want)
+    a.read_all()
+    b.read_all()
 
 
 _WORKER = textwrap.dedent("""

@@ -102,6 +102,8 @@ def test_state_outgrows_budget_exactly_as_oracle(spark: Any, tmp_path: Path) -> 
     # pages went to disk only once the state had outgrown the partition's share
     first = min(r["batch"] for r in recs if r["evicted_bytes"] > 0)
     assert first > 0
+    # and the later batches' pages came back in together before they ran (frames_for)
+    assert sum(r["read_ahead_frames"] for r in recs if r["batch"] > first) > 0, recs
 
 
 def test_working_set_too_large_then_larger_budget(spark: Any, tmp_path: Path) -> None:
@@ -112,9 +114,12 @@ def test_working_set_too_large_then_larger_budget(spark: Any, tmp_path: Path) ->
     uri, local = str(tmp_path / "state"), str(tmp_path / "local")
 
     def start(budget: str) -> Any:
+        # one key group per partition: a batch runs one key group at a time within the
+        # budget (test_a_batch_larger_than_the_budget_runs_one_key_group_at_a_time), so the
+        # error needs one key group larger than the partition's share
         out = ss.stateful(stream(spark, inp), "k", ss.RunningAggregate("v"), uri, PARTS,
                           local_dir=local, page_bytes=PB, capacity_bytes=64 << 20,
-                          memory_budget=budget)
+                          memory_budget=budget, key_groups=PARTS)
         return (out.writeStream.format("parquet").option("path", str(tmp_path / "out"))
                 .option("checkpointLocation", str(tmp_path / "ckpt")).start())
 
@@ -143,6 +148,29 @@ def test_working_set_too_large_then_larger_budget(spark: Any, tmp_path: Path) ->
     assert rows == running_oracle(inp.tables)[0]  # every batch's output once
     batches, _ = landed_metrics(open_root(uri), every_batch(3, PARTS))
     assert {r["executor_budget_bytes"] for r in batches if r["batch"] >= 2} == {8 << 20}
+
+
+def test_a_batch_larger_than_the_budget_runs_one_key_group_at_a_time(
+        spark: Any, tmp_path: Path) -> None:
+    """A batch whose pages are several times the partition's share (the input of the test
+    above, under its 64 KB budget): with the default key groups the partition brings
+    itself within its share between key groups and reads each one's pages in together;
+    output and durable state equal the oracle's, and the records say so."""
+    _on_disk(tmp_path)
+    inp = _input(tmp_path / "in", [(200, 0, 100), (200, 0, 100), (4000, 0, 5000),
+                                   (400, 0, 5000)], seed=7)
+    rows, state, failures = run_query(spark, inp, tmp_path, ss.RunningAggregate("v"),
+                                      durable=True, partitions=PARTS, page_bytes=PB,
+                                      capacity_bytes=64 << 20, memory_budget="64k",
+                                      restarts=0)
+    assert failures == 0
+    assert (rows, state) == running_oracle(inp.tables)
+    recs, _ = landed_metrics(open_root(str(tmp_path / "state")), every_batch(3, PARTS))
+    big = [r for r in recs if r["batch"] == 2]
+    assert all(r["budget_rounds_in_batch"] > 0 for r in big), big
+    assert max(r["state_bytes"] for r in big) > 3 * (64 << 10) // PARTS
+    assert all(r["resident_bytes"] <= r["budget_bytes"] for r in recs)
+    assert sum(r["read_ahead_frames"] for r in recs) > 0
 
 
 def test_bad_budget_and_tmpfs_local_dir(spark: Any, tmp_path: Path) -> None:
