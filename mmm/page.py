@@ -8,7 +8,8 @@ holds the structure's name, kind, schema and small metadata as JSON.
 
 Header fields
 -------------
-magic     ``PAGE_MAGIC`` for a page in use (0 in a free frame)
+magic     ``PAGE_MAGIC`` in a frame that holds or held a page (a freed frame keeps its
+          header: the pool's frame state table says which frames are in use)
 kind      the page layout (`Layout`)
 flags     layout-specific bits
 page_id   this page's PageID

@@ -531,8 +531,8 @@ class PagePool:
             A page table recorded earlier (a snapshot's ``page_ids`` and ``frames``):
             those frames become exactly the live ones, and every other frame in use
             (pages cloned or created since, frames an unreleased snapshot kept) is
-            freed. Only the one-byte state table and the header magic of each freed
-            frame are written; page bytes are untouched, and `allocate` zeroes the
+            freed. Only the one-byte state table is written; page bytes (headers
+            too) are untouched, and `allocate` zeroes the
             freed frames when it hands them out. O(frames).
         populate : bool
             Map the header page of every used frame up front before reading them
@@ -565,7 +565,12 @@ class PagePool:
             raise RollbackPointError(
                 f"pool file {self.path!r}: the page table to roll back to names frames "
                 f"outside the pool's {self.n_frames}")
-        if not (np.all(h["magic"][frames] == PAGE_MAGIC)
+        # a frame freed since the table was recorded is FREE in the state table (the
+        # frame keeps its old header: freeing writes the state table only); one handed
+        # out again holds another page id, or is a newer copy of the same page (the
+        # table's own frames are pinned until it is replaced, so not reused under it)
+        if not (np.all(self.state[frames] != FREE)
+                and np.all(h["magic"][frames] == PAGE_MAGIC)
                 and np.array_equal(h["page_id"][frames], page_ids)):
             raise RollbackPointError(
                 f"pool file {self.path!r}: the frames of the page table to roll back to no "
@@ -573,7 +578,6 @@ class PagePool:
         keep = np.zeros(self.n_frames, dtype=bool)
         keep[frames] = True
         drop = np.flatnonzero((self.state != FREE) & ~keep)
-        h["magic"][drop] = 0
         self.state[drop] = FREE
         self.state[frames] = LIVE
 
@@ -581,7 +585,6 @@ class PagePool:
         state = self.state
         orphans = np.flatnonzero(state == ORPHAN)
         state[orphans] = FREE  # snapshots died with the process that held them
-        self.headers["magic"][orphans] = 0
         live = np.flatnonzero(state == LIVE)
         self._used = len(live)
         self._watermark = int(live.max()) + 1 if len(live) else 0
@@ -733,7 +736,8 @@ class PagePool:
     def _release_locked(self, frames: np.ndarray) -> None:
         if len(frames) == 0:
             return
-        self.headers["magic"][frames] = 0
+        # the state table only: the frame's own bytes (its header too) are not touched,
+        # so freeing a frame a page cache evicted reads nothing back from disk
         self.state[frames] = FREE
         self._used -= len(frames)
         if self._used == 0:  # the pool is empty: as `reset_if_empty` (no free list to build)

@@ -14,9 +14,8 @@ clones of the pages it touches. Then:
 * another process (the failed one died, or Spark gave the retry to another
   worker) rolls back in the pool *file* while attaching it (`attach_at`, through
   `mmm.PagePool.attach`'s ``rollback_to``): the recorded frames become the live
-  ones and every other frame is freed. Only the one-byte state table and the
-  header magic of each dropped frame are written; dropped frames keep their bytes
-  and the pool zeroes whatever it hands out later.
+  ones and every other frame is freed. Only the one-byte state table is written;
+  dropped frames keep their bytes and the pool zeroes whatever it hands out later.
   The frozen frames are intact because a snapshot's frames are never written
   in place and are only freed when the snapshot is released, which happens
   only once the next batch arrives (that is, once ``b`` is committed).
