@@ -404,6 +404,25 @@ def runtime_main(args: argparse.Namespace) -> int:
     return save_figure(fig, png, path)
 
 
+def recovery_entry(args: argparse.Namespace) -> int:
+    """``--recovery`` (`bench._big_state_recovery.recovery_main`)."""
+    from bench._big_state_recovery import recovery_main
+    got = recovery_main(args)
+    summary = {**got["summary"], "load": os.getloadavg()}
+    print(json.dumps(summary, default=str))
+    path = write_result("big_state_recovery", summary, got["rows"],
+                        {"quick": args.quick, "budget_mb": args.budget_mb, "keys": args.keys})
+    plt, png = figure("big_state_recovery")
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    names = ["recovery_s_memory", "recovery_s_budget", "checkpoint_read_s"]
+    ax.bar(["in memory", "under the budget", "reading the checkpoint"],
+           [summary[n] or 0 for n in names])
+    ax.set_ylabel("seconds")
+    ax.set_title(f"recovering a partition {summary['recovery_state_over_budget']:.1f}x its "
+                 f"{args.budget_mb} MB budget")
+    return save_figure(fig, png, path)
+
+
 def spark_entry(args: argparse.Namespace) -> int:
     """``--spark`` (`bench._big_state_spark.spark_main`)."""
     from bench._big_state_spark import VARIANTS, spark_main
@@ -444,9 +463,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the running aggregate in Spark: sguard under the budget against "
                     "Spark SQL on RocksDB under the same memory limit, and sguard in memory "
                     "(bench._big_state_spark; writes big_state_spark.json/.png)")
+    ap.add_argument("--recovery", action="store_true",
+                    help="recovering a partition 4x its budget under the memory cgroup vs "
+                    "in memory vs reading its checkpoint (bench._big_state_recovery; writes "
+                    "big_state_recovery.json/.png)")
     args = parse_args(ap, argv)
     if args.runtime:
         return runtime_main(args)
+    if args.recovery:
+        return recovery_entry(args)
     if args.spark:
         return spark_entry(args)
     if args.worker:

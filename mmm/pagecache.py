@@ -70,7 +70,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mmm.errors import MmmError
-from mmm.pool import FREE, PagePool
+from mmm.pool import FREE, LIVE, PagePool
 
 __all__ = ["PageCache", "WorkingSetTooLargeError", "BudgetError", "is_memory_fs",
            "LOW_WATER", "MAX_ROUNDS", "HIT_WEIGHT", "OS_PAGE", "FOLIO_WINDOW_BYTES"]
@@ -354,17 +354,21 @@ class PageCache:
 
     def stats(self) -> dict[str, int]:
         """``resident_bytes`` (frames in memory, `resident_bytes`), ``evicted_bytes``
-        (used frames' bytes not in memory), ``state_bytes`` (used frames), ``budget_bytes``
-        and the eviction counters."""
+        (used frames' bytes not in memory), ``state_bytes`` (used frames: the live pages
+        and the older copies a snapshot still holds), ``live_bytes`` (the live pages
+        alone: the state a checkpoint holds), ``budget_bytes`` and the eviction
+        counters."""
         hw = self._track(0)
         res = self._resident(hw)
         used = self.pool.state[:hw] != FREE
+        live_b = int(np.count_nonzero(self.pool.state[:hw] == LIVE)) * self.pool.page_bytes
         pb = self.pool.page_bytes
         state_b = int(self.pool.used_frames) * pb
         resident_used = int(res[used].sum()) * OS_PAGE
         return {"resident_bytes": int(res.sum()) * OS_PAGE,
                 "evicted_bytes": max(0, state_b - resident_used),
-                "state_bytes": state_b, "budget_bytes": self.budget_bytes,
+                "state_bytes": state_b, "live_bytes": live_b,
+                "budget_bytes": self.budget_bytes,
                 "evicted_frames_total": self.evicted_frames, "evictions": self.evictions,
                 "peak_resident_bytes": self.peak_resident_bytes,
                 "over_budget_after_enforce": self.over_budget_after_enforce}

@@ -601,7 +601,8 @@ class _Partition:
         st = self.cache.stats()
         return (time.perf_counter() - t) * 1e3, {
             "resident_bytes": st["resident_bytes"], "evicted_bytes": st["evicted_bytes"],
-            "state_bytes": st["state_bytes"], "budget_bytes": st["budget_bytes"],
+            "state_bytes": st["state_bytes"], "live_bytes": st["live_bytes"],
+            "budget_bytes": st["budget_bytes"],
             "executor_budget_bytes": eb.budget_bytes,
             "evicted_frames": st["evicted_frames_total"],
             "batch_pages_bytes": self.cache.last_working_set_bytes}
