@@ -21,7 +21,11 @@ Subclass `Operator` (set `Operator.kind`; implement `params`, `check_input`,
   order-dependent step, and sort the output;
 * `apply` must not catch and hide exceptions: a failed batch is rolled back;
 * the structure name ``keydict`` (and names starting ``keydict.``) belong to the
-  key dictionary (`sguard.spark.keys.KEYDICT`).
+  key dictionary (`sguard.spark.keys.KEYDICT`);
+* optionally, `OperatorState.frames_for` names the pool frames `apply` of a table
+  will read (e.g. ``HashMap.frames_for`` of its keys): under a memory budget the
+  runtime reads them in together before the key group runs, instead of one page
+  fault at a time (`sguard.spark.budget`).
 
 How keys reach an operator: ``key`` is what the user passed to `stateful`, a
 column name or a list of them (composite keys), of any key type (strings,
