@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -155,52 +154,33 @@ def read_cold(d: Path) -> dict[str, Any]:
             "files": len(files)}
 
 
-def _child(a: argparse.Namespace, phase: str, extra: list[str]) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "bench._big_state_recovery", "--phase", phase,
-           "--work", str(a.work), "--dir", a.dir, "--budget-mb", str(a.budget_mb),
-           "--keys", str(a.keys), *extra]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            cwd=root)
+def _cmd(a: argparse.Namespace, phase: str, extra: list[str]) -> list[str]:
+    return ["bench._big_state_recovery", "--phase", phase, "--work", str(a.work),
+            "--dir", a.dir, "--budget-mb", str(a.budget_mb), "--keys", str(a.keys), *extra]
 
 
 def run_recover(a: argparse.Namespace, variant: str, batch: int) -> dict[str, Any]:
-    from bench.big_state import Cgroup
-    p = _child(a, "recover", ["--variant", variant, "--batch", str(batch)])
-    assert p.stdin is not None and p.stdout is not None
-    cg = Cgroup(f"sguard-big-state-recovery-{p.pid}") if variant == "budget" else None
+    from bench.big_state import LimitedChild
+    cmd = _cmd(a, "recover", ["--variant", variant, "--batch", str(batch)])
     res: dict[str, Any] = {}
-    try:
-        if cg is not None and cg.path:
-            cg.add(p.pid)
-        if not p.stdout.readline().strip():
-            return {"variant": variant, "failed": f"exit {p.wait()} in the warm-up"}
-        if cg is not None and cg.path:
-            base = cg.usage()
-            cg.limit(int(base + 1.1 * a.budget_mb * MB + 64 * MB))
-            cg.reset_peak()
-            res["base_bytes"] = base
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        line = p.stdout.readline()
-        if cg is not None:
-            res["limit"] = cg.report() if cg.path else {"cgroup": None}
-        if not line.strip():
-            res.update({"variant": variant, "failed": f"exit {p.wait()} while recovering"})
+    with LimitedChild(cmd, "sguard-big-state-recovery", variant == "budget") as c:
+        if c.read() is None:
+            return {"variant": variant, "failed": f"exit {c.wait()} in the warm-up"}
+        if c.limited:
+            res["base_bytes"] = base = c.usage()
+            c.limit(int(base + 1.1 * a.budget_mb * MB + 64 * MB))
+        c.say("go")
+        got = c.read()
+        if variant == "budget":
+            res["limit"] = c.report()
+        if got is None:
+            res.update({"variant": variant, "failed": f"exit {c.wait()} while recovering"})
             return res
-        p.stdin.write("more\n")
-        p.stdin.flush()
-        line = p.stdout.readline()
-        p.wait()
-        res.update(json.loads(line) if line.strip() else {"variant": variant,
-                                                          "failed": "no record"})
+        c.say("more")
+        got = c.read()
+        c.wait()
+        res.update(got or {"variant": variant, "failed": "no record"})
         return res
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if cg is not None:
-            cg.remove()
 
 
 def recovery_main(a: argparse.Namespace) -> dict[str, Any]:
@@ -208,9 +188,12 @@ def recovery_main(a: argparse.Namespace) -> dict[str, Any]:
     a.keys = a.keys or int(4 * a.budget_mb * MB / 64)  # ~64 B of live pages a key: 4x
     a.work = Path(tempfile.mkdtemp(prefix="big-state-recovery-", dir=a.dir))
     try:
-        p = _child(a, "build", [])
-        out, _ = p.communicate()
-        built = json.loads(out.strip().splitlines()[-1])
+        from bench.big_state import LimitedChild
+        with LimitedChild(_cmd(a, "build", []), "sguard-big-state-build", False) as c:
+            built = c.read()
+            c.wait()
+        if built is None:
+            raise RuntimeError("building the state failed (see above)")
         rows = {"build": built}
         for v in ("memory", "budget"):
             rows[v] = run_recover(a, v, built["batches"])

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,24 +60,10 @@ def write_input(d: Path, keys: int, build: int, batches: int, rows: int) -> Path
 
 
 def _session(local: Path) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    java = f"-Xms{HEAP} -XX:+AlwaysPreTouch"
-    spark = (SparkSession.builder.master("local[2]").appName("sguard-bench-big-state")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.default.parallelism", "2")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", HEAP)
-             .config("spark.driver.extraJavaOptions", java)
-             .config("spark.local.dir", str(local))
-             .config("spark.sql.adaptive.enabled", "false")
-             .config("spark.sql.streaming.numRecentProgressUpdates", "10000")
-             .config("spark.python.worker.reuse", "true")
-             .config("spark.python.daemon.module", "sguard.spark.daemon")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    from bench._spark_variants import spark_session
+    return spark_session(local, 2, driver_memory=HEAP,
+                         java_options=f"-Xms{HEAP} -XX:+AlwaysPreTouch",
+                         app="sguard-bench-big-state")
 
 
 def _query(spark: Any, variant: str, src: Path, run: Path, budget_mb: int) -> tuple[Any, str]:
@@ -169,52 +154,30 @@ def driver(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_variant(a: argparse.Namespace, variant: str, limit: bool) -> dict[str, Any]:
-    from bench.big_state import Cgroup
-    cmd = [sys.executable, "-m", "bench._big_state_spark", "--driver", variant,
-           "--work", str(a.work), "--dir", a.dir, "--budget-mb", str(a.budget_mb),
-           "--keys", str(a.keys), "--build-batches", str(a.build_batches)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                         cwd=root)
-    assert p.stdin is not None and p.stdout is not None
-    cg = Cgroup(f"sguard-big-state-spark-{p.pid}") if limit else None
-    try:
-        if cg is not None and cg.path:
-            cg.add(p.pid)  # before the JVM starts: its tree is in the cgroup
-        line = p.stdout.readline()
-        first = json.loads(line) if line.strip() else {
-            "variant": variant, "failed": f"exit {p.wait()} before the warm-up ended"}
+    from bench.big_state import LimitedChild
+    cmd = ["bench._big_state_spark", "--driver", variant, "--work", str(a.work),
+           "--dir", a.dir, "--budget-mb", str(a.budget_mb), "--keys", str(a.keys),
+           "--build-batches", str(a.build_batches)]
+    with LimitedChild(cmd, "sguard-big-state-spark", limit) as c:
+        first = c.read() or {"variant": variant,
+                             "failed": f"exit {c.wait()} before the warm-up ended"}
         if "failed" in first:
             return first
         res: dict[str, Any] = {}
-        if cg is not None and cg.path:
-            base = cg.usage()
-            lim = int(base + 1.1 * a.budget_mb * MB + 64 * MB)
-            cg.limit(lim)
-            cg.reset_peak()
-            res["base_bytes"] = base
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        line = p.stdout.readline()  # the run's figures
-        if cg is not None:
-            res["limit"] = cg.report() if cg.path else {"cgroup": None,
-                                                        "why": "no writable memory cgroup"}
-            if cg.path:  # the exactly-once check reads the whole state: not under the limit
-                cg.limit(-1)
-        if line.strip() and "failed" not in json.loads(line):
-            p.stdin.write("check\n")
-            p.stdin.flush()
-            line = p.stdout.readline()  # with the check's outcome
-        rc = p.wait()
-        res.update(json.loads(line) if line.strip() else {"variant": variant,
-                                                          "failed": f"exit {rc}"})
+        if c.limited:
+            res["base_bytes"] = base = c.usage()
+            c.limit(int(base + 1.1 * a.budget_mb * MB + 64 * MB))
+        c.say("go")
+        got = c.read()  # the run's figures
+        if limit:
+            res["limit"] = c.report()
+            c.limit(-1)  # the exactly-once check reads the whole state: not under the limit
+        if got is not None and "failed" not in got:
+            c.say("check")
+            got = c.read()  # with the check's outcome
+        rc = c.wait()
+        res.update(got or {"variant": variant, "failed": f"exit {rc}"})
         return res
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if cg is not None:
-            cg.remove()
 
 
 def spark_main(a: argparse.Namespace) -> dict[str, Any]:

@@ -120,9 +120,12 @@ def input_dir(root: Path, n_keys: int, n_batches: int, kind: str = "int") -> Pat
 
 
 # -- Spark session ---------------------------------------------------------------------------------
-def spark_session(local_dir: Path, partitions: int = 2) -> Any:
+def spark_session(local_dir: Path, partitions: int = 2, driver_memory: str = "3g",
+                  java_options: str | None = None,
+                  app: str = "sguard-bench-spark-stateful") -> Any:
     """``local[2]`` with ``partitions`` shuffle partitions, workers on this interpreter,
-    forked by `sguard.spark.daemon` (the Python baselines' too: they get its frozen GC)."""
+    forked by `sguard.spark.daemon` (the Python baselines' too: they get its frozen GC);
+    ``java_options``: the driver JVM's extra options."""
     import sys
 
     repo = str(Path(__file__).resolve().parent.parent)
@@ -133,12 +136,15 @@ def spark_session(local_dir: Path, partitions: int = 2) -> Any:
         os.environ["PYTHONPATH"] = repo + (os.pathsep + pp if pp else "")
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName("sguard-bench-spark-stateful")
+    b = SparkSession.builder
+    if java_options:
+        b = b.config("spark.driver.extraJavaOptions", java_options)
+    spark = (b.master("local[2]").appName(app)
              .config("spark.sql.shuffle.partitions", str(partitions))
              .config("spark.default.parallelism", str(partitions))
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "3g")
+             .config("spark.driver.memory", driver_memory)
              .config("spark.local.dir", str(local_dir))
              .config("spark.sql.streaming.numRecentProgressUpdates", "10000")
              .config("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)

@@ -262,9 +262,70 @@ class Cgroup:
                 pass
 
 
+class LimitedChild:
+    """A bench process (``python -m <cmd>`` in the checkout) that speaks JSON lines on
+    stdout and takes words on stdin, in a memory cgroup of its own (`Cgroup`) when
+    ``limited``: it joins before it starts anything, so every process it starts (a JVM,
+    Python workers) is in it too. A context manager: the process is killed and the
+    cgroup removed on exit."""
+
+    def __init__(self, cmd: list[str], name: str, limited: bool) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.p = subprocess.Popen([sys.executable, "-m", *cmd], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, cwd=root)
+        self.cg = Cgroup(f"{name}-{self.p.pid}") if limited else None
+        if self.cg is not None and self.cg.path:
+            self.cg.add(self.p.pid)
+
+    def __enter__(self) -> LimitedChild:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        if self.cg is not None:
+            self.cg.remove()
+
+    def read(self) -> dict[str, Any] | None:
+        """The next JSON line (None: the process ended first)."""
+        assert self.p.stdout is not None
+        line = self.p.stdout.readline()
+        return json.loads(line) if line.strip() else None
+
+    def say(self, word: str) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(word + "\n")
+        self.p.stdin.flush()
+
+    @property
+    def limited(self) -> bool:
+        return self.cg is not None and bool(self.cg.path)
+
+    def limit(self, nbytes: int) -> None:
+        """Set the cgroup's limit (negative: none) and start its peak again."""
+        if self.cg is not None and self.cg.path:
+            self.cg.limit(nbytes)
+            self.cg.reset_peak()
+
+    def usage(self) -> int:
+        assert self.cg is not None
+        return self.cg.usage()
+
+    def report(self) -> dict[str, Any] | None:
+        """The cgroup's figures (None when not limited)."""
+        if self.cg is None:
+            return None
+        return self.cg.report() if self.cg.path else {"cgroup": None,
+                                                      "why": "no writable memory cgroup"}
+
+    def wait(self) -> int:
+        return self.p.wait()
+
+
 def run_worker(args: argparse.Namespace, dist: str, budget_mb: int, limit: bool
                ) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.big_state", "--worker", "--dist", dist,
+    cmd = ["bench.big_state", "--worker", "--dist", dist,
            "--keys", str(args.keys), "--tuples", str(args.tuples), "--batch", str(args.batch),
            "--page-bytes", str(args.page_bytes), "--zipf-s", str(args.zipf_s),
            "--dir", args.dir, "--out", str(args.out)]
@@ -272,37 +333,19 @@ def run_worker(args: argparse.Namespace, dist: str, budget_mb: int, limit: bool
         cmd.append("--no-will-use")
     if budget_mb:
         cmd += ["--budget-mb", str(budget_mb)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                         cwd=root)
-    assert p.stdin is not None and p.stdout is not None
-    cg = Cgroup(f"sguard-big-state-{p.pid}") if limit else None
-    try:
-        if cg is not None and cg.path:
-            cg.add(p.pid)
-        base = json.loads(p.stdout.readline())["base_rss"]
-        lim = 0
-        if cg is not None and cg.path:
-            lim = int(base + 1.1 * budget_mb * MB + 16 * MB)
-            cg.limit(lim)
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        line = p.stdout.readline()
-        rc = p.wait()
-        res: dict[str, Any] = json.loads(line) if line.strip() else {"failed": True}
-        res["returncode"] = rc
+    with LimitedChild(cmd, "sguard-big-state", limit) as c:
+        first = c.read()
+        if first is None:
+            return {"failed": True, "returncode": c.wait()}
+        c.limit(int(first["base_rss"] + 1.1 * budget_mb * MB + 16 * MB))
+        c.say("go")
+        res = c.read() or {"failed": True}
+        res["returncode"] = c.wait()
         res["wall_s"] = time.perf_counter() - t0  # the worker's whole life, build included
-        if cg is not None:
-            res["limit"] = cg.report() if cg.path else {"cgroup": None,
-                                                        "why": "no writable memory cgroup"}
+        if limit:
+            res["limit"] = c.report()
         return res
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if cg is not None:
-            cg.remove()
 
 
 def runtime_run(args: argparse.Namespace, local_root: str, budget: str | None, tag: str

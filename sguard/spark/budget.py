@@ -292,6 +292,13 @@ class ExecutorBudget:
         return out
 
     # -- the hook -----------------------------------------------------------------------------
+    def _cache(self, partition: str) -> PageCache:
+        with self._lock:
+            cache = self._caches.get(partition)
+        if cache is None:
+            raise KeyError(f"partition {partition!r} is not under this executor's budget")
+        return cache
+
     def allowance(self, partition: str) -> tuple[int, int]:
         """(bytes ``partition`` may keep resident now, partitions sharing the budget)."""
         led = self.ledger()
@@ -314,10 +321,7 @@ class ExecutorBudget:
         ValueError
             If a frame lies outside the partition's pool; nothing is evicted or read.
         """
-        with self._lock:
-            cache = self._caches.get(partition)
-        if cache is None:
-            raise KeyError(f"partition {partition!r} is not under this executor's budget")
+        cache = self._cache(partition)
         allow, _ = self.allowance(partition)
         cache.set_budget(max(allow, 2 * cache.pool.page_bytes))
         return cache.will_use(frames)
@@ -338,10 +342,7 @@ class ExecutorBudget:
             within it); the message names the partition, its state, the batch's pages, its
             allowance and the executor's budget.
         """
-        with self._lock:
-            cache = self._caches.get(partition)
-        if cache is None:
-            raise KeyError(f"partition {partition!r} is not under this executor's budget")
+        cache = self._cache(partition)
         allow, n = self.allowance(partition)
         cache.set_budget(max(allow, 2 * cache.pool.page_bytes))
         evicted = cache.enforce(written_since=written_since)
