@@ -74,3 +74,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the tests of a file, and the other files, keep their order)."""
     rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+#: Where partitions keep their live state when a query names no ``local_dir``
+#: (`sguard.spark.placement.default_local_dir`): the pages' examples and some tests leave it
+#: there, as a user's stopped query does (its next start re-attaches it).
+def _live_state_roots() -> list[str]:
+    import tempfile
+    uid = os.getuid()
+    return [f"/dev/shm/sguard-{uid}", os.path.join(tempfile.gettempdir(), f"sguard-{uid}")]
+
+
+_LIVE_BEFORE = pytest.StashKey[dict[str, set[str] | None]]()
+
+
+def _entries(root: str) -> set[str]:
+    try:
+        return set(os.listdir(root))
+    except OSError:
+        return set()
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")  # pytest-xdist's workers have it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_controller(config):
+        config.stash[_LIVE_BEFORE] = {r: _entries(r) if os.path.isdir(r) else None
+                                      for r in _live_state_roots()}
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Once every worker is done, remove the live state the run left under the default
+    roots (the entries that were not there when it started; /dev/shm is memory, and a
+    machine that runs the suite again and again would fill it). Nothing else is touched."""
+    before = config.stash.get(_LIVE_BEFORE, None) if _is_controller(config) else None
+    if before is None:
+        return
+    import shutil
+    for root, had in before.items():
+        for name in sorted(_entries(root) - (had or set())):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        if had is None and not _entries(root):
+            try:
+                os.rmdir(root)
+            except OSError:
+                pass
+
