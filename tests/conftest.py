@@ -20,10 +20,29 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 #: they return (measured: the README's first query took ~25% less wall and CPU time with them
 #: off, on 2 cores). A PYSPARK_SUBMIT_ARGS already set wins.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-os.environ.setdefault(
-    "PYSPARK_SUBMIT_ARGS",
-    f"--driver-java-options '{TEST_JVM_OPTIONS}' "
-    f"--conf 'spark.executor.extraJavaOptions={TEST_JVM_OPTIONS}' pyspark-shell")
+
+
+def _submit_args(jvm_options: str) -> str:
+    return (f"--driver-java-options '{jvm_options}' "
+            f"--conf 'spark.executor.extraJavaOptions={jvm_options}' pyspark-shell")
+
+
+_OWN_SUBMIT_ARGS = "PYSPARK_SUBMIT_ARGS" not in os.environ
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", _submit_args(TEST_JVM_OPTIONS))
+
+
+def _use_jvm_archive() -> None:
+    """Give the suite's JVMs the class-data-sharing archive of `tests.jvm_archive` when one
+    was recorded for these options (scripts/test.sh records it beside the kernel warm-up;
+    it saves ~5 s of every JVM's start). Runs before pytest-xdist starts its workers, which
+    inherit the environment. ``SGUARD_TEST_JVM_ARCHIVE=0`` turns it off; a
+    PYSPARK_SUBMIT_ARGS of the caller's is left alone."""
+    if not _OWN_SUBMIT_ARGS or os.environ.get("SGUARD_TEST_JVM_ARCHIVE") == "0":
+        return
+    from tests.jvm_archive import ensure, jvm_options_with
+    archive = ensure(TEST_JVM_OPTIONS, record=False)
+    os.environ["PYSPARK_SUBMIT_ARGS"] = _submit_args(jvm_options_with(archive,
+                                                                      TEST_JVM_OPTIONS))
 
 
 @pytest.fixture(scope="session")
@@ -101,6 +120,7 @@ def _is_controller(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     if _is_controller(config):
+        _use_jvm_archive()
         config.stash[_LIVE_BEFORE] = {r: _entries(r) if os.path.isdir(r) else None
                                       for r in _live_state_roots()}
 
