@@ -58,6 +58,7 @@ def _key(jvm_options: str) -> str:
     import pyspark
     jars = Path(pyspark.__file__).parent / "jars"
     h = hashlib.sha256(jvm_options.encode())
+    h.update(str(jars).encode())   # the archive records the classpath, and holds for it only
     h.update(os.environ.get("JAVA_HOME", "").encode())
     h.update((shutil.which("java") or "").encode())
     for j in sorted(jars.glob("*.jar")):
