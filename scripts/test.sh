@@ -3,8 +3,9 @@
 #
 #   bash scripts/test.sh [pytest args]        e.g.  bash scripts/test.sh -x -q -k demo
 #
-# 1. creates .venv (once; the README's environment, editable) -- it provides `build`;
-# 2. builds the wheel from a copy of this checkout (nothing is written into the checkout);
+# 1. creates a small tools venv with uv ($SGUARD_TEST_WORK/tools, once);
+# 2. builds the wheel (uv build) from a copy of this checkout (nothing is written into the
+#    checkout);
 # 3. installs the wheel, not editable, with its test extras into a separate venv
 #    ($SGUARD_TEST_WORK/venv, default build/test-wheel/venv: created fresh on first use and
 #    whenever pyproject.toml changes; the sguard wheel is reinstalled on every run);
@@ -16,9 +17,12 @@
 #
 # SGUARD_TEST_WORKERS=N runs pytest in N parallel pytest-xdist workers (default: the machine's
 # cores, at most 4; 0 runs every test in one process, in collection order).
-# SGUARD_TEST_SOURCE=1 skips 2-5 and runs pytest on the source tree in .venv (a quicker loop
-# while editing; CI never uses it).
-source "$(dirname "$0")/_venv.sh"
+# SGUARD_TEST_SOURCE=1 skips 1-5 and runs pytest on the source tree in .venv (the README's
+# editable environment, created on first use as scripts/demo.sh does: a quicker loop while
+# editing; CI never uses it).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 # The suite runs in SGUARD_TEST_WORKERS pytest-xdist workers (default: one per core, at most 4;
 # each Spark test itself keeps 2 cores busy, so more workers than cores only adds load).
@@ -36,6 +40,7 @@ if [ "$WORKERS" != 0 ]; then
   PAR=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)
 fi
 if [ "${SGUARD_TEST_SOURCE:-0}" = 1 ]; then
+  source "$ROOT/scripts/_venv.sh"   # the README's environment (.venv, editable), made once
   exec python -m pytest -q ${PAR[@]+"${PAR[@]}"} "$@"
 fi
 
@@ -56,13 +61,20 @@ copy_checkout() {  # copy_checkout DEST
   fi
 }
 
-UV="$ROOT/.venv/bin/uv"
-[ -x "$UV" ] || "$ROOT/.venv/bin/python" -m pip install -q uv   # a .venv made before uv was used
+# uv (PyPI) builds the wheel and installs it several times faster than pip; it lives in a
+# venv of its own, so that the test run needs neither .venv nor anything else of this checkout
+TOOLS="$WORK/tools"
+UV="$TOOLS/bin/uv"
+if [ ! -x "$UV" ]; then
+  rm -rf "$TOOLS"
+  "${PYTHON:-python3}" -m venv "$TOOLS"
+  "$TOOLS/bin/python" -m pip install -q uv
+fi
 
 step "building the wheel"
 copy_checkout "$WORK/src"
 rm -rf "$WORK/dist"
-python -m build --wheel --outdir "$WORK/dist" "$WORK/src" >"$WORK/build.log" 2>&1 \
+"$UV" build -q --wheel --out-dir "$WORK/dist" "$WORK/src" >"$WORK/build.log" 2>&1 \
   || { cat "$WORK/build.log"; exit 1; }
 WHEEL="$(ls "$WORK"/dist/sguard-*.whl)"
 echo "$WHEEL"

@@ -30,12 +30,12 @@ from mmm import PageManager
 from sguard import rescale
 from sguard.spark import CheckpointConfig, RunningAggregate
 from sguard.spark.api import schema_to_json
-from sguard.spark.metrics import read_metrics
 from sguard.spark.placement import root_key
 from sguard.spark.runtime import _RUNTIMES, RuntimeConfig, _runtime, run_partition_batch
 from sguard.spark.state import read_durable_state
 from sguard.statelayout import OperatorLayout, write_layout
 from tests.sguard.rescale_helpers import HANG_S, K, OPS, Query, make_batches, random_run
+from tests.spark.helpers import landed_metrics
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
 
@@ -113,7 +113,7 @@ def test_a_restored_pool_clock_starts_above_the_pages_it_loaded(tmp_path: Path) 
     run_partition_batch(cfg, 0, n + 1, tables[1])
     assert part.pm is not None and part.ckpt is not None
     part.ckpt.wait(HANG_S)
-    recs, _ = read_metrics(open_root(cfg.state_uri))
+    recs, _ = landed_metrics(open_root(cfg.state_uri), [(n, 0)])
     assert {r["batch"]: r["recovery"] for r in recs}[n] == "restored"
     part.slot.release()
     _RUNTIMES.pop(cfg.sid, None)
@@ -170,7 +170,7 @@ def test_another_definition_of_the_state_gets_a_runtime_of_its_own(tmp_path: Pat
     new = _runtime(anew)
     assert new.partition(0).ckpt is not None
     new.partition(0).ckpt.wait(HANG_S)
-    recs, _ = read_metrics(open_root(cfg.state_uri))
+    recs, _ = landed_metrics(open_root(cfg.state_uri), [(0, 0), (1, 0), (2, 0)])
     assert [r["recovery"] for r in recs] == ["fresh", "cached", "attached"]
     new.partition(0).slot.release()
     _RUNTIMES.pop(cfg.sid, None)
