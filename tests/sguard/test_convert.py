@@ -73,30 +73,15 @@ def _python() -> str:
 
 @pytest.fixture(scope="session")
 def old_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The version-1 states, built once by the sguard of `V1_COMMIT` in a subprocess."""
+    """The version-1 states, as the sguard of `V1_COMMIT` built them: the committed
+    ``data/v1_states.tar.gz`` (``tests/sguard/data/make_v1_states.py`` makes it), or built
+    here from the git history with ``SGUARD_V1_FROM_SOURCE=1`` (~30 s: the old sguard
+    compiles its kernels)."""
+    from tests.sguard.data import make_v1_states
     base = tmp_path_factory.mktemp("convert-old")
-    src = base / "oldsrc"
-    src.mkdir()
-    arch = subprocess.run(["git", "-C", str(REPO), "archive", V1_COMMIT, "sguard", "mmm",
-                           "ioservice", "peace"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(src)], input=arch.stdout, check=True)
-    specs = []
-    out: dict[str, Path] = {}
-    for i, (name, (op, kind)) in enumerate(SCENARIOS.items()):
-        d = base / name
-        (d / "data").mkdir(parents=True)
-        for b, t in enumerate(_data(kind, 100 + i)):
-            with ipc.new_file(str(d / "data" / f"b{b}.arrow"), t.schema) as w:
-                w.write_table(t)
-        specs.append({"dir": str(d), "data": str(d / "data"), "op": op,
-                      "batches": OLD_BATCHES, "every": EVERY, "P": P})
-        out[name] = d
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    res = subprocess.run([_python(), str(Path(__file__).with_name("_old_state_builder.py")),
-                          json.dumps(specs)], env=env, cwd=str(base), capture_output=True,
-                         text=True, timeout=1800)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    return out
+    if os.environ.get("SGUARD_V1_FROM_SOURCE") == "1":
+        return make_v1_states.build(base, REPO)
+    return make_v1_states.unpack(base)
 
 
 Reference = tuple[dict[tuple[int, int], pa.Table], pa.Table]
