@@ -1,15 +1,15 @@
 """A class-data-sharing archive of the Spark JVM's classes, for the suite's JVMs.
 
-Every Spark driver and executor the suite starts (some hundred: the session of each test
+Every Spark driver and executor the suite starts (some hundred: the SparkSession of each test
 process, the drivers of the process-killing tests and the pages' commands, the executors
 of ``local-cluster``) loads and verifies the same ~10,000 classes from Spark's jars before
 it runs anything. A dynamic CDS archive (JDK 13+, ``-XX:ArchiveClassesAtExit``) holds them
 parsed and verified; a JVM started with ``-XX:SharedArchiveFile`` maps it instead. Measured
-on 2 cores (2026-11-29, quiet): a local session plus a first stateful streaming query took
+on 2 cores (2026-11-29, quiet): a local SparkSession plus a first stateful streaming query took
 12.2-13.5 s without it and 7.0-7.3 s with it.
 
 `ensure` records the archive (scripts/test.sh calls it beside the kernel warm-up; the
-suite's conftest only uses one that exists), by running `PROBE` (a local session and a small
+suite's conftest only uses one that exists), by running `PROBE` (a local SparkSession and a small
 stateful streaming query) in a JVM that writes it at exit, and keeps it under the temp
 directory, keyed by Java, Spark's jars and the JVM options, so that later runs on the same
 machine reuse it. A JVM whose classpath or JDK does not match the archive (the JVM checks)
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: What the recording JVM runs: the classes a stateful query loads (session, file source,
+#: What the recording JVM runs: the classes a stateful query loads (SparkSession, file source,
 #: Arrow exchange with the Python workers, the stateful operator, the memory sink).
 PROBE = """
 import sys, tempfile
@@ -49,6 +49,9 @@ spark.stop()
 jvm.stdin.close()   # the gateway JVM exits at EOF on its stdin, writing the archive first
 jvm.wait(120)
 """
+
+#: archives kept under the temp directory (the newest)
+KEEP = 3
 
 #: JVM options that keep a JVM quiet about the archive (a mismatch only disables it).
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -90,11 +93,20 @@ def ensure(jvm_options: str, record: bool = True, timeout_s: float = 180.0) -> P
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
         if part.stat().st_size > 0:
             os.replace(part, path)
+            _prune(root, keep=KEEP)
     except (OSError, subprocess.SubprocessError):
         pass
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return path if path.exists() else None
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Remove all but the `keep` newest archives of `root` (each ~180 MB; one per checkout
+    path and Spark install: a machine that tests many clones would gather them)."""
+    made = sorted(root.glob("spark-*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in made[keep:]:
+        old.unlink(missing_ok=True)
 
 
 def jvm_options_with(archive: Path | None, jvm_options: str) -> str:
